@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Provide the system programs the project needs: redis-server (always) and
+# Chromium (for the browser tests). Uses what is on PATH; otherwise installs
+# Debian's packages when running as root; otherwise says what to do.
+set -euo pipefail
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+if [ "${HITL_SKIP_CHROMIUM:-0}" != "1" ]; then
+  command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || need+=(chromium)
+fi
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing ${need[*]} with apt-get" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  exit 0
+fi
+echo "setup: missing ${need[*]}. Install them (Debian: sudo apt-get install ${need[*]})," >&2
+echo "       or point REDIS_URL at an existing Redis and set HITL_SKIP_CHROMIUM=1." >&2
+exit 1

@@ -1,0 +1,121 @@
+"""Start and stop real ``redis-server`` processes: the embedded default of ``hitl up``
+and the fixtures of the tests (single server with AOF, or a 3-master cluster)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+# Small hashes stay listpack-encoded: a job's meta (with its box list) is a few
+# hundred bytes, so this keeps a waiting job well under 4 KiB.
+TUNING = ["--hash-max-listpack-value", "4096", "--hash-max-listpack-entries", "256"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_binary() -> str:
+    path = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+    if not path:
+        raise RuntimeError("redis-server not found: run `make setup` (Debian: apt-get install redis-server), "
+                           "or point REDIS_URL at an existing Redis")
+    return path
+
+
+@dataclass
+class RedisServer:
+    """One redis-server on loopback with AOF (appendfsync everysec) in ``data_dir``."""
+
+    data_dir: Path
+    port: int = 0
+    host: str = "127.0.0.1"
+    cluster: bool = False
+    extra: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def start(self, timeout: float = 15.0) -> "RedisServer":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port()
+        args = [redis_binary(), "--port", str(self.port), "--bind", self.host, "--dir", str(self.data_dir),
+                "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--protected-mode", "yes",
+                "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"), *TUNING]
+        if self.cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", str(self.data_dir / "nodes.conf"),
+                     "--cluster-node-timeout", "5000"]
+        args += self.extra
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)
+        while True:
+            try:
+                client.ping()
+                # Wait until the AOF is loaded (a restart replays it before serving).
+                if client.info("persistence").get("loading", 0) == 0:
+                    break
+            except redis.exceptions.BusyLoadingError:
+                pass
+            except redis.exceptions.ConnectionError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"redis-server exited; see {self.data_dir / 'redis.log'}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server on port {self.port} did not start in {timeout}s")
+            time.sleep(0.05)
+        client.close()
+        return self
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+@dataclass
+class RedisCluster:
+    """Three masters on loopback, joined with ``redis-cli --cluster create``."""
+
+    base_dir: Path
+    nodes: list[RedisServer] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
+
+    def start(self) -> "RedisCluster":
+        self.nodes = [RedisServer(self.base_dir / f"node{i}", cluster=True).start() for i in range(3)]
+        cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+        subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
+                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        client = redis.Redis(port=self.nodes[0].port)
+        deadline = time.monotonic() + 30
+        while client.cluster_info().get("cluster_state") != "ok":
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis cluster did not become ok")
+            time.sleep(0.1)
+        client.close()
+        return self
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()

@@ -1,0 +1,134 @@
+"""One error hierarchy for the whole project.
+
+Every error carries the SPEC error ``code``, the HTTP ``status`` it maps to, the
+``job_id`` when there is one, whether retrying can help, and for 409s the
+job's current snapshot so a client can redraw without another request.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class HitlError(Exception):
+    code: ClassVar[str] = "INTERNAL"
+    status: ClassVar[int] = 500
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str | None = None, *, job_id: str | None = None,
+                 snapshot: dict[str, Any] | None = None, **details: Any) -> None:
+        self.message = message or self.code.replace("_", " ").lower()
+        self.job_id = job_id
+        self.snapshot = snapshot
+        self.details = details
+        super().__init__(self.message)
+
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.job_id:
+            body["job_id"] = self.job_id
+        body.update(self.details)
+        if self.status == 409:
+            body["snapshot"] = self.snapshot
+        return body
+
+
+class InvalidRequest(HitlError):
+    code = "INVALID_REQUEST"
+    status = 400
+
+
+class Unauthorized(HitlError):
+    code = "UNAUTHORIZED"
+    status = 401
+
+
+class Forbidden(HitlError):
+    code = "FORBIDDEN"
+    status = 403
+
+
+class JobNotFound(HitlError):
+    code = "JOB_NOT_FOUND"
+    status = 404
+
+
+class ArtifactNotFound(HitlError):
+    code = "ARTIFACT_NOT_FOUND"
+    status = 404
+
+
+class PayloadTooLarge(HitlError):
+    code = "PAYLOAD_TOO_LARGE"
+    status = 413
+
+
+class UnsupportedMediaType(HitlError):
+    code = "UNSUPPORTED_MEDIA_TYPE"
+    status = 415
+
+
+class Conflict(HitlError):
+    status = 409
+
+
+class IdempotencyConflict(Conflict):
+    code = "IDEMPOTENCY_CONFLICT"
+
+
+class JobCancelled(Conflict):
+    code = "JOB_CANCELLED"
+
+
+class VersionConflict(Conflict):
+    code = "VERSION_CONFLICT"
+
+
+class PauseNotActive(Conflict):
+    code = "PAUSE_NOT_ACTIVE"
+
+
+class PauseTokenMismatch(Conflict):
+    code = "PAUSE_TOKEN_MISMATCH"
+
+
+class JobTerminal(Conflict):
+    code = "JOB_TERMINAL"
+
+
+class JobNotFinished(Conflict):
+    code = "JOB_NOT_FINISHED"
+
+
+class IllegalTransition(HitlError):
+    """A move outside the transition table: a bug, never applied silently."""
+
+    code = "ILLEGAL_TRANSITION"
+    status = 500
+
+
+class StaleRead(HitlError):
+    """The job changed between the read and the guarded write; retry."""
+
+    code = "STALE_READ"
+    status = 503
+    retryable = True
+
+
+class NodeExecutionError(HitlError):
+    """Raised by executors; ``retryable`` is per instance here."""
+
+    code = "NODE_FAILED"
+    status = 500
+
+    def __init__(self, message: str | None = None, *, code: str = "NODE_FAILED",
+                 retryable: bool = True, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.code = code  # type: ignore[misc]
+        self.retryable = retryable  # type: ignore[misc]
+
+
+CONFLICTS_BY_CODE: dict[str, type[HitlError]] = {
+    cls.code: cls
+    for cls in (IdempotencyConflict, JobCancelled, VersionConflict, PauseNotActive,
+                PauseTokenMismatch, JobTerminal, JobNotFound, InvalidRequest, StaleRead)
+}

@@ -1,0 +1,38 @@
+"""Identifiers, clocks and canonical hashing, in one place."""
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+
+def new_id(prefix: str) -> str:
+    """``prefix_`` + 20 hex chars (80 random bits)."""
+    return f"{prefix}_{secrets.token_hex(10)}"
+
+
+def now_iso(ts: float | None = None) -> str:
+    dt = datetime.fromtimestamp(time.time() if ts is None else ts, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def iso_to_ms(iso: str) -> int:
+    dt = datetime.strptime(iso, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1000)
+
+
+def canonical_json(obj: Any) -> str:
+    """Deterministic JSON: sorted keys, no whitespace. Used for hashing and for stored bytes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def payload_hash(body: Any, identity: str) -> str:
+    """Canonical hash of a request body together with the caller's identity.
+
+    The identity is part of the hash so that the same intervention id reused by
+    another reviewer is a conflict, never a replay.
+    """
+    return hashlib.sha256(canonical_json({"body": body, "identity": identity}).encode()).hexdigest()

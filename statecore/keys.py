@@ -1,0 +1,108 @@
+"""Every Redis key of hitl-review is spelled here, and only here.
+
+Cluster safety: a job's keys, the outbox stream its commands go to, and the
+partition indexes all carry the hash tag ``{pN}`` of the job's partition, so
+one Lua script can write state + outbox + event atomically on a Redis Cluster.
+``N = crc32(job_id) % PARTITIONS``; PARTITIONS is fixed for the life of a
+deployment (changing it would orphan existing jobs).
+"""
+from __future__ import annotations
+
+import hashlib
+import zlib
+from dataclasses import dataclass
+
+from .ids import new_id
+
+PREFIX = "hitl"
+PARTITIONS = 64
+OUTBOX_GROUP = "dispatchers"
+
+
+def partition_of(job_id: str) -> int:
+    return zlib.crc32(job_id.encode()) % PARTITIONS
+
+
+def tag(p: int) -> str:
+    return f"{PREFIX}:{{p{p}}}"
+
+
+def new_job_id(partition: int | None = None) -> str:
+    """A fresh job id; with ``partition``, one that falls in that partition
+    (about PARTITIONS tries of a cheap crc32), so a creation idempotency
+    record and the job it names share a hash slot."""
+    while True:
+        job_id = new_id("job")
+        if partition is None or partition_of(job_id) == partition:
+            return job_id
+
+
+def create_idem_partition(submitter: str, idem_key: str) -> int:
+    return zlib.crc32(f"{submitter}\0{idem_key}".encode()) % PARTITIONS
+
+
+def create_idem(submitter: str, idem_key: str) -> str:
+    digest = hashlib.sha256(f"{submitter}\0{idem_key}".encode()).hexdigest()[:32]
+    return f"{tag(create_idem_partition(submitter, idem_key))}:create:{digest}"
+
+
+def outbox(p: int) -> str:
+    return f"{tag(p)}:outbox"
+
+
+def waiting(p: int) -> str:
+    """ZSET job_id -> pause created_at (ms): the review queue, oldest first."""
+    return f"{tag(p)}:waiting"
+
+
+def running(p: int) -> str:
+    """ZSET job_id -> deadline (ms) of the job's queued or running node."""
+    return f"{tag(p)}:running"
+
+
+def jobs(p: int) -> str:
+    """ZSET job_id -> created_at (ms): every job of the partition, for listing."""
+    return f"{tag(p)}:jobs"
+
+
+def all_outboxes() -> list[str]:
+    return [outbox(p) for p in range(PARTITIONS)]
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    job_id: str
+    p: int
+    meta: str      # HASH: status, version, box lists, active pause, current node, ...
+    pauses: str    # HASH: pause_token -> pause JSON (history of consumed/cancelled pauses)
+    events: str    # STREAM: ids "<seq>-0", seq increasing per job
+    idem: str      # HASH: intervention_id -> payload hash + "\n" + response bytes
+    reports: str   # SET: node_instance_ids whose report was applied or ignored
+
+    @property
+    def outbox(self) -> str:
+        return outbox(self.p)
+
+    @property
+    def waiting(self) -> str:
+        return waiting(self.p)
+
+    @property
+    def running(self) -> str:
+        return running(self.p)
+
+    @property
+    def jobs(self) -> str:
+        return jobs(self.p)
+
+    def for_script(self) -> list[str]:
+        """The KEYS every state-changing script receives, in this order."""
+        return [self.meta, self.pauses, self.events, self.idem, self.reports,
+                self.outbox, self.waiting, self.running, self.jobs]
+
+
+def job(job_id: str) -> JobKeys:
+    p = partition_of(job_id)
+    base = f"{tag(p)}:job:{job_id}"
+    return JobKeys(job_id=job_id, p=p, meta=f"{base}:meta", pauses=f"{base}:pauses",
+                   events=f"{base}:events", idem=f"{base}:idem", reports=f"{base}:reports")

@@ -1,0 +1,64 @@
+-- _lib.lua: shared prologue, prepended to every state-changing script at load time.
+-- KEYS[1..9]  (statecore.keys.JobKeys.for_script, one hash slot):
+--   1 meta  2 pauses  3 events  4 idem  5 reports  6 outbox  7 waiting  8 running  9 jobs
+-- KEYS[10]    optional: the job's creation idempotency record (same slot)
+-- ARGV[1] job_id   ARGV[2] now (ISO-8601)   ARGV[3] retention seconds for finished jobs
+-- A "plan" (statecore.decide.Plan.to_json) lists every write of one atomic step;
+-- applying it increments the job's version by exactly one.
+local K_META, K_PAUSES, K_EVENTS, K_IDEM, K_REPORTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local K_OUTBOX, K_WAITING, K_RUNNING, K_JOBS = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local K_CREATE = KEYS[10]
+local JOB_ID, NOW, RETENTION = ARGV[1], ARGV[2], tonumber(ARGV[3])
+
+local function append_event(etype, status, data, version)
+  local seq = redis.call('HINCRBY', K_META, 'event_seq', 1)
+  redis.call('XADD', K_EVENTS, seq .. '-0', 't', etype, 's', status, 'v', version, 'at', NOW, 'd', data)
+  return seq
+end
+
+local function snapshot()
+  return redis.call('HGETALL', K_META)
+end
+
+local function keep_ttl_like_meta(key)
+  local ttl = redis.call('PTTL', K_META)
+  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+end
+
+local function index(key, op)
+  if op[1] == 'add' then
+    redis.call('ZADD', key, op[2], JOB_ID)
+  elseif op[1] == 'del' then
+    redis.call('ZREM', key, JOB_ID)
+  end
+end
+
+local function apply_plan(plan_json)
+  local plan = cjson.decode(plan_json)
+  local version = redis.call('HINCRBY', K_META, 'version', 1)
+  local flat = {}
+  for k, v in pairs(plan.meta) do
+    flat[#flat + 1] = k
+    flat[#flat + 1] = v
+  end
+  redis.call('HSET', K_META, unpack(flat))
+  for _, ev in ipairs(plan.events) do
+    append_event(ev[1], ev[2], ev[3], version)
+  end
+  if plan.outbox ~= '' then
+    redis.call('XADD', K_OUTBOX, '*', 'job', JOB_ID, 'cmd', plan.outbox)
+  end
+  for token, p in pairs(plan.pauses) do
+    redis.call('HSET', K_PAUSES, token, p)
+  end
+  index(K_WAITING, plan.waiting)
+  index(K_RUNNING, plan.running)
+  if plan.terminal and RETENTION > 0 then
+    for _, k in ipairs({K_META, K_PAUSES, K_EVENTS, K_IDEM, K_REPORTS}) do
+      redis.call('EXPIRE', k, RETENTION)
+    end
+    if K_CREATE then redis.call('EXPIRE', K_CREATE, RETENTION) end
+  end
+  return version
+end
+

@@ -1,0 +1,30 @@
+-- apply_report: a node's result (or its start), applied at most once per node_instance_id and
+-- only while that node is the job's current node of a live job; otherwise recorded as ignored.
+-- KEYS: see _lib.lua
+-- ARGV[4] node_instance_id  ARGV[5] version the plan was computed from  ARGV[6] plan JSON
+-- ARGV[7] '1' = final report (recorded in the reports set), '0' = node started
+-- ARGV[8] node_type
+-- Returns {'OK', version} | {'DUPLICATE'} | {'IGNORED', reason} | {'JOB_NOT_FOUND'} | {'STALE'}
+if redis.call('EXISTS', K_META) == 0 then return {'JOB_NOT_FOUND'} end
+local nid, final = ARGV[4], ARGV[7] == '1'
+if redis.call('SISMEMBER', K_REPORTS, nid) == 1 then return {'DUPLICATE'} end
+local m = redis.call('HMGET', K_META, 'status', 'version', 'node_id', 'terminal')
+local reason = nil
+if m[4] == '1' then
+  reason = 'JOB_TERMINAL'
+elseif m[3] ~= nid then
+  reason = 'NODE_SUPERSEDED'
+end
+if reason then
+  if final then
+    redis.call('SADD', K_REPORTS, nid)
+    keep_ttl_like_meta(K_REPORTS)
+    local data = cjson.encode({node_instance_id = nid, node_type = ARGV[8], reason = reason, status = m[1]})
+    append_event('REPORT_IGNORED', m[1], data, m[2])
+  end
+  return {'IGNORED', reason}
+end
+if m[2] ~= ARGV[5] then return {'STALE'} end
+if final then redis.call('SADD', K_REPORTS, nid) end
+local version = apply_plan(ARGV[6])
+return {'OK', version}

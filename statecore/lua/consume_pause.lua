@@ -1,0 +1,27 @@
+-- consume_pause: the only way a pause is consumed. Checks in SPEC §4 order (3..8), then
+-- writes pause CONSUMED, box lists, status, version, outbox command, events and, last,
+-- the idempotency record, all in this one script.
+-- KEYS: see _lib.lua
+-- ARGV[4] intervention_id  ARGV[5] payload hash (body + reviewer)  ARGV[6] base_version
+-- ARGV[7] pause_token  ARGV[8] version the plan was computed from  ARGV[9] plan JSON ('' = none)
+-- ARGV[10] response body  ARGV[11] message of a 400 found while planning ('' = none)
+-- Returns {'OK', version} | {'REPLAY', response} | {CODE, snapshot...} | {'INVALID_REQUEST', msg}
+--         | {'JOB_NOT_FOUND'} | {'STALE'}
+local rec = redis.call('HGET', K_IDEM, ARGV[4])
+if rec then
+  local sep = string.find(rec, '\n', 1, true)
+  if string.sub(rec, 1, sep - 1) == ARGV[5] then return {'REPLAY', string.sub(rec, sep + 1)} end
+  return {'IDEMPOTENCY_CONFLICT', snapshot()}
+end
+local m = redis.call('HMGET', K_META, 'status', 'version', 'pause_token')
+if not m[1] then return {'JOB_NOT_FOUND'} end
+if m[1] == 'CANCELLED' then return {'JOB_CANCELLED', snapshot()} end
+if m[2] ~= ARGV[6] then return {'VERSION_CONFLICT', snapshot()} end
+if not m[3] or m[3] == '' then return {'PAUSE_NOT_ACTIVE', snapshot()} end
+if m[3] ~= ARGV[7] then return {'PAUSE_TOKEN_MISMATCH', snapshot()} end
+if m[2] ~= ARGV[8] then return {'STALE'} end
+if ARGV[11] ~= '' then return {'INVALID_REQUEST', ARGV[11]} end
+if ARGV[9] == '' then return {'STALE'} end
+local version = apply_plan(ARGV[9])
+redis.call('HSET', K_IDEM, ARGV[4], ARGV[5] .. '\n' .. ARGV[10])
+return {'OK', version}

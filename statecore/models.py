@@ -1,0 +1,226 @@
+"""Domain models: the JSON shapes of SPEC §3–§5, used as they are by HTTP, SSE and the client."""
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .states import JobStatus
+
+BBox = tuple[float, float, float, float]
+PauseStage = Literal["WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION"]
+NodeType = Literal[
+    "DETECT_SUBJECTS", "VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST", "SEGMENT_SUBJECT",
+    "QUALITY_GATE_SUBJECT", "REFINE_SUBJECT", "FINALIZE_RESULTS",
+]
+PENDING_ACTIONS_WAITING = ["SUBMIT_BOX_LIST", "DRAW_MANUAL_BOX"]
+
+
+def check_bbox(bbox: tuple[float, ...] | list[float]) -> BBox:
+    """Four finite numbers with x1 < x2 and y1 < y2, non-negative (image bounds are checked by the store)."""
+    if len(bbox) != 4:
+        raise ValueError("bbox must have four numbers [x1, y1, x2, y2]")
+    x1, y1, x2, y2 = (float(v) for v in bbox)
+    if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
+        raise ValueError("bbox coordinates must be finite numbers")
+    if x1 < 0 or y1 < 0:
+        raise ValueError("bbox coordinates must not be negative")
+    if not (x1 < x2 and y1 < y2):
+        raise ValueError("bbox is degenerate: need x1 < x2 and y1 < y2")
+    return (x1, y1, x2, y2)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Validation(BaseModel):
+    status: Literal["PASSED", "NEEDS_REVISION", "REJECTED"]
+    score: float | None = None
+    reason: str | None = None
+
+
+class Box(BaseModel):
+    box_id: str
+    bbox: BBox
+    label: str | None = None
+    score: float | None = None
+    source: Literal["model", "manual"]
+    target_policy: Literal["SEGMENT", "SKIP"] = "SEGMENT"
+    validation: Validation | None = None
+
+
+class ConsumedBy(BaseModel):
+    intervention_id: str
+    reviewer: str
+
+
+class Pause(BaseModel):
+    pause_token: str
+    status: Literal["WAITING", "CONSUMED", "CANCELLED"]
+    stage: PauseStage
+    base_version: int
+    round: int
+    snapshot_id: str
+    box_ids_to_revise: list[str] = Field(default_factory=list)
+    created_at: str
+    consumed_at: str | None = None
+    consumed_by: ConsumedBy | None = None
+
+
+class ImageRef(BaseModel):
+    sha256: str
+    width: int
+    height: int
+    url: str
+
+
+class CurrentNode(BaseModel):
+    node_instance_id: str
+    node_type: str
+    status: Literal["QUEUED", "RUNNING", "COMPLETED", "FAILED", "TIMED_OUT"]
+    attempt: int = 0
+
+
+class JobSnapshot(BaseModel):
+    job_id: str
+    status: JobStatus
+    version: int
+    round: int
+    created_at: str
+    updated_at: str
+    image: ImageRef
+    box_list: list[Box]
+    approved_box_list: list[Box]
+    active_pause: Pause | None
+    pending_actions: list[str]
+    current_node: CurrentNode | None
+    reason_code: str | None = None
+    cancel_requested: bool = False
+    empty_selection: bool = False
+
+
+class JobSummary(BaseModel):
+    job_id: str
+    status: JobStatus
+    version: int
+    created_at: str
+    updated_at: str
+    submitter: str
+    box_count: int = 0
+    stage: str | None = None
+    pause_created_at: str | None = None
+
+
+class JobList(BaseModel):
+    jobs: list[JobSummary]
+    next_cursor: str | None = None
+
+
+class CreateJobResponse(BaseModel):
+    accepted: bool = True
+    job_id: str
+    status: JobStatus
+    version: int
+
+
+class Subject(Strict):
+    box_id: str | None = None
+    candidate_id: str | None = None
+    bbox: BBox
+    label: str | None = Field(default=None, max_length=200)
+    target_policy: Literal["SEGMENT", "SKIP"] = "SEGMENT"
+
+    @field_validator("bbox", mode="before")
+    @classmethod
+    def _bbox(cls, v: Any) -> BBox:
+        if not isinstance(v, (list, tuple)):
+            raise ValueError("bbox must be a list of four numbers")
+        if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in v):
+            raise ValueError("bbox must contain numbers only")
+        return check_bbox(v)
+
+
+MAX_SUBJECTS = 500
+
+
+class InterventionRequest(Strict):
+    intervention_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")
+    pause_token: str = Field(min_length=1, max_length=128)
+    base_version: int = Field(ge=0)
+    subjects: list[Subject] = Field(max_length=MAX_SUBJECTS)
+
+    @field_validator("base_version", mode="before")
+    @classmethod
+    def _int_only(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError("base_version must be an integer")
+        return v
+
+
+class Diff(BaseModel):
+    kept: list[str]
+    added: list[str]
+    deleted: list[str]
+
+
+class InterventionResponse(BaseModel):
+    intervention_id: str
+    job_id: str
+    accepted: bool = True
+    status: JobStatus
+    version: int
+    next_node_type: Literal["VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST"] | None
+    diff: Diff
+
+
+class Event(BaseModel):
+    id: int
+    type: str
+    job_id: str
+    version: int
+    at: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class NodeCommand(BaseModel):
+    node_instance_id: str
+    node_type: str
+    job_id: str
+    attempt: int = 0
+    enqueued_at: str
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class NodeReport(BaseModel):
+    node_instance_id: str
+    node_type: str
+    job_id: str
+    outcome: Literal["SUCCEEDED", "FAILED", "TIMED_OUT"]
+    error_code: str | None = None
+    error_message: str | None = None
+    output: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _error_has_code(self) -> "NodeReport":
+        if self.outcome != "SUCCEEDED" and not self.error_code:
+            self.error_code = "NODE_" + self.outcome
+        return self
+
+
+class SubjectResult(BaseModel):
+    box_id: str
+    bbox: BBox
+    label: str | None = None
+    status: Literal["SUCCEEDED", "FAILED", "REJECTED"]
+    reason: str | None = None
+    mask_url: str | None = None
+    cutout_url: str | None = None
+
+
+class JobResults(BaseModel):
+    job_id: str
+    status: JobStatus
+    reason_code: str | None = None
+    subjects: list[SubjectResult]

@@ -1,0 +1,60 @@
+"""Loads the Lua scripts once and maps their return codes to typed errors, in one place."""
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Any, Callable
+
+from . import errors
+
+SCRIPT_NAMES = ("create_job", "consume_pause", "apply_report", "cancel")
+
+
+@cache
+def source(name: str) -> str:
+    """The full text sent to Redis: the shared prologue, then the operation."""
+    lua = resources.files("statecore") / "lua"
+    return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+def register(client: Any) -> dict[str, Any]:
+    """``register_script`` for each operation; redis-py falls back from EVALSHA on NOSCRIPT."""
+    return {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
+
+
+# Codes whose second element is a flat HGETALL of the job's meta (the current snapshot).
+_SNAPSHOT_CODES = {
+    "IDEMPOTENCY_CONFLICT": errors.IdempotencyConflict,
+    "JOB_CANCELLED": errors.JobCancelled,
+    "VERSION_CONFLICT": errors.VersionConflict,
+    "PAUSE_NOT_ACTIVE": errors.PauseNotActive,
+    "PAUSE_TOKEN_MISMATCH": errors.PauseTokenMismatch,
+    "JOB_TERMINAL": errors.JobTerminal,
+}
+
+_MESSAGES = {
+    "IDEMPOTENCY_CONFLICT": "this intervention_id was already used with a different payload or reviewer",
+    "JOB_CANCELLED": "the job was cancelled",
+    "VERSION_CONFLICT": "your view of the job is out of date (base_version differs from the job's version)",
+    "PAUSE_NOT_ACTIVE": "no review is waiting on this job any more",
+    "PAUSE_TOKEN_MISMATCH": "this review was already submitted or replaced; the pause token is not the active one",
+    "JOB_TERMINAL": "the job has already ended",
+}
+
+
+def pairs_to_dict(flat: list[Any]) -> dict[str, str]:
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def raise_for(result: list[Any], job_id: str, snapshot_of: Callable[[dict[str, str]], dict[str, Any]]) -> None:
+    """Raise the typed error a script's return code stands for; return on success codes."""
+    code = result[0]
+    if code in _SNAPSHOT_CODES:
+        snap = snapshot_of(pairs_to_dict(result[1])) if len(result) > 1 and isinstance(result[1], list) else None
+        raise _SNAPSHOT_CODES[code](_MESSAGES[code], job_id=job_id, snapshot=snap)
+    if code == "JOB_NOT_FOUND":
+        raise errors.JobNotFound(f"job {job_id} not found", job_id=job_id)
+    if code == "INVALID_REQUEST":
+        raise errors.InvalidRequest(result[1], job_id=job_id)
+    if code == "STALE":
+        raise errors.StaleRead(job_id=job_id)

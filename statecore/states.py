@@ -1,0 +1,77 @@
+"""Job states and the one transition table (SPEC §2). Pure: no I/O."""
+from __future__ import annotations
+
+from enum import StrEnum
+
+from .errors import IllegalTransition, JobCancelled
+
+
+class JobStatus(StrEnum):
+    CREATED = "CREATED"
+    DETECTING = "DETECTING"
+    WAITING_USER_SELECTION = "WAITING_USER_SELECTION"
+    VALIDATING_MANUAL_BOXES = "VALIDATING_MANUAL_BOXES"
+    WAITING_BOX_BATCH_REVISION = "WAITING_BOX_BATCH_REVISION"
+    PROCESSING_APPROVED_SUBJECTS = "PROCESSING_APPROVED_SUBJECTS"
+    FINALIZING_RESULTS = "FINALIZING_RESULTS"
+    SUCCEEDED = "SUCCEEDED"
+    PARTIAL_SUCCEEDED = "PARTIAL_SUCCEEDED"
+    FAILED = "FAILED"
+    EMPTY_SELECTION = "EMPTY_SELECTION"
+    CANCELLED = "CANCELLED"
+    TIMED_OUT = "TIMED_OUT"
+
+
+S = JobStatus
+
+TERMINAL: frozenset[JobStatus] = frozenset(
+    {S.SUCCEEDED, S.PARTIAL_SUCCEEDED, S.FAILED, S.EMPTY_SELECTION, S.CANCELLED, S.TIMED_OUT}
+)
+WAITING: frozenset[JobStatus] = frozenset({S.WAITING_USER_SELECTION, S.WAITING_BOX_BATCH_REVISION})
+
+# The only place the allowed moves are written down. The WAITING states have no
+# edge to TIMED_OUT: nothing but an intervention or a cancel leaves a pause.
+TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    S.CREATED: frozenset({S.DETECTING, S.CANCELLED, S.FAILED}),
+    S.DETECTING: frozenset(
+        {S.WAITING_USER_SELECTION, S.PROCESSING_APPROVED_SUBJECTS, S.FAILED, S.CANCELLED, S.TIMED_OUT}
+    ),
+    S.WAITING_USER_SELECTION: frozenset(
+        {S.VALIDATING_MANUAL_BOXES, S.PROCESSING_APPROVED_SUBJECTS, S.EMPTY_SELECTION, S.FAILED, S.CANCELLED}
+    ),
+    S.VALIDATING_MANUAL_BOXES: frozenset(
+        {S.WAITING_BOX_BATCH_REVISION, S.PROCESSING_APPROVED_SUBJECTS, S.FINALIZING_RESULTS,
+         S.FAILED, S.CANCELLED, S.TIMED_OUT}
+    ),
+    S.WAITING_BOX_BATCH_REVISION: frozenset(
+        {S.VALIDATING_MANUAL_BOXES, S.PROCESSING_APPROVED_SUBJECTS, S.FINALIZING_RESULTS,
+         S.EMPTY_SELECTION, S.FAILED, S.CANCELLED}
+    ),
+    S.PROCESSING_APPROVED_SUBJECTS: frozenset({S.FINALIZING_RESULTS, S.FAILED, S.CANCELLED, S.TIMED_OUT}),
+    S.FINALIZING_RESULTS: frozenset({S.SUCCEEDED, S.PARTIAL_SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT}),
+    **{t: frozenset() for t in TERMINAL},
+}
+
+
+def is_terminal(status: JobStatus | str) -> bool:
+    return JobStatus(status) in TERMINAL
+
+
+def is_waiting(status: JobStatus | str) -> bool:
+    return JobStatus(status) in WAITING
+
+
+def transition(current: JobStatus | str, target: JobStatus | str, *, job_id: str | None = None) -> JobStatus:
+    """Return the state after moving ``current`` to ``target``.
+
+    Same-state is a no-op success (a replayed report). A cancelled job never
+    moves again; any other move outside the table raises ``IllegalTransition``.
+    """
+    cur, tgt = JobStatus(current), JobStatus(target)
+    if cur == tgt:
+        return cur
+    if cur == S.CANCELLED:
+        raise JobCancelled(job_id=job_id, message=f"job is cancelled; refusing move to {tgt}")
+    if tgt not in TRANSITIONS[cur]:
+        raise IllegalTransition(job_id=job_id, message=f"illegal transition {cur} -> {tgt}")
+    return tgt

@@ -1,0 +1,45 @@
+"""Small drivers shared by the state-core tests: play the executor's part through the store."""
+from __future__ import annotations
+
+import uuid
+
+from statecore.models import ImageRef, InterventionRequest, NodeReport
+from statecore.store import Store
+
+THREE_BOXES = [
+    {"bbox": [10, 10, 100, 120], "label": "shoe", "score": 0.93},
+    {"bbox": [200, 40, 320, 200], "label": "shoe", "score": 0.88},
+    {"bbox": [400, 100, 460, 300], "label": "hand", "score": 0.41},
+]
+
+
+async def create(store: Store, image: ImageRef, submitter: str = "alice", key: str | None = None) -> str:
+    reply = await store.create_job(submitter, image, key)
+    return reply.job_id
+
+
+async def report(store: Store, job_id: str, output: dict, outcome: str = "SUCCEEDED", **kw) -> str:
+    state = await store.get(job_id)
+    node = state.current_node
+    assert node is not None
+    return await store.apply_report(NodeReport(node_instance_id=node.node_instance_id, node_type=node.node_type,
+                                               job_id=job_id, outcome=outcome, output=output, **kw))
+
+
+async def waiting_job(store: Store, image: ImageRef, boxes=THREE_BOXES, submitter: str = "alice") -> str:
+    job_id = await create(store, image, submitter)
+    assert await report(store, job_id, {"boxes": boxes}) == "OK"
+    return job_id
+
+
+def iv(state, subjects, iid: str | None = None, **over) -> InterventionRequest:
+    p = state.active_pause
+    body = {"intervention_id": iid or f"iv_{uuid.uuid4().hex[:12]}",
+            "pause_token": p.pause_token if p else "pause_none",
+            "base_version": state.version, "subjects": subjects}
+    body.update(over)
+    return InterventionRequest(**body)
+
+
+def keep(state, *idx):
+    return [{"box_id": state.box_list[i].box_id, "bbox": list(state.box_list[i].bbox)} for i in idx]
