@@ -378,7 +378,9 @@ class Store:
         """New commands for this consumer (consumer group: each entry goes to one dispatcher)."""
         streams = {s: ">" for s in keys.all_outboxes()}
         if not self.cluster:
-            res = await self.r.xreadgroup(keys.OUTBOX_GROUP, consumer, streams, count=count, block=block_ms)
+            # BLOCK 0 would wait forever; block_ms=0 means "do not block", as in cluster mode below.
+            res = await self.r.xreadgroup(keys.OUTBOX_GROUP, consumer, streams, count=count,
+                                          block=block_ms or None)
             out: list[OutboxEntry] = []
             for stream, entries in res or []:
                 out += self._entries(stream, entries)

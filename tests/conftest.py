@@ -70,3 +70,28 @@ async def cluster_store(redis_cluster: RedisCluster):
 @pytest.fixture
 def image() -> ImageRef:
     return ImageRef(sha256="a" * 64, width=640, height=480, url="/api/v1/artifacts/img_" + "a" * 16 + ".png")
+
+
+# ---------------------------------------------------------------------------- control plane (uvicorn)
+
+TOKENS = {
+    "admin": "tok-admin", "rev1": "tok-rev1", "rev2": "tok-rev2", "sub1": "tok-sub1", "sub2": "tok-sub2",
+    "exec": "tok-exec",
+}
+TOKENS_SPEC = ("admin:admin:tok-admin,rev1:reviewer:tok-rev1,rev2:reviewer:tok-rev2,"
+               "sub1:submitter:tok-sub1,sub2:submitter:tok-sub2,exec:executor:tok-exec")
+
+
+@pytest.fixture(scope="session")
+def api_server(tmp_path_factory: pytest.TempPathFactory):
+    """The FastAPI control plane under uvicorn in this process, with a dispatcher running the
+    classical backends in threads and its own real redis-server."""
+    require_binary("redis-server")
+    from tests.harness import LocalServer
+
+    data = tmp_path_factory.mktemp("api")
+    redis = RedisServer(data / "redis").start()
+    server = LocalServer(data, redis.url, tokens=TOKENS_SPEC, max_upload_bytes=3_000_000).start()
+    yield server
+    server.stop()
+    redis.stop()

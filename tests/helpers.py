@@ -43,3 +43,32 @@ def iv(state, subjects, iid: str | None = None, **over) -> InterventionRequest:
 
 def keep(state, *idx):
     return [{"box_id": state.box_list[i].box_id, "bbox": list(state.box_list[i].bbox)} for i in idx]
+
+
+async def footprint(store: Store, job_id: str) -> dict:
+    """Everything a write could touch for one job: compare before/after to prove 'nothing written'."""
+    from statecore import keys
+
+    jk = keys.job(job_id)
+    return {
+        "meta": await store.r.hgetall(jk.meta),
+        "pauses": await store.r.hgetall(jk.pauses),
+        "events": await store.r.xrange(jk.events),
+        "idem": await store.r.hgetall(jk.idem),
+        "reports": await store.r.smembers(jk.reports),
+        "outbox_len": await store.r.xlen(jk.outbox),
+        "outbox_cmds": [c.node_instance_id for c in await store.outbox_commands(job_id)],
+        "waiting": await store.r.zscore(jk.waiting, job_id),
+        "running": await store.r.zscore(jk.running, job_id),
+    }
+
+
+def manual(bbox, label: str | None = "thing") -> dict:
+    return {"bbox": list(bbox), "label": label}
+
+
+async def validate(store: Store, job_id: str, passed: dict[str, bool]) -> str:
+    """Play the validator: one verdict per box id (True = passed)."""
+    return await report(store, job_id, {"results": [
+        {"box_id": b, "passed": ok, "score": 0.9 if ok else 0.1, "reason": None if ok else "not an object"}
+        for b, ok in passed.items()]})

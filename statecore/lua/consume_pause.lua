@@ -24,4 +24,7 @@ if ARGV[11] ~= '' then return {'INVALID_REQUEST', ARGV[11]} end
 if ARGV[9] == '' then return {'STALE'} end
 local version = apply_plan(ARGV[9])
 redis.call('HSET', K_IDEM, ARGV[4], ARGV[5] .. '\n' .. ARGV[10])
+-- A first intervention that also ends the job (EMPTY_SELECTION) creates K_IDEM after
+-- apply_plan set the retention TTLs: give it the same TTL as the job's meta.
+keep_ttl_like_meta(K_IDEM)
 return {'OK', version}

@@ -1,0 +1,201 @@
+"""The model backend interface and the registry the deployments build backends from.
+
+Three roles, each a small protocol so a backend is any object with the method and
+attributes below. Everything here is plain Python (numpy only): importing it pulls in
+neither Ray nor torch, so the control plane, the tests and the GPU benchmark can use
+the backends without a Ray cluster. Heavy backends are imported lazily by the factories.
+
+Shapes shared by every backend:
+- ``image``: ``np.ndarray`` RGB ``uint8`` ``H x W x 3``; ``image_sha``: the image's sha256,
+  used as a cache key (SAM keeps the image embedding under it).
+- ``bbox``: ``[x1, y1, x2, y2]`` floats, pixels of the original image.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BACKEND = "classical"
+
+
+class ModelLoadError(RuntimeError):
+    """A model file is missing, unreadable or does not fit the architecture asked for."""
+
+
+@runtime_checkable
+class DetectorBackend(Protocol):
+    name: str
+
+    def detect(self, image: np.ndarray, image_sha: str) -> list[dict[str, Any]]:
+        """Return ``[{"bbox": [x1, y1, x2, y2], "label": str, "score": float in [0, 1]}]``, best first."""
+        ...
+
+
+@runtime_checkable
+class ValidatorBackend(Protocol):
+    name: str
+    threshold: float
+    policy_version: str
+
+    def validate(self, image: np.ndarray, image_sha: str,
+                 boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """For ``[{"box_id", "bbox", "label"}]`` return ``[{"box_id", "passed", "score", "reason"}]``
+        in the same order; ``passed`` is ``score >= threshold`` and ``reason`` is None when passed."""
+        ...
+
+
+@runtime_checkable
+class SegmenterBackend(Protocol):
+    name: str
+
+    def segment(self, image: np.ndarray, image_sha: str,
+                boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """For ``[{"box_id", "bbox"}]`` return ``[{"box_id", "mask"}]`` (``mask``: bool ``H x W``,
+        the image's size), all boxes of the image in one call. A result may also carry
+        ``"alpha"`` (uint8 ``H x W``, a feathered edge for the cut-out) and ``"reason"``."""
+        ...
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def check_image(image: np.ndarray) -> np.ndarray:
+    if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+        raise ValueError("image must be an RGB uint8 array of shape HxWx3")
+    if image.shape[0] < 2 or image.shape[1] < 2:
+        raise ValueError("image is too small")
+    return image
+
+
+def box_problem(bbox: Any, width: int, height: int) -> str | None:
+    """Why ``bbox`` cannot be used on a ``width x height`` image, or None when it can."""
+    try:
+        x1, y1, x2, y2 = (float(v) for v in bbox)
+    except (TypeError, ValueError):
+        return "bbox must be four numbers [x1, y1, x2, y2]"
+    if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
+        return "bbox coordinates must be finite"
+    if x1 < 0 or y1 < 0 or x2 > width or y2 > height:
+        return f"bbox lies outside the {width}x{height} image"
+    if x2 - x1 < 2 or y2 - y1 < 2:
+        return "bbox is too small (under 2 pixels wide or high)"
+    return None
+
+
+def int_box(bbox: Any, width: int, height: int) -> tuple[int, int, int, int]:
+    """Pixel bounds covering ``bbox`` (x2, y2 exclusive), clipped to the image."""
+    x1, y1, x2, y2 = (float(v) for v in bbox)
+    return (max(0, int(math.floor(x1))), max(0, int(math.floor(y1))),
+            min(width, int(math.ceil(x2))), min(height, int(math.ceil(y2))))
+
+
+def box_iou(a: Any, b: Any) -> float:
+    ax1, ay1, ax2, ay2 = (float(v) for v in a)
+    bx1, by1, bx2, by2 = (float(v) for v in b)
+    iw = max(0.0, min(ax2, bx2) - max(ax1, bx1))
+    ih = max(0.0, min(ay2, by2) - max(ay1, by1))
+    inter = iw * ih
+    union = (ax2 - ax1) * (ay2 - ay1) + (bx2 - bx1) * (by2 - by1) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def mask_bbox(mask: np.ndarray) -> list[float] | None:
+    """Tight ``[x1, y1, x2, y2]`` of a bool mask (x2, y2 exclusive), None when empty."""
+    ys = np.flatnonzero(mask.any(axis=1))
+    if ys.size == 0:
+        return None
+    xs = np.flatnonzero(mask.any(axis=0))
+    return [float(xs[0]), float(ys[0]), float(xs[-1] + 1), float(ys[-1] + 1)]
+
+
+def invalid_result(box_id: str, reason: str) -> dict[str, Any]:
+    return {"box_id": box_id, "passed": False, "score": 0.0, "reason": reason}
+
+
+class DelayedDetector:
+    """Adds a fixed sleep before each detection: the ``--detector-delay-ms`` knob for demos and
+    load tests, so queueing and autoscaling can be watched without a real model's cost."""
+
+    def __init__(self, inner: DetectorBackend, delay_ms: float) -> None:
+        self.inner = inner
+        self.delay_ms = float(delay_ms)
+        self.name = inner.name
+
+    def detect(self, image: np.ndarray, image_sha: str) -> list[dict[str, Any]]:
+        time.sleep(self.delay_ms / 1000.0)
+        return self.inner.detect(image, image_sha)
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self.inner, item)
+
+
+# --------------------------------------------------------------------------- registry
+
+DETECTORS = ("classical", "sam-auto", "sam", "torchvision")
+VALIDATORS = ("classical", "sam", "sam-auto")
+SEGMENTERS = ("classical", "sam", "sam-auto")
+
+
+def _unknown(role: str, name: str, known: tuple[str, ...]) -> ValueError:
+    return ValueError(f"unknown {role} backend {name!r}; choose one of {', '.join(known)}")
+
+
+def make_detector(name: str | None = None, *, delay_ms: float = 0, **cfg: Any) -> DetectorBackend:
+    """``classical`` (default, weight-free), ``sam-auto``/``sam`` (SamAutomaticMaskGenerator proposals,
+    needs ``checkpoint``), ``torchvision`` (needs ``weights``; ``arch`` picks the architecture)."""
+    name = (name or DEFAULT_BACKEND).lower()
+    backend: DetectorBackend
+    if name == "classical":
+        from .classical import ClassicalDetector
+        backend = ClassicalDetector(**cfg)
+    elif name in ("sam-auto", "sam"):
+        from .sam import SamAutoDetector
+        backend = SamAutoDetector(**cfg)
+    elif name == "torchvision":
+        from .tv_detector import TorchvisionDetector
+        backend = TorchvisionDetector(**cfg)
+    else:
+        raise _unknown("detector", name, DETECTORS)
+    if delay_ms and delay_ms > 0:
+        backend = DelayedDetector(backend, delay_ms)
+    log.info("detector backend: %s", backend.name)
+    return backend
+
+
+def make_validator(name: str | None = None, **cfg: Any) -> ValidatorBackend:
+    """``classical`` (default) or ``sam`` (the decoder's predicted IoU for the box prompt)."""
+    name = (name or DEFAULT_BACKEND).lower()
+    backend: ValidatorBackend
+    if name == "classical":
+        from .classical import ClassicalValidator
+        backend = ClassicalValidator(**cfg)
+    elif name in ("sam", "sam-auto"):
+        from .sam import SamValidator
+        backend = SamValidator(**cfg)
+    else:
+        raise _unknown("validator", name, VALIDATORS)
+    log.info("validator backend: %s (threshold %.2f, policy %s)", backend.name, backend.threshold,
+             backend.policy_version)
+    return backend
+
+
+def make_segmenter(name: str | None = None, **cfg: Any) -> SegmenterBackend:
+    """``classical`` (default, GrabCut seeded by the box) or ``sam`` (batched box prompts)."""
+    name = (name or DEFAULT_BACKEND).lower()
+    backend: SegmenterBackend
+    if name == "classical":
+        from .classical import ClassicalSegmenter
+        backend = ClassicalSegmenter(**cfg)
+    elif name in ("sam", "sam-auto"):
+        from .sam import SamSegmenter
+        backend = SamSegmenter(**cfg)
+    else:
+        raise _unknown("segmenter", name, SEGMENTERS)
+    log.info("segmenter backend: %s", backend.name)
+    return backend

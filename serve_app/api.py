@@ -1,0 +1,292 @@
+"""The HTTP API of SPEC §4 as a FastAPI app.
+
+The same app runs under Ray Serve (``serve_app.application``) and, for tests and
+the uvicorn comparison benchmark, under plain uvicorn. What differs between the
+two is injected through ``Runtime``: how node commands reach the models and
+where SSE streams come from.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from fastapi import FastAPI, File, Header, Query, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from statecore import errors
+from statecore.artifacts import ArtifactStore
+from statecore.models import (CreateJobResponse, ImageRef, InterventionRequest, InterventionResponse, JobList,
+                              JobResults, JobSnapshot)
+from statecore.states import JobStatus, is_terminal
+from statecore.store import Reply, Store, StoreConfig
+
+from . import metrics
+from .auth import Authenticator, Identity
+from .config import Settings
+from .uploads import check_image
+
+log = logging.getLogger("hitl.api")
+
+API = "/api/v1"
+CONTENT_TYPES = {"png": "image/png", "jpg": "image/jpeg", "webp": "image/webp", "npz": "application/octet-stream",
+                 "pt": "application/octet-stream"}
+
+# Who may call what. Checked by the auth middleware before anything else, so a
+# request without a valid token gets 401 even when its body is malformed.
+_READ = ("submitter", "reviewer")
+ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
+    ("POST", re.compile(rf"^{API}/jobs/?$"), ("submitter",)),
+    ("GET", re.compile(rf"^{API}/jobs/?$"), _READ),
+    ("POST", re.compile(rf"^{API}/jobs/[^/]+/interventions/?$"), ("reviewer",)),
+    ("POST", re.compile(rf"^{API}/jobs/[^/]+/cancel/?$"), ("reviewer",)),
+    ("GET", re.compile(rf"^{API}/jobs/[^/]+(/events|/results)?/?$"), _READ),
+    ("GET", re.compile(rf"^{API}/artifacts/[^/]+$"), _READ),
+    ("GET", re.compile(rf"^{API}/whoami$"), ("submitter", "reviewer", "executor")),
+]
+PUBLIC = re.compile(r"^/(healthz|readyz|metrics|docs|redoc|openapi\.json)(/.*)?$")
+
+
+EventSource = Callable[[str, int], AsyncIterator[str]]
+
+
+@dataclass
+class Runtime:
+    """What the app needs besides HTTP: the store, blobs, identity, and the two injected parts."""
+
+    settings: Settings
+    store: Store
+    artifacts: ArtifactStore
+    auth: Authenticator
+    events: EventSource
+    readiness: Callable[[], Awaitable[dict[str, Any]]]
+    background: list[asyncio.Task[Any]] = field(default_factory=list)
+
+
+def _error(e: errors.HitlError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(e.to_body(), status_code=e.status, headers=headers)
+
+
+class AuthMiddleware:
+    """Pure ASGI: 401/403 before routing, body parsing or anything else."""
+
+    def __init__(self, app: Any, runtime_of: Callable[[], Runtime]) -> None:
+        self.app = app
+        self.runtime_of = runtime_of
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or PUBLIC.match(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+        try:
+            ident = self.runtime_of().auth.identify(headers.get("authorization"))
+            method, path = scope["method"], scope["path"]
+            for m, pattern, roles in ROUTE_ROLES:
+                if m == method and pattern.match(path):
+                    Authenticator.require(ident, *roles)
+                    break
+        except errors.HitlError as e:
+            await _error(e, {"WWW-Authenticate": "Bearer"} if e.status == 401 else None)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["identity"] = ident
+        await self.app(scope, receive, send)
+
+
+def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
+    """``build_runtime`` runs in the app's lifespan, inside the serving process."""
+    holder: dict[str, Runtime] = {}
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        holder["rt"] = await build_runtime()
+        rt = holder["rt"]
+        log.info("control plane ready: detector=%s validator=%s segmenter=%s redis=%s",
+                 rt.settings.detector, rt.settings.validator_backend, rt.settings.segmenter,
+                 "external" if rt.settings.redis_url else "embedded")
+        try:
+            yield
+        finally:
+            for t in rt.background:
+                t.cancel()
+            await asyncio.gather(*rt.background, return_exceptions=True)
+            await rt.store.close()
+
+    def rt() -> Runtime:
+        return holder["rt"]
+
+    app = FastAPI(title="hitl-review control plane", version="1.0",
+                  description="Human-in-the-loop review for image cut-out. See SPEC.md §4.", lifespan=lifespan)
+    app.add_middleware(AuthMiddleware, runtime_of=rt)
+
+    @app.exception_handler(errors.HitlError)
+    async def _hitl_error(_req: Request, e: errors.HitlError) -> JSONResponse:
+        return _error(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, e: RequestValidationError) -> JSONResponse:
+        problems = [{"loc": [str(x) for x in err.get("loc", ())], "msg": err.get("msg", "")} for err in e.errors()[:20]]
+        first = problems[0] if problems else {"loc": [], "msg": "invalid request"}
+        msg = f"{'.'.join(first['loc'][1:] or first['loc'])}: {first['msg']}"
+        return _error(errors.InvalidRequest(msg, errors=problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, e: StarletteHTTPException) -> JSONResponse:
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(e.status_code, "HTTP_ERROR")
+        return JSONResponse({"code": code, "message": str(e.detail)}, status_code=e.status_code)
+
+    @app.middleware("http")
+    async def _timing(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        t0 = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        metrics.HTTP_SECONDS.labels(getattr(route, "path", "unmatched"), str(response.status_code)).observe(
+            time.perf_counter() - t0)
+        return response
+
+    def identity(request: Request) -> Identity:
+        return request.state.identity
+
+    async def visible_job(request: Request, job_id: str) -> JobSnapshot:
+        """A submitter sees only its own jobs: another's is 404, like a missing one."""
+        state = await rt().store.get(job_id)
+        ident = identity(request)
+        if ident.role == "submitter" and state.submitter != ident.name:
+            raise errors.JobNotFound(f"job {job_id} not found", job_id=job_id)
+        return state.snapshot()
+
+    def replayable(reply: Reply) -> Response:
+        headers = {"Idempotent-Replayed": "true"} if reply.replayed else {}
+        return Response(reply.body, status_code=reply.status_code, media_type="application/json", headers=headers)
+
+    # ------------------------------------------------------------------ jobs
+
+    @app.post(f"{API}/jobs", status_code=202, response_model=CreateJobResponse,
+              responses={200: {"model": CreateJobResponse}, 400: {}, 409: {}, 413: {}})
+    async def create_job(request: Request, image: UploadFile = File(..., description="PNG, JPEG or WebP"),
+                         idempotency_key: str | None = Header(default=None, max_length=200)) -> Response:
+        s = rt().settings
+        if image.size is not None and image.size > s.max_upload_bytes:
+            raise errors.PayloadTooLarge(f"upload is {image.size} bytes; the limit is {s.max_upload_bytes}")
+        data = await image.read(s.max_upload_bytes + 1)
+        checked = check_image(data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels, filename=image.filename)
+        name = await asyncio.to_thread(rt().artifacts.put, "image", checked.data, checked.ext)
+        ref = ImageRef(sha256=checked.sha256, width=checked.width, height=checked.height,
+                       url=ArtifactStore.url(name))
+        reply = await rt().store.create_job(identity(request).name, ref, idempotency_key or None)
+        if not reply.replayed:
+            metrics.JOBS_CREATED.inc()
+            log.info("job created job=%s submitter=%s image=%dx%d", reply.job_id, identity(request).name,
+                     checked.width, checked.height)
+        return replayable(reply)
+
+    @app.get(f"{API}/jobs", response_model=JobList)
+    async def list_jobs(request: Request, status: str | None = Query(default=None),
+                        limit: int = Query(default=50, ge=1, le=500),
+                        cursor: str | None = Query(default=None, max_length=200)) -> JobList:
+        if status is not None and status != "WAITING" and status not in JobStatus.__members__:
+            raise errors.InvalidRequest(f"unknown status {status!r}", field="status")
+        if cursor is not None and not re.match(r"^-?[0-9.]+:[A-Za-z0-9_]+$", cursor):
+            raise errors.InvalidRequest("malformed cursor", field="cursor")
+        ident = identity(request)
+        jobs, nxt = await rt().store.list_jobs(submitter=ident.name if ident.role == "submitter" else None,
+                                               status=status, limit=limit, cursor=cursor)
+        return JobList(jobs=jobs, next_cursor=nxt)
+
+    @app.get(f"{API}/jobs/{{job_id}}", response_model=JobSnapshot)
+    async def get_job(request: Request, job_id: str) -> JobSnapshot:
+        return await visible_job(request, job_id)
+
+    @app.post(f"{API}/jobs/{{job_id}}/interventions", response_model=InterventionResponse,
+              responses={400: {}, 404: {}, 409: {}})
+    async def intervene(request: Request, job_id: str, body: InterventionRequest) -> Response:
+        try:
+            reply = await rt().store.intervene(job_id, body, identity(request).name)
+        except errors.HitlError as e:
+            metrics.INTERVENTIONS.labels(e.code).inc()
+            raise
+        metrics.INTERVENTIONS.labels("REPLAY" if reply.replayed else "OK").inc()
+        return replayable(reply)
+
+    @app.post(f"{API}/jobs/{{job_id}}/cancel", response_model=JobSnapshot, responses={404: {}, 409: {}})
+    async def cancel(request: Request, job_id: str) -> JobSnapshot:
+        snap = await rt().store.cancel(job_id, identity(request).name)
+        log.info("job cancelled job=%s by=%s", job_id, identity(request).name)
+        return snap
+
+    @app.get(f"{API}/jobs/{{job_id}}/events", response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
+    async def events(request: Request, job_id: str,
+                     last_event_id: str | None = Query(default=None, max_length=20),
+                     last_event_id_header: str | None = Header(default=None, alias="Last-Event-ID")) -> Response:
+        await visible_job(request, job_id)
+        after = last_event_id_header or last_event_id or "0"
+        if not after.isdigit():
+            raise errors.InvalidRequest("Last-Event-ID must be a non-negative integer event id")
+        return StreamingResponse(rt().events(job_id, int(after)), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.get(f"{API}/jobs/{{job_id}}/results", response_model=JobResults, responses={404: {}, 409: {}})
+    async def results(request: Request, job_id: str) -> JobResults:
+        snap = await visible_job(request, job_id)
+        if not is_terminal(snap.status):
+            raise errors.JobNotFinished(f"job is {snap.status}; results exist once it ends", job_id=job_id,
+                                        snapshot=snap.model_dump(mode="json"))
+        state = await rt().store.get(job_id)
+        return JobResults(job_id=job_id, status=state.status, reason_code=state.reason_code, subjects=state.results)
+
+    @app.get(f"{API}/artifacts/{{name}}", response_class=Response,
+             responses={200: {"content": {"image/png": {}}}, 404: {}})
+    async def artifact(name: str) -> Response:
+        a = rt().artifacts
+        if not await asyncio.to_thread(a.exists, name):
+            raise errors.ArtifactNotFound(f"artifact {name} not found")
+        data = await asyncio.to_thread(a.get, name)
+        return Response(data, media_type=CONTENT_TYPES.get(name.rsplit(".", 1)[-1], "application/octet-stream"),
+                        headers={"Cache-Control": "private, max-age=31536000, immutable"})
+
+    @app.get(f"{API}/whoami", response_model=Identity)
+    async def whoami(request: Request) -> Identity:
+        return identity(request)
+
+    # ------------------------------------------------------------------ operations
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        info: dict[str, Any] = {"redis": False}
+        try:
+            info["redis"] = await asyncio.wait_for(rt().store.ping(), 2)
+            info.update(await asyncio.wait_for(rt().readiness(), 5))
+        except Exception as e:  # readiness reports, it does not raise
+            info["error"] = str(e)
+        ok = bool(info.get("redis")) and bool(info.get("models_ready", True)) and "error" not in info
+        return JSONResponse({"ready": ok, **info}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        store = rt().store
+        try:
+            for status, n in (await store.count_by_status()).items():
+                metrics.JOBS_BY_STATUS.labels(status).set(n)
+            metrics.PAUSE_AGE.set(await store.oldest_pause_age_s())
+            metrics.OUTBOX_LAG.set(await store.outbox_pending())
+        except Exception as e:
+            log.warning("metrics refresh failed: %s", e)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def store_for(settings: Settings, redis_url: str) -> Store:
+    return Store.from_url(redis_url, StoreConfig(retention_s=settings.retention_s,
+                                                 node_timeout_s=settings.node_timeout_s))

@@ -1,0 +1,123 @@
+"""The Ray Serve application: API ingress, SSE deployment, model deployments.
+
+- ``Api`` (ingress): the FastAPI app of ``serve_app.api``; each replica also runs
+  one outbox dispatcher, so two API replicas are two dispatchers on one
+  consumer group. Its ``max_ongoing_requests`` is high and it is not autoscaled
+  on requests: held SSE passthroughs must neither starve it nor scale it.
+- ``Events``: serves every open SSE stream from one EventHub per replica
+  (one blocking XREAD per partition, not one per stream); sized for thousands.
+- ``Detector`` / ``BoxValidator`` / ``Segmenter``: ``deployments.serve``,
+  autoscaled, on GPUs when present.
+
+The ingress builds its FastAPI app on the replica (``__serve_build_asgi_app__``)
+so the app's lifespan can use the replica's own handles.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI
+from ray import serve
+
+from statecore.artifacts import ArtifactStore
+from statecore.models import NodeCommand
+
+from .api import Runtime, create_app, store_for
+from .auth import Authenticator
+from .config import Settings
+from .events import EventHub, sse_lines
+from .runtime import make_dispatcher
+
+log = logging.getLogger("hitl.application")
+
+APP_NAME = "hitl"
+NODE_DEPLOYMENT = {
+    "DETECT_SUBJECTS": "Detector",
+    "VALIDATE_MANUAL_BOX_LIST": "BoxValidator",
+    "PROCESS_APPROVED_BOX_LIST": "Segmenter",
+}
+
+
+class ServeRunner:
+    """Sends a node command to its model deployment through a DeploymentHandle."""
+
+    def __init__(self, handles: dict[str, Any]) -> None:
+        self.handles = handles
+
+    async def run(self, cmd: NodeCommand) -> dict[str, Any]:
+        from statecore.errors import NodeExecutionError
+
+        name = NODE_DEPLOYMENT.get(cmd.node_type)
+        if name is None:
+            raise NodeExecutionError(f"unsupported workflow node type: {cmd.node_type}",
+                                     code="UNSUPPORTED_NODE_TYPE", retryable=False)
+        return await self.handles[name].run.remote(cmd.node_type, cmd.input)
+
+    async def describe(self) -> dict[str, Any]:
+        return {name: await h.describe.remote() for name, h in self.handles.items()}
+
+
+@serve.deployment(name="Api", max_ongoing_requests=4096)
+@serve.ingress()
+class Api:
+    """Ingress: the HTTP API, plus this replica's outbox dispatcher."""
+
+    def __init__(self, settings_json: str, events: Any, detector: Any, validator: Any, segmenter: Any) -> None:
+        self.settings = Settings.model_validate_json(settings_json)
+        self.events_handle = events
+        self.runner = ServeRunner({"Detector": detector, "BoxValidator": validator, "Segmenter": segmenter})
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return create_app(self._runtime)
+
+    async def _runtime(self) -> Runtime:
+        settings = self.settings
+        assert settings.redis_url
+        store = store_for(settings, settings.redis_url)
+        await store.ensure_groups()
+        events_handle = self.events_handle
+
+        async def events(job_id: str, after: int) -> AsyncIterator[str]:
+            gen = events_handle.options(stream=True).stream.remote(job_id, after)
+            try:
+                async for chunk in gen:
+                    yield chunk
+            finally:
+                gen.cancel()
+
+        async def readiness() -> dict[str, Any]:
+            return {"models_ready": True, "mode": "ray-serve", "backends": settings.backends(),
+                    "deployments": await self.runner.describe()}
+
+        rt = Runtime(settings=settings, store=store, artifacts=ArtifactStore(settings.artifacts),
+                     auth=Authenticator.from_settings(settings.tokens, settings.data_dir, settings.loopback),
+                     events=events, readiness=readiness)
+        rt.background.append(asyncio.create_task(make_dispatcher(settings, store, self.runner).run_forever()))
+        return rt
+
+
+@serve.deployment(name="Events", max_ongoing_requests=20000)
+class Events:
+    """Every open SSE stream of this replica shares one EventHub."""
+
+    def __init__(self, settings_json: str) -> None:
+        settings = Settings.model_validate_json(settings_json)
+        assert settings.redis_url
+        self.hub = EventHub(store_for(settings, settings.redis_url))
+
+    async def stream(self, job_id: str, after: int) -> AsyncIterator[str]:
+        async for line in sse_lines(self.hub.stream(job_id, after)):
+            yield line
+
+
+def build_application(settings: Settings) -> Any:
+    """The whole application, bound; run it with ``serve.run(app, name=APP_NAME, route_prefix="/")``."""
+    from deployments.serve import build_model_deployments
+
+    cfg = settings.model_dump_json()
+    models = build_model_deployments(settings.backend_config())
+    events = Events.options(num_replicas=settings.events_replicas, ray_actor_options={"num_cpus": 0}).bind(cfg)
+    return Api.options(num_replicas=settings.api_replicas, ray_actor_options={"num_cpus": 0}).bind(
+        cfg, events, models["Detector"], models["BoxValidator"], models["Segmenter"])

@@ -1,0 +1,101 @@
+"""Configuration of the control plane, in one serialisable object.
+
+Set from `hitl up` flags, environment variables and an optional YAML/TOML file
+(`--config`) that holds the model deployments' autoscaling settings.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field
+
+
+class Settings(BaseModel):
+    data_dir: Path = Path(".hitl")
+    host: str = "127.0.0.1"
+    api_port: int = 8000
+    ui_port: int = 7860
+    redis_url: str | None = None
+    ray_address: str | None = None
+    artifacts_root: str | None = None
+
+    detector: str = "classical"
+    validator: str | None = None  # default: follows the segmenter (sam -> sam, else classical)
+    segmenter: str = "classical"
+    sam_checkpoint: str | None = None
+    sam_model_type: str = "vit_b"
+    detector_weights: str | None = None
+    detector_arch: str = "fasterrcnn_resnet50_fpn"
+    detector_delay_ms: int = 0
+
+    retention_s: int = 7 * 24 * 3600
+    node_timeout_s: float = 600.0
+    node_max_attempts: int = 4
+    dispatcher_concurrency: int = 64
+    reclaim_idle_ms: int = 60_000
+
+    max_upload_bytes: int = 25 * 1024 * 1024
+    max_pixels: int = 50_000_000
+
+    tokens: str | None = None  # HITL_TOKENS="name:role:token,..."
+    api_replicas: int = 1
+    events_replicas: int = 1
+    models: dict[str, Any] = Field(default_factory=dict)  # per-deployment overrides from --config
+
+    @property
+    def artifacts(self) -> str:
+        return self.artifacts_root or f"file://{self.data_dir.resolve() / 'artifacts'}"
+
+    @property
+    def validator_backend(self) -> str:
+        if self.validator:
+            return self.validator
+        return "sam" if self.segmenter == "sam" else "classical"
+
+    @property
+    def loopback(self) -> bool:
+        return self.host in ("127.0.0.1", "localhost", "::1")
+
+    def backend_config(self) -> dict[str, Any]:
+        """What the model side needs to build its backends (plain data, sent to Ray replicas)."""
+        sam = {"checkpoint": self.sam_checkpoint, "model_type": self.sam_model_type}
+        return {
+            "artifacts": self.artifacts,
+            "detector": {"name": self.detector, "delay_ms": self.detector_delay_ms, "weights": self.detector_weights,
+                         "arch": self.detector_arch, **sam},
+            "validator": {"name": self.validator_backend, **sam},
+            "segmenter": {"name": self.segmenter, **sam},
+            "deployments": self.models,
+        }
+
+    def backends(self) -> dict[str, str]:
+        return {"detector": self.detector, "validator": self.validator_backend, "segmenter": self.segmenter}
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> "Settings":
+        env = {
+            "redis_url": os.environ.get("REDIS_URL"),
+            "tokens": os.environ.get("HITL_TOKENS"),
+            "data_dir": os.environ.get("HITL_DATA_DIR"),
+            "artifacts_root": os.environ.get("HITL_ARTIFACTS"),
+            "ray_address": os.environ.get("RAY_ADDRESS"),
+        }
+        values = {k: v for k, v in env.items() if v}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read the `--config` file: YAML (.yaml/.yml) or TOML (.toml)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"config file {p} does not exist")
+    text = p.read_text()
+    data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {p} must hold a mapping at the top level")
+    return data

@@ -1,0 +1,154 @@
+"""The outbox dispatcher: delivers node commands to the models, applies their reports.
+
+At-least-once delivery (consumer group, ack after the report is applied,
+reclaim of entries a dead dispatcher held) plus at-most-once application
+(reports keyed by node_instance_id in the Lua script) gives exactly-once effect.
+Executors never write job status; they only return a node's output.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import socket
+import time
+from typing import Any, Protocol
+
+from statecore.decide import CONTROL_PLANE_NODES
+from statecore.errors import NodeExecutionError
+from statecore.models import NodeCommand, NodeReport
+from statecore.store import OutboxEntry, Store
+
+from . import metrics
+
+log = logging.getLogger("hitl.dispatcher")
+
+
+class NodeRunner(Protocol):
+    async def run(self, cmd: NodeCommand) -> dict[str, Any]: ...
+
+
+class Dispatcher:
+    def __init__(self, store: Store, runner: NodeRunner, *, consumer: str | None = None, concurrency: int = 64,
+                 max_attempts: int = 4, backoff_s: float = 0.25, backoff_cap_s: float = 10.0,
+                 attempt_timeout_s: float = 600.0, reclaim_idle_ms: int = 60_000,
+                 reclaim_every_s: float = 5.0) -> None:
+        self.store = store
+        self.runner = runner
+        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{random.randrange(1 << 30):x}"
+        self.sem = asyncio.Semaphore(concurrency)
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.backoff_cap_s = backoff_cap_s
+        self.attempt_timeout_s = attempt_timeout_s
+        self.reclaim_idle_ms = reclaim_idle_ms
+        self.reclaim_every_s = reclaim_every_s
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._held: set[str] = set()
+
+    async def run_forever(self) -> None:
+        await self.store.ensure_groups()
+        log.info("dispatcher %s started", self.consumer)
+        last_reclaim = 0.0
+        while True:
+            try:
+                if time.monotonic() - last_reclaim > self.reclaim_every_s:
+                    last_reclaim = time.monotonic()
+                    for entry in await self.store.outbox_reclaim(self.consumer, self.reclaim_idle_ms):
+                        log.warning("reclaimed %s node=%s job=%s from a silent dispatcher",
+                                    entry.command.node_type, entry.command.node_instance_id, entry.command.job_id)
+                        self._spawn(entry)
+                free = max(1, self.sem._value)  # read only as a batch-size hint
+                for entry in await self.store.outbox_read(self.consumer, count=free, block_ms=1000):
+                    self._spawn(entry)
+            except asyncio.CancelledError:
+                for t in list(self._tasks):
+                    t.cancel()
+                raise
+            except Exception as e:
+                log.exception("dispatcher loop error (retrying): %s", e)
+                await asyncio.sleep(1)
+
+    def _spawn(self, entry: OutboxEntry) -> None:
+        if entry.entry_id in self._held:
+            return  # already being worked on here (reclaimed our own entry)
+        self._held.add(entry.entry_id)
+        task = asyncio.create_task(self._guarded(entry))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _guarded(self, entry: OutboxEntry) -> None:
+        try:
+            async with self.sem:
+                await self.handle(entry)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Not acked: another dispatcher (or this one) reclaims it after reclaim_idle_ms.
+            log.exception("command %s left pending after an error", entry.entry_id)
+        finally:
+            self._held.discard(entry.entry_id)
+
+    async def handle(self, entry: OutboxEntry) -> None:
+        cmd = entry.command
+        if not await self.store.node_started(cmd):
+            log.info("skip %s node=%s job=%s: no longer current", cmd.node_type, cmd.node_instance_id, cmd.job_id)
+            await self.store.outbox_ack(entry)
+            return
+        report = await self.execute(cmd)
+        result = await self.store.apply_report(report)
+        metrics.REPORTS.labels(result).inc()
+        await self.store.outbox_ack(entry)
+        log.info("node %s job=%s node=%s outcome=%s report=%s", cmd.node_type, cmd.job_id, cmd.node_instance_id,
+                 report.outcome, result)
+
+    async def execute(self, cmd: NodeCommand) -> NodeReport:
+        """Run the node with retries: transient errors back off exponentially (capped); a
+        non-retryable error fails at once; running past the time limit on the last attempt is TIMED_OUT."""
+        def report(outcome: str, code: str | None = None, message: str | None = None,
+                   output: dict[str, Any] | None = None) -> NodeReport:
+            return NodeReport(node_instance_id=cmd.node_instance_id, node_type=cmd.node_type, job_id=cmd.job_id,
+                              outcome=outcome, error_code=code, error_message=message,  # type: ignore[arg-type]
+                              output=output or {})
+
+        if cmd.node_type in CONTROL_PLANE_NODES:
+            return report("SUCCEEDED")
+        last: tuple[str, str, str] = ("FAILED", "NODE_FAILED", "")
+        for attempt in range(1, self.max_attempts + 1):
+            t0 = time.perf_counter()
+            try:
+                output = await asyncio.wait_for(self.runner.run(cmd), timeout=self.attempt_timeout_s)
+                metrics.NODE_SECONDS.labels(cmd.node_type, "SUCCEEDED").observe(time.perf_counter() - t0)
+                return report("SUCCEEDED", output=output)
+            except NodeExecutionError as e:
+                metrics.NODE_SECONDS.labels(cmd.node_type, "FAILED").observe(time.perf_counter() - t0)
+                if not e.retryable:
+                    return report("FAILED", e.code, e.message)
+                last = ("FAILED", e.code, e.message)
+            except asyncio.TimeoutError:
+                metrics.NODE_SECONDS.labels(cmd.node_type, "TIMED_OUT").observe(time.perf_counter() - t0)
+                last = ("TIMED_OUT", "NODE_TIMED_OUT", f"attempt exceeded {self.attempt_timeout_s}s")
+            except Exception as e:  # model crash, replica gone, network: transient
+                metrics.NODE_SECONDS.labels(cmd.node_type, "ERROR").observe(time.perf_counter() - t0)
+                last = ("FAILED", "NODE_FAILED", f"{type(e).__name__}: {e}")
+            if attempt < self.max_attempts:
+                delay = min(self.backoff_cap_s, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+                log.warning("%s job=%s attempt %d/%d failed (%s); retrying in %.2fs", cmd.node_type, cmd.job_id,
+                            attempt, self.max_attempts, last[2], delay)
+                await asyncio.sleep(delay)
+        return report(*last)
+
+
+class LocalRunner:
+    """Runs nodes in this process (threads) with the backends of ``deployments.executor``:
+    the plain-uvicorn mode and the tests. Ray Serve uses ``application.ServeRunner``."""
+
+    def __init__(self, models: Any, artifacts: Any) -> None:
+        self.models = models
+        self.artifacts = artifacts
+
+    async def run(self, cmd: NodeCommand) -> dict[str, Any]:
+        from deployments.executor import run_node
+
+        return await asyncio.to_thread(run_node, cmd.node_type, cmd.input, self.models, self.artifacts)

@@ -1,0 +1,72 @@
+"""Builds the control plane's ``Runtime`` for the two ways it is served.
+
+- ``local_runtime``: everything in one process (plain uvicorn): the dispatcher
+  runs the models in threads, SSE comes from this process's EventHub. Used by
+  the protocol tests and as the baseline of the Ray Serve benchmark.
+- ``serve_app.application`` builds the Ray Serve variant from the same parts.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from fastapi import FastAPI
+
+from statecore.artifacts import ArtifactStore
+
+from .api import Runtime, create_app, store_for
+from .auth import Authenticator
+from .config import Settings
+from .dispatcher import Dispatcher, LocalRunner, NodeRunner
+from .events import EventHub, sse_lines
+
+log = logging.getLogger("hitl.runtime")
+
+
+def make_dispatcher(settings: Settings, store: Any, runner: NodeRunner) -> Dispatcher:
+    return Dispatcher(store, runner, concurrency=settings.dispatcher_concurrency,
+                      max_attempts=settings.node_max_attempts, attempt_timeout_s=settings.node_timeout_s,
+                      reclaim_idle_ms=settings.reclaim_idle_ms)
+
+
+def local_models(settings: Settings) -> Any:
+    from deployments.executor import build_models
+
+    return build_models(settings.backend_config())
+
+
+async def local_runtime(settings: Settings, *, dispatchers: int = 1, models: Any = None,
+                        runner: NodeRunner | None = None) -> Runtime:
+    assert settings.redis_url, "local runtime needs a redis_url"
+    store = store_for(settings, settings.redis_url)
+    await store.ensure_groups()
+    artifacts = ArtifactStore(settings.artifacts)
+    auth = Authenticator.from_settings(settings.tokens, settings.data_dir, settings.loopback)
+    hub = EventHub(store)
+
+    def events(job_id: str, after: int) -> AsyncIterator[str]:
+        return sse_lines(hub.stream(job_id, after))
+
+    if runner is None:
+        models = models if models is not None else await asyncio.to_thread(local_models, settings)
+        runner = LocalRunner(models, artifacts)
+
+    async def readiness() -> dict[str, Any]:
+        return {"models_ready": True, "mode": "uvicorn", "backends": settings.backends()}
+
+    rt = Runtime(settings=settings, store=store, artifacts=artifacts, auth=auth, events=events,
+                 readiness=readiness)
+    for _ in range(dispatchers):
+        rt.background.append(asyncio.create_task(make_dispatcher(settings, store, runner).run_forever()))
+    return rt
+
+
+def local_app(settings: Settings, **kw: Any) -> FastAPI:
+    async def build() -> Runtime:
+        return await local_runtime(settings, **kw)
+
+    return create_app(build)
+
+
+BuildRuntime = Callable[[], Awaitable[Runtime]]

@@ -1,0 +1,601 @@
+"""consume_pause, cancel, reports, events and retention against a real redis-server.
+
+Every refusal is checked for what it did NOT write as much as for its code:
+the job's meta, pause history, events, idempotency records, reports and its
+outbox stream are compared byte for byte before and after.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from statecore import keys
+from statecore.errors import (IdempotencyConflict, InvalidRequest, JobCancelled, JobTerminal, PauseNotActive,
+                              PauseTokenMismatch, VersionConflict)
+from statecore.models import InterventionRequest, NodeReport
+from statecore.states import JobStatus as S
+
+from .helpers import THREE_BOXES, create, footprint, iv, keep, manual, report, validate, waiting_job
+
+
+def _assert_snapshot(err, state):
+    assert isinstance(err.snapshot, dict)
+    assert err.snapshot["job_id"] == state.job_id
+    assert err.snapshot["version"] == state.version
+    assert err.snapshot["status"] == state.status.value
+    body = err.to_body()
+    assert body["code"] == err.code and body["snapshot"] == err.snapshot
+    assert err.status == 409
+
+
+# --------------------------------------------------------------------------- 400s
+
+
+@pytest.mark.parametrize("case", ["unknown_box_id", "duplicate_box_id", "duplicate_via_candidate",
+                                  "bbox_outside_width", "bbox_outside_height"])
+async def test_400_touches_nothing(store, image, case):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    b0 = st.box_list[0]
+    subjects = {
+        "unknown_box_id": keep(st, 0) + [{"box_id": "box_does_not_exist", "bbox": [1, 1, 5, 5]}],
+        "duplicate_box_id": keep(st, 0, 1) + [{"box_id": b0.box_id, "bbox": [1, 1, 5, 5]}],
+        "duplicate_via_candidate": keep(st, 0) + [{"candidate_id": b0.box_id, "bbox": [1, 1, 5, 5]}],
+        "bbox_outside_width": keep(st, 0) + [manual([600, 10, image.width + 1, 50])],
+        "bbox_outside_height": keep(st, 0) + [manual([10, 10, 50, image.height + 0.5])],
+    }[case]
+    before = await footprint(store, job_id)
+    req = iv(st, subjects, iid="iv_bad")
+    with pytest.raises(InvalidRequest) as ei:
+        await store.intervene(job_id, req, "rev")
+    assert ei.value.status == 400 and ei.value.code == "INVALID_REQUEST"
+    assert await footprint(store, job_id) == before
+    # Nothing was recorded under that intervention id: it can still be used for a valid body.
+    ok = await store.intervene(job_id, iv(st, keep(st, 0), iid="iv_bad"), "rev")
+    assert ok.status_code == 200 and not ok.replayed
+    assert (await store.get(job_id)).version == st.version + 1
+
+
+def test_degenerate_or_malformed_bodies_are_rejected_by_the_request_model():
+    base = {"intervention_id": "iv_1", "pause_token": "pause_x", "base_version": 2}
+    for subjects in ([{"bbox": [10, 10, 10, 20]}], [{"bbox": [10, 20, 30, 5]}], [{"bbox": [-1, 0, 5, 5]}],
+                     [{"bbox": [0, 0, float("nan"), 5]}], [{"bbox": [0, 0, 5]}], [{"bbox": ["0", 0, 5, 5]}]):
+        with pytest.raises(ValueError):
+            InterventionRequest(**base, subjects=subjects)
+    for bad in ({"base_version": True}, {"base_version": "2"}, {"intervention_id": ""},
+                {"intervention_id": "iv with space"}, {"pause_token": ""}):
+        with pytest.raises(ValueError):
+            InterventionRequest(**{**base, "subjects": [], **bad})
+    with pytest.raises(ValueError):
+        InterventionRequest(**{k: v for k, v in base.items() if k != "pause_token"}, subjects=[])
+
+
+async def test_409_checks_win_over_unknown_box_but_image_bounds_win_over_409(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    unknown = [{"box_id": "box_nope", "bbox": [1, 1, 5, 5]}]
+    with pytest.raises(VersionConflict):
+        await store.intervene(job_id, iv(st, unknown, base_version=st.version - 1), "rev")
+    with pytest.raises(PauseTokenMismatch):
+        await store.intervene(job_id, iv(st, unknown, pause_token="pause_other"), "rev")
+    outside = [manual([0, 0, image.width + 10, 10])]
+    with pytest.raises(InvalidRequest):
+        await store.intervene(job_id, iv(st, outside, base_version=st.version - 1), "rev")
+
+
+# --------------------------------------------------------------------------- 409s
+
+
+async def test_409_idempotency_conflict_other_payload(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    await store.intervene(job_id, iv(st, keep(st, 0, 1), iid="iv_a"), "rev")
+    after = await store.get(job_id)
+    before = await footprint(store, job_id)
+    with pytest.raises(IdempotencyConflict) as ei:
+        await store.intervene(job_id, iv(st, keep(st, 0), iid="iv_a"), "rev")
+    _assert_snapshot(ei.value, after)
+    assert ei.value.snapshot["status"] == "PROCESSING_APPROVED_SUBJECTS"
+    assert await footprint(store, job_id) == before
+
+
+async def test_409_idempotency_conflict_same_payload_other_reviewer(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    req = iv(st, keep(st, 0, 1), iid="iv_a")
+    await store.intervene(job_id, req, "alice")
+    before = await footprint(store, job_id)
+    with pytest.raises(IdempotencyConflict) as ei:
+        await store.intervene(job_id, req, "bob")
+    _assert_snapshot(ei.value, await store.get(job_id))
+    assert await footprint(store, job_id) == before
+
+
+async def test_409_job_cancelled(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    await store.cancel(job_id, "admin")
+    cancelled = await store.get(job_id)
+    before = await footprint(store, job_id)
+    # Cancel is checked before the version: a stale view still learns the job is cancelled.
+    for req in (iv(st, keep(st, 0)), iv(st, keep(st, 0), base_version=cancelled.version)):
+        with pytest.raises(JobCancelled) as ei:
+            await store.intervene(job_id, req, "rev")
+        _assert_snapshot(ei.value, cancelled)
+        assert ei.value.snapshot["status"] == "CANCELLED" and ei.value.snapshot["active_pause"] is None
+    assert await footprint(store, job_id) == before
+
+
+@pytest.mark.parametrize("delta", [-1, 1, 100])
+async def test_409_version_conflict(store, image, delta):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    before = await footprint(store, job_id)
+    with pytest.raises(VersionConflict) as ei:
+        await store.intervene(job_id, iv(st, keep(st, 0), base_version=st.version + delta), "rev")
+    _assert_snapshot(ei.value, st)
+    assert ei.value.snapshot["active_pause"]["pause_token"] == st.active_pause.pause_token
+    assert await footprint(store, job_id) == before
+
+
+async def test_409_pause_not_active_while_detecting_and_after_consume(store, image):
+    job_id = await create(store, image)
+    st = await store.get(job_id)
+    assert st.status == S.DETECTING and st.active_pause is None
+    before = await footprint(store, job_id)
+    with pytest.raises(PauseNotActive) as ei:
+        await store.intervene(job_id, iv(st, []), "rev")
+    _assert_snapshot(ei.value, st)
+    assert await footprint(store, job_id) == before
+
+    await report(store, job_id, {"boxes": THREE_BOXES})
+    st = await store.get(job_id)
+    await store.intervene(job_id, iv(st, keep(st, 0)), "rev")
+    now = await store.get(job_id)
+    # The current version but the old (consumed) token: no pause is waiting any more.
+    with pytest.raises(PauseNotActive) as ei:
+        await store.intervene(job_id, iv(st, keep(st, 0), base_version=now.version), "rev")
+    _assert_snapshot(ei.value, now)
+
+
+async def test_409_pause_token_mismatch(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    before = await footprint(store, job_id)
+    with pytest.raises(PauseTokenMismatch) as ei:
+        await store.intervene(job_id, iv(st, keep(st, 0), pause_token="pause_0000000000"), "rev")
+    _assert_snapshot(ei.value, st)
+    assert await footprint(store, job_id) == before
+
+
+# --------------------------------------------------------------------------- replay
+
+
+async def test_replay_is_byte_identical_and_writes_nothing(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    req = iv(st, keep(st, 0) + [manual([300, 300, 400, 400], "mug")], iid="iv_replay")
+    first = await store.intervene(job_id, req, "rev")
+    assert first.status_code == 200 and not first.replayed
+    body = json.loads(first.body)
+    assert body["accepted"] is True and body["version"] == st.version + 1
+    assert body["status"] == "VALIDATING_MANUAL_BOXES"
+    before = await footprint(store, job_id)
+    for _ in range(3):
+        again = await store.intervene(job_id, req, "rev")
+        assert again.replayed is True and again.status_code == 200
+        assert again.body == first.body  # the manual box's generated id included
+        assert await footprint(store, job_id) == before
+
+
+async def test_replay_wins_over_later_state_and_cancel(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    req = iv(st, keep(st, 0, 2), iid="iv_late")
+    first = await store.intervene(job_id, req, "rev")
+    await store.cancel(job_id, "admin")
+    again = await store.intervene(job_id, req, "rev")
+    assert again.replayed and again.body == first.body
+    with pytest.raises(JobCancelled):
+        await store.intervene(job_id, iv(st, keep(st, 0, 2), iid="iv_other"), "rev")
+
+
+# --------------------------------------------------------------------------- next hops
+
+
+async def test_empty_subjects_is_empty_selection_without_model_work(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    cmds_before = await store.outbox_commands(job_id)
+    reply = await store.intervene(job_id, iv(st, []), "rev")
+    body = json.loads(reply.body)
+    assert body["status"] == "EMPTY_SELECTION" and body["next_node_type"] is None
+    assert sorted(body["diff"]["deleted"]) == sorted(b.box_id for b in st.box_list)
+    assert await store.outbox_commands(job_id) == cmds_before
+    assert [c.node_type for c in cmds_before] == ["DETECT_SUBJECTS"]
+    after = await store.get(job_id)
+    assert after.status == S.EMPTY_SELECTION and after.empty_selection and after.reason_code is None
+    assert after.active_pause is None and after.approved_box_list == [] and after.box_list == []
+    types = [e.type for e in await store.events_after(job_id)]
+    assert types[-4:] == ["INTERVENTION_ACCEPTED", "STATUS_CHANGED", "EMPTY_SELECTION_SUBMITTED", "JOB_FINISHED"]
+    assert types.count("JOB_FINISHED") == 1
+    assert await store.r.zscore(keys.job(job_id).waiting, job_id) is None
+    assert await store.r.zscore(keys.job(job_id).running, job_id) is None
+
+
+async def test_manual_box_goes_to_validation(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    reply = await store.intervene(job_id, iv(st, keep(st, 1) + [manual([300, 300, 400, 400], "mug")]), "rev")
+    body = json.loads(reply.body)
+    assert body["status"] == "VALIDATING_MANUAL_BOXES" and body["next_node_type"] == "VALIDATE_MANUAL_BOX_LIST"
+    assert body["diff"]["kept"] == [st.box_list[1].box_id]
+    assert len(body["diff"]["added"]) == 1
+    assert sorted(body["diff"]["deleted"]) == sorted([st.box_list[0].box_id, st.box_list[2].box_id])
+    after = await store.get(job_id)
+    new_id = body["diff"]["added"][0]
+    assert [b.box_id for b in after.box_list] == [st.box_list[1].box_id, new_id]
+    assert after.box_list[1].source == "manual" and after.box_list[1].label == "mug"
+    assert [b.box_id for b in after.approved_box_list] == [st.box_list[1].box_id]
+    cmds = await store.outbox_commands(job_id)
+    assert [c.node_type for c in cmds] == ["DETECT_SUBJECTS", "VALIDATE_MANUAL_BOX_LIST"]
+    assert cmds[-1].node_instance_id == after.current_node.node_instance_id
+    assert [b["box_id"] for b in cmds[-1].input["items_to_validate"]] == [new_id]
+    assert cmds[-1].input["reusable_valid_items"] == [st.box_list[1].box_id]
+    hist = await store.pause_history(job_id)
+    assert len(hist) == 1 and hist[0].status == "CONSUMED"
+    assert hist[0].consumed_by.intervention_id == body["intervention_id"] and hist[0].consumed_by.reviewer == "rev"
+    assert await store.r.zscore(keys.job(job_id).waiting, job_id) is None
+    assert await store.r.zscore(keys.job(job_id).running, job_id) is not None
+
+
+async def test_model_boxes_only_go_to_processing(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    moved = [{"box_id": st.box_list[2].box_id, "bbox": [1, 2, 30, 40], "label": "glove"}]
+    reply = await store.intervene(job_id, iv(st, moved), "rev")
+    body = json.loads(reply.body)
+    assert body["status"] == "PROCESSING_APPROVED_SUBJECTS"
+    assert body["next_node_type"] == "PROCESS_APPROVED_BOX_LIST" and body["diff"]["added"] == []
+    after = await store.get(job_id)
+    assert [(b.box_id, b.bbox, b.label) for b in after.approved_box_list] == \
+        [(st.box_list[2].box_id, (1, 2, 30, 40), "glove")]
+    cmd = (await store.outbox_commands(job_id))[-1]
+    assert cmd.node_type == "PROCESS_APPROVED_BOX_LIST"
+    assert [b["box_id"] for b in cmd.input["approved_box_list"]] == [st.box_list[2].box_id]
+
+
+# --------------------------------------------------------------------------- round 2
+
+
+async def _to_revision(store, image, keep_model: bool):
+    """Round 1 with a passing and a failing manual box -> round-2 pause."""
+    job_id = await waiting_job(store, image)
+    st1 = await store.get(job_id)
+    subjects = (keep(st1, 0) if keep_model else []) + [manual([300, 300, 400, 400], "ok"),
+                                                        manual([500, 300, 600, 400], "bad")]
+    body = json.loads((await store.intervene(job_id, iv(st1, subjects), "rev")).body)
+    good, bad = body["diff"]["added"]
+    assert await validate(store, job_id, {good: True, bad: False}) == "OK"
+    return job_id, st1, good, bad
+
+
+async def test_round_one_failure_opens_round_two_pause(store, image):
+    job_id, st1, good, bad = await _to_revision(store, image, keep_model=True)
+    st2 = await store.get(job_id)
+    assert st2.status == S.WAITING_BOX_BATCH_REVISION and st2.round == 2
+    p = st2.active_pause
+    assert p.status == "WAITING" and p.stage == "WAITING_BOX_BATCH_REVISION" and p.round == 2
+    assert p.box_ids_to_revise == [bad]
+    assert p.pause_token != st1.active_pause.pause_token and p.base_version == st2.version
+    assert p.snapshot_id != st1.active_pause.snapshot_id
+    hist = {h.pause_token: h for h in await store.pause_history(job_id)}
+    assert hist[st1.active_pause.pause_token].status == "CONSUMED"
+    assert p.pause_token not in hist, "the active pause lives in meta until it is consumed"
+    verdicts = {b.box_id: b.validation.status for b in st2.box_list if b.validation}
+    assert verdicts == {good: "PASSED", bad: "NEEDS_REVISION"}
+    assert {b.box_id for b in st2.approved_box_list} == {st1.box_list[0].box_id, good}
+    assert await store.r.zscore(keys.job(job_id).waiting, job_id) is not None
+    assert await store.r.zscore(keys.job(job_id).running, job_id) is None
+    assert st2.snapshot().pending_actions == ["SUBMIT_BOX_LIST", "DRAW_MANUAL_BOX"]
+    # The old token is dead even with the current version.
+    with pytest.raises(PauseTokenMismatch):
+        await store.intervene(job_id, iv(st2, [], pause_token=st1.active_pause.pause_token), "rev")
+
+
+async def test_round_two_without_the_bad_box_goes_to_processing(store, image):
+    job_id, st1, good, bad = await _to_revision(store, image, keep_model=True)
+    st2 = await store.get(job_id)
+    subjects = [{"box_id": b.box_id, "bbox": list(b.bbox)} for b in st2.box_list if b.box_id != bad]
+    body = json.loads((await store.intervene(job_id, iv(st2, subjects), "rev")).body)
+    assert body["status"] == "PROCESSING_APPROVED_SUBJECTS" and body["diff"]["deleted"] == [bad]
+    st3 = await store.get(job_id)
+    assert [b.box_id for b in st3.approved_box_list] == [st1.box_list[0].box_id, good]
+    assert [c.node_type for c in await store.outbox_commands(job_id)] == [
+        "DETECT_SUBJECTS", "VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST"]
+    assert all(h.status == "CONSUMED" for h in await store.pause_history(job_id))
+    assert len(await store.pause_history(job_id)) == 2
+
+
+async def test_round_two_revised_box_fails_again_all_rejected_fails_job(store, image):
+    job_id = await waiting_job(store, image)
+    st1 = await store.get(job_id)
+    body = json.loads((await store.intervene(job_id, iv(st1, [manual([500, 300, 600, 400], "bad")]), "rev")).body)
+    (bad,) = body["diff"]["added"]
+    await validate(store, job_id, {bad: False})
+    st2 = await store.get(job_id)
+    assert st2.status == S.WAITING_BOX_BATCH_REVISION and st2.active_pause.box_ids_to_revise == [bad]
+    # The reviewer moves the box: it is validated again, and fails again.
+    body = json.loads((await store.intervene(job_id, iv(st2, [{"box_id": bad, "bbox": [510, 300, 600, 400]}]),
+                                             "rev")).body)
+    assert body["next_node_type"] == "VALIDATE_MANUAL_BOX_LIST"
+    cmd = (await store.outbox_commands(job_id))[-1]
+    assert cmd.input["round"] == 2 and [b["box_id"] for b in cmd.input["items_to_validate"]] == [bad]
+    assert await validate(store, job_id, {bad: False}) == "OK"
+    st3 = await store.get(job_id)
+    assert st3.status == S.FAILED and st3.reason_code == "ALL_REJECTED"
+    assert st3.active_pause is None, "a job is never stuck on a second naming round"
+    assert [(r.box_id, r.status) for r in st3.results] == [(bad, "REJECTED")]
+    assert st3.results[0].reason == "not an object"
+    assert (await store.r.hget(keys.job(job_id).meta, "round_decision")) == "ALL_REJECTED"
+    assert [e.type for e in await store.events_after(job_id)][-1] == "JOB_FINISHED"
+
+
+async def test_round_two_unchanged_bad_box_kept_with_model_box_is_rejected_but_job_goes_on(store, image):
+    job_id, st1, good, bad = await _to_revision(store, image, keep_model=True)
+    st2 = await store.get(job_id)
+    # Keep everything unchanged: the NEEDS_REVISION box is validated once more (round 2 decides).
+    subjects = [{"box_id": b.box_id, "bbox": list(b.bbox)} for b in st2.box_list]
+    await store.intervene(job_id, iv(st2, subjects), "rev")
+    cmd = (await store.outbox_commands(job_id))[-1]
+    assert [b["box_id"] for b in cmd.input["items_to_validate"]] == [bad]
+    assert sorted(cmd.input["reusable_valid_items"]) == sorted([st1.box_list[0].box_id, good])
+    await validate(store, job_id, {bad: False})
+    st3 = await store.get(job_id)
+    assert st3.status == S.PROCESSING_APPROVED_SUBJECTS
+    assert (await store.r.hget(keys.job(job_id).meta, "round_decision")) == "ALL_REJECTED"
+    assert {b.box_id: b.validation.status for b in st3.box_list if b.validation}[bad] == "REJECTED"
+    assert [b.box_id for b in st3.approved_box_list] == [st1.box_list[0].box_id, good]
+    # Segment what was approved; the rejected box keeps its reason in the results.
+    subj = [{"box_id": b.box_id, "status": "SUCCEEDED", "mask": "m.png", "cutout": "c.png"}
+            for b in st3.approved_box_list]
+    await report(store, job_id, {"subjects": subj})
+    await report(store, job_id, {})
+    end = await store.get(job_id)
+    assert end.status == S.PARTIAL_SUCCEEDED
+    assert {r.box_id: r.status for r in end.results} == {st1.box_list[0].box_id: "SUCCEEDED", good: "SUCCEEDED",
+                                                         bad: "REJECTED"}
+
+
+async def test_round_two_partial_approved(store, image):
+    job_id = await waiting_job(store, image)
+    st1 = await store.get(job_id)
+    body = json.loads((await store.intervene(job_id, iv(st1, [manual([10, 300, 100, 400], "a"),
+                                                             manual([500, 300, 600, 400], "b")]), "rev")).body)
+    a, b = body["diff"]["added"]
+    await validate(store, job_id, {a: False, b: False})
+    st2 = await store.get(job_id)
+    assert sorted(st2.active_pause.box_ids_to_revise) == sorted([a, b])
+    await store.intervene(job_id, iv(st2, [{"box_id": a, "bbox": [10, 300, 110, 400]},
+                                           {"box_id": b, "bbox": [500, 300, 610, 400]}]), "rev")
+    await validate(store, job_id, {a: True, b: False})
+    st3 = await store.get(job_id)
+    assert st3.status == S.PROCESSING_APPROVED_SUBJECTS
+    assert (await store.r.hget(keys.job(job_id).meta, "round_decision")) == "PARTIAL_APPROVED"
+    assert [x.box_id for x in st3.approved_box_list] == [a]
+    assert len(await store.pause_history(job_id)) == 2
+
+
+async def test_round_two_empty_list_is_empty_selection(store, image):
+    job_id, *_ = await _to_revision(store, image, keep_model=False)
+    st2 = await store.get(job_id)
+    n = len(await store.outbox_commands(job_id))
+    body = json.loads((await store.intervene(job_id, iv(st2, []), "rev")).body)
+    assert body["status"] == "EMPTY_SELECTION" and body["next_node_type"] is None
+    assert len(await store.outbox_commands(job_id)) == n
+    assert (await store.get(job_id)).status == S.EMPTY_SELECTION
+
+
+# --------------------------------------------------------------------------- cancel
+
+
+async def test_cancel_waiting_job_is_idempotent(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    snap = await store.cancel(job_id, "admin")
+    assert snap.status == S.CANCELLED and snap.active_pause is None and snap.cancel_requested
+    assert snap.version == st.version + 1 and snap.pending_actions == []
+    hist = await store.pause_history(job_id)
+    assert [(h.pause_token, h.status) for h in hist] == [(st.active_pause.pause_token, "CANCELLED")]
+    assert await store.r.zscore(keys.job(job_id).waiting, job_id) is None
+    before = await footprint(store, job_id)
+    again = await store.cancel(job_id, "someone-else")
+    assert again == snap
+    assert await footprint(store, job_id) == before
+    types = [e.type for e in await store.events_after(job_id)]
+    assert types.count("JOB_CANCELLED") == 1 and types.count("JOB_FINISHED") == 1
+
+
+async def test_cancel_while_node_running_then_late_report_is_ignored(store, image):
+    job_id = await create(store, image)
+    st = await store.get(job_id)
+    node = st.current_node
+    assert await store.node_started((await store.outbox_commands(job_id))[0])
+    await store.cancel(job_id, "admin")
+    after_cancel = await store.get(job_id)
+    assert after_cancel.status == S.CANCELLED
+    assert await store.r.zscore(keys.job(job_id).running, job_id) is None
+    n_events = len(await store.events_after(job_id))
+    res = await store.apply_report(NodeReport(node_instance_id=node.node_instance_id, node_type=node.node_type,
+                                              job_id=job_id, outcome="SUCCEEDED", output={"boxes": THREE_BOXES}))
+    assert res == "IGNORED"
+    after = await store.get(job_id)
+    assert after.status == S.CANCELLED and after.version == after_cancel.version and after.box_list == []
+    events = await store.events_after(job_id, n_events)
+    assert [e.type for e in events] == ["REPORT_IGNORED"]
+    assert events[0].data["reason"] == "JOB_TERMINAL" and events[0].data["node_instance_id"] == node.node_instance_id
+    assert events[0].data["status"] == "CANCELLED"
+    # A second copy of the late report is a duplicate: no second REPORT_IGNORED.
+    res2 = await store.apply_report(NodeReport(node_instance_id=node.node_instance_id, node_type=node.node_type,
+                                               job_id=job_id, outcome="SUCCEEDED", output={}))
+    assert res2 == "DUPLICATE"
+    assert len(await store.events_after(job_id)) == n_events + 1
+    assert not await store.node_started((await store.outbox_commands(job_id))[0])
+
+
+async def test_cancel_of_other_terminal_job_is_job_terminal(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    await store.intervene(job_id, iv(st, []), "rev")
+    done = await store.get(job_id)
+    before = await footprint(store, job_id)
+    with pytest.raises(JobTerminal) as ei:
+        await store.cancel(job_id, "admin")
+    _assert_snapshot(ei.value, done)
+    assert ei.value.snapshot["status"] == "EMPTY_SELECTION"
+    assert await footprint(store, job_id) == before
+
+
+# --------------------------------------------------------------------------- reports
+
+
+async def test_duplicate_report_applied_once(store, image):
+    job_id = await create(store, image)
+    st = await store.get(job_id)
+    rep = NodeReport(node_instance_id=st.current_node.node_instance_id, node_type="DETECT_SUBJECTS",
+                     job_id=job_id, outcome="SUCCEEDED", output={"boxes": THREE_BOXES})
+    assert await store.apply_report(rep) == "OK"
+    after = await store.get(job_id)
+    before = await footprint(store, job_id)
+    assert await store.apply_report(rep) == "DUPLICATE"
+    # Even a different body under the same node instance is a duplicate, not a second application.
+    assert await store.apply_report(rep.model_copy(update={"output": {"boxes": []}})) == "DUPLICATE"
+    assert await footprint(store, job_id) == before
+    assert (await store.get(job_id)).active_pause == after.active_pause
+
+
+async def test_report_for_superseded_node_is_ignored(store, image):
+    other = await create(store, image)
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    await store.intervene(job_id, iv(st, keep(st, 0)), "rev")
+    live = await store.get(job_id)
+    foreign = (await store.get(other)).current_node.node_instance_id
+    n = len(await store.events_after(job_id))
+    for nid in (foreign, "node_" + "0" * 20):
+        res = await store.apply_report(NodeReport(node_instance_id=nid, node_type="PROCESS_APPROVED_BOX_LIST",
+                                                  job_id=job_id, outcome="FAILED"))
+        assert res == "IGNORED"
+    now = await store.get(job_id)
+    assert now.status == live.status and now.version == live.version and now.current_node == live.current_node
+    ignored = await store.events_after(job_id, n)
+    assert [e.type for e in ignored] == ["REPORT_IGNORED", "REPORT_IGNORED"]
+    assert {e.data["reason"] for e in ignored} == {"NODE_SUPERSEDED"}
+    # The other job is untouched by a report addressed to this one.
+    assert (await store.get(other)).status == S.DETECTING
+
+
+async def test_failed_and_timed_out_reports_end_the_job(store, image):
+    for outcome, status in (("FAILED", S.FAILED), ("TIMED_OUT", S.TIMED_OUT)):
+        job_id = await create(store, image)
+        assert await report(store, job_id, {}, outcome=outcome, error_code="BOOM") == "OK"
+        st = await store.get(job_id)
+        assert st.status == status and st.reason_code == "BOOM" and st.current_node.status == outcome
+        assert await store.r.zscore(keys.job(job_id).running, job_id) is None
+
+
+async def test_node_started_marks_running_once_per_start(store, image):
+    job_id = await create(store, image)
+    cmd = (await store.outbox_commands(job_id))[0]
+    assert await store.node_started(cmd)
+    st = await store.get(job_id)
+    assert st.current_node.status == "RUNNING" and st.current_node.attempt == 1 and st.version == 2
+    assert await store.node_started(cmd)  # a retry of the same node: attempt 2
+    assert (await store.get(job_id)).current_node.attempt == 2
+    # The final report of a started node is still applied (started is not recorded as a report).
+    assert await report(store, job_id, {"boxes": THREE_BOXES}) == "OK"
+    assert (await store.get(job_id)).status == S.WAITING_USER_SELECTION
+
+
+# --------------------------------------------------------------------------- events
+
+
+async def test_event_ids_are_contiguous_and_resumable(store, image):
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    await store.intervene(job_id, iv(st, keep(st, 0, 1)), "rev")
+    st2 = await store.get(job_id)
+    await report(store, job_id, {"subjects": [{"box_id": b.box_id, "status": "SUCCEEDED", "mask": "m.png",
+                                               "cutout": "c.png"} for b in st2.approved_box_list]})
+    await report(store, job_id, {})
+    events = await store.events_after(job_id)
+    n = len(events)
+    assert n >= 10
+    assert [e.id for e in events] == list(range(1, n + 1))
+    assert events[0].type == "JOB_CREATED" and events[-1].type == "JOB_FINISHED"
+    assert [e.version for e in events] == sorted(e.version for e in events)
+    assert events[-1].version == (await store.get(job_id)).version
+    for k in range(n + 1):
+        after = await store.events_after(job_id, k)
+        assert [e.id for e in after] == list(range(k + 1, n + 1))
+    assert await store.events_after(job_id, n + 5) == []
+    types = [e.type for e in events]
+    for t in ("STATUS_CHANGED", "PAUSE_OPENED", "INTERVENTION_ACCEPTED", "NODE_COMPLETED", "SUBJECT_SEGMENTED"):
+        assert t in types
+    opened = next(e for e in events if e.type == "PAUSE_OPENED")
+    assert opened.data["active_pause"]["pause_token"] == st.active_pause.pause_token
+    assert len(opened.data["box_list"]) == 3
+    streamed = [e.id async for e in store.stream_events(job_id, after=3, block_ms=100)]
+    assert streamed == list(range(4, n + 1))
+
+
+# --------------------------------------------------------------------------- retention
+
+
+async def _ttls(store, job_id):
+    jk = keys.job(job_id)
+    return {k: await store.r.ttl(getattr(jk, k)) for k in ("meta", "pauses", "events", "idem", "reports")}
+
+
+async def test_retention_finished_keys_expire_live_keys_do_not(store, image):
+    # Live: waiting job, with a consumed round-1 pause and a recorded intervention and report.
+    live, *_ = await _to_revision(store, image, keep_model=True)
+    assert set((await _ttls(store, live)).values()) == {-1}
+
+    # Finished through reports (SUCCEEDED), created with an Idempotency-Key.
+    ok = (await store.create_job("alice", image, "key-1")).job_id
+    await report(store, ok, {"boxes": THREE_BOXES})
+    st = await store.get(ok)
+    await store.intervene(ok, iv(st, keep(st, 0)), "rev")
+    await report(store, ok, {"subjects": [{"box_id": st.box_list[0].box_id, "status": "SUCCEEDED"}]})
+    await report(store, ok, {})
+    # Finished by the reviewer (EMPTY_SELECTION: the first intervention is also the last write).
+    empty = (await store.create_job("alice", image, "key-2")).job_id
+    await report(store, empty, {"boxes": THREE_BOXES})
+    st = await store.get(empty)
+    await store.intervene(empty, iv(st, []), "rev")
+    # Finished by a cancel, then a late report.
+    cancelled = await waiting_job(store, image)
+    await store.cancel(cancelled, "admin")
+    await store.apply_report(NodeReport(node_instance_id="node_late", node_type="DETECT_SUBJECTS",
+                                        job_id=cancelled, outcome="FAILED"))
+
+    retention = store.config.retention_s
+    for job_id, expect in ((ok, {"meta", "pauses", "events", "idem", "reports"}),
+                           (empty, {"meta", "pauses", "events", "idem", "reports"}),
+                           (cancelled, {"meta", "pauses", "events", "reports"})):
+        ttls = await _ttls(store, job_id)
+        assert {k for k, t in ttls.items() if t != -2} == expect, (job_id, ttls)
+        for k in expect:
+            assert 0 < ttls[k] <= retention, (job_id, k, ttls)
+    for key in ("key-1", "key-2"):
+        t = await store.r.ttl(keys.create_idem("alice", key))
+        assert 0 < t <= retention
+    # Indexes are shared per partition and never expire; finished jobs leave the work indexes.
+    for job_id in (ok, empty, cancelled):
+        jk = keys.job(job_id)
+        assert await store.r.zscore(jk.waiting, job_id) is None
+        assert await store.r.zscore(jk.running, job_id) is None
+        assert await store.r.ttl(jk.jobs) == -1 and await store.r.ttl(jk.outbox) == -1
+    assert set((await _ttls(store, live)).values()) == {-1}
