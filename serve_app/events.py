@@ -80,16 +80,19 @@ class EventHub:
                         q.put_nowait(ev)
 
     async def stream(self, job_id: str, after: int = 0) -> AsyncIterator[Event]:
-        """History after ``after``, then live events; ends after JOB_FINISHED."""
+        """The whole history after ``after``; then, for a live job, live events until JOB_FINISHED."""
         q = self.subscribe(job_id, after)
         metrics.SSE_STREAMS.inc()
         last = after
         try:
+            finished = False
             for ev in await self.store.events_after(job_id, after):
+                # History is replayed whole: a late REPORT_IGNORED may follow JOB_FINISHED.
                 yield ev
                 last = ev.id
-                if ev.type == "JOB_FINISHED":
-                    return
+                finished = finished or ev.type == "JOB_FINISHED"
+            if finished or await self.store.is_finished(job_id):
+                return  # nothing live will ever come
             while True:
                 ev = await q.get()
                 if ev.id <= last:
@@ -127,8 +130,12 @@ async def sse_lines(events: AsyncIterator[Event], keepalive_s: float = KEEPALIVE
             pending = None
             yield sse_frame(ev)
     finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
+        if pending is not None:
+            if pending.done():
+                if not pending.cancelled():
+                    pending.exception()  # consumed, so asyncio does not log it as lost
+            else:
+                pending.cancel()
         aclose = getattr(it, "aclose", None)
         if aclose is not None:
             try:

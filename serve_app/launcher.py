@@ -123,6 +123,10 @@ def up(settings: Settings, *, ui: bool = True, dashboard: bool = False, ready_ti
                  settings.detector, settings.validator_backend, settings.segmenter)
         serve.run(build_application(settings), name=APP_NAME, route_prefix="/", blocking=False)
         api_url = f"http://{settings.host}:{settings.api_port}"
+        # Ray installs its own SIGTERM handler in the driver; ours must win so that
+        # Serve, Ray and Redis are stopped in order.
+        signal.signal(signal.SIGTERM, _signal)
+        signal.signal(signal.SIGINT, _signal)
         info = _wait_ready(api_url, token, ready_timeout)
         log.info("ready: %s", info)
         ui_url = None

@@ -121,6 +121,10 @@ class Store:
     async def get(self, job_id: str) -> decide.JobState:
         return decide.require(await self._meta(job_id), job_id)
 
+    async def is_finished(self, job_id: str) -> bool:
+        """True once the job is terminal (or gone after its retention)."""
+        return await self.r.hget(keys.job(job_id).meta, "terminal") != "0"
+
     async def snapshot(self, job_id: str) -> JobSnapshot:
         return (await self.get(job_id)).snapshot()
 
@@ -222,7 +226,11 @@ class Store:
                 return "IGNORED"  # finished and expired long ago
             state = decide.JobState.from_meta(meta)
             now = now_iso()
-            current = state.current_node is not None and state.current_node.node_instance_id == nid
+            # A node whose result was already applied stays current (COMPLETED/FAILED/TIMED_OUT) until
+            # the next one; its redelivered report must not be planned again (the job has moved on, so
+            # the move could be illegal): the script answers DUPLICATE from the reports set.
+            current = (state.current_node is not None and state.current_node.node_instance_id == nid
+                       and state.current_node.status in ("QUEUED", "RUNNING"))
             plan_json = ""
             if current and meta.get("terminal") != "1":
                 if final:
@@ -268,13 +276,15 @@ class Store:
         return out
 
     async def stream_events(self, job_id: str, after: int = 0, block_ms: int = 15000) -> AsyncIterator[Event]:
-        """History after ``after``, then live events; stops after JOB_FINISHED."""
+        """The whole history after ``after``; then, for a live job, live events until JOB_FINISHED."""
         last = after
+        finished = False
         for ev in await self.events_after(job_id, after):
             yield ev
             last = ev.id
-            if ev.type == "JOB_FINISHED":
-                return
+            finished = finished or ev.type == "JOB_FINISHED"
+        if finished or await self.is_finished(job_id):
+            return
         while True:
             for ev in await self.wait_events(job_id, last, block_ms):
                 yield ev

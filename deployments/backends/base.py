@@ -132,6 +132,8 @@ class DelayedDetector:
         return self.inner.detect(image, image_sha)
 
     def __getattr__(self, item: str) -> Any:
+        if item == "inner":  # not set yet (copy, unpickle): no recursion
+            raise AttributeError(item)
         return getattr(self.inner, item)
 
 
@@ -146,9 +148,13 @@ def _unknown(role: str, name: str, known: tuple[str, ...]) -> ValueError:
     return ValueError(f"unknown {role} backend {name!r}; choose one of {', '.join(known)}")
 
 
-def make_detector(name: str | None = None, *, delay_ms: float = 0, **cfg: Any) -> DetectorBackend:
+def make_detector(name: str | None = None, *, delay_ms: float = 0, artifacts: Any = None,
+                  **cfg: Any) -> DetectorBackend:
     """``classical`` (default, weight-free), ``sam-auto``/``sam`` (SamAutomaticMaskGenerator proposals,
-    needs ``checkpoint``), ``torchvision`` (needs ``weights``; ``arch`` picks the architecture)."""
+    needs ``checkpoint``), ``torchvision`` (needs ``weights``; ``arch`` picks the architecture).
+
+    ``artifacts`` (an ArtifactStore) is where SAM persists image embeddings; the other
+    backends keep nothing and ignore it."""
     name = (name or DEFAULT_BACKEND).lower()
     backend: DetectorBackend
     if name == "classical":
@@ -156,7 +162,7 @@ def make_detector(name: str | None = None, *, delay_ms: float = 0, **cfg: Any) -
         backend = ClassicalDetector(**cfg)
     elif name in ("sam-auto", "sam"):
         from .sam import SamAutoDetector
-        backend = SamAutoDetector(**cfg)
+        backend = SamAutoDetector(artifacts=artifacts, **cfg)
     elif name == "torchvision":
         from .tv_detector import TorchvisionDetector
         backend = TorchvisionDetector(**cfg)
@@ -168,7 +174,7 @@ def make_detector(name: str | None = None, *, delay_ms: float = 0, **cfg: Any) -
     return backend
 
 
-def make_validator(name: str | None = None, **cfg: Any) -> ValidatorBackend:
+def make_validator(name: str | None = None, *, artifacts: Any = None, **cfg: Any) -> ValidatorBackend:
     """``classical`` (default) or ``sam`` (the decoder's predicted IoU for the box prompt)."""
     name = (name or DEFAULT_BACKEND).lower()
     backend: ValidatorBackend
@@ -177,7 +183,7 @@ def make_validator(name: str | None = None, **cfg: Any) -> ValidatorBackend:
         backend = ClassicalValidator(**cfg)
     elif name in ("sam", "sam-auto"):
         from .sam import SamValidator
-        backend = SamValidator(**cfg)
+        backend = SamValidator(artifacts=artifacts, **cfg)
     else:
         raise _unknown("validator", name, VALIDATORS)
     log.info("validator backend: %s (threshold %.2f, policy %s)", backend.name, backend.threshold,
@@ -185,7 +191,7 @@ def make_validator(name: str | None = None, **cfg: Any) -> ValidatorBackend:
     return backend
 
 
-def make_segmenter(name: str | None = None, **cfg: Any) -> SegmenterBackend:
+def make_segmenter(name: str | None = None, *, artifacts: Any = None, **cfg: Any) -> SegmenterBackend:
     """``classical`` (default, GrabCut seeded by the box) or ``sam`` (batched box prompts)."""
     name = (name or DEFAULT_BACKEND).lower()
     backend: SegmenterBackend
@@ -194,7 +200,7 @@ def make_segmenter(name: str | None = None, **cfg: Any) -> SegmenterBackend:
         backend = ClassicalSegmenter(**cfg)
     elif name in ("sam", "sam-auto"):
         from .sam import SamSegmenter
-        backend = SamSegmenter(**cfg)
+        backend = SamSegmenter(artifacts=artifacts, **cfg)
     else:
         raise _unknown("segmenter", name, SEGMENTERS)
     log.info("segmenter backend: %s", backend.name)

@@ -329,14 +329,19 @@ class ClassicalValidator:
     fill — how much of the box differs from the ring around it (plain background: none);
     contrast — how strongly it differs, in multiples of the ring's own noise;
     containment — foreground running on past a side of the box means the box cuts the
-    subject (or lies inside it). ``passed`` is ``score >= threshold``."""
+    subject (or lies inside it). ``passed`` is ``score >= threshold``.
+
+    Built for plain and studio backgrounds: where the ring itself is busy (a scene photo)
+    it cannot tell a subject from clutter and fails the box, saying so in the reason."""
 
     name = "classical"
     policy_version = "classical-ring-contrast-v1"
 
-    def __init__(self, threshold: float = 0.5, work_size: int = 512, margin_frac: float = 0.15) -> None:
+    def __init__(self, threshold: float = 0.5, work_size: int = 512, margin_frac: float = 0.15,
+                 clutter_threshold: float = 25.0) -> None:
         if not 0.0 <= float(threshold) <= 1.0:
             raise ValueError("threshold must lie in [0, 1]")
+        self.clutter_threshold = float(clutter_threshold)
         self.threshold = float(threshold)
         self.work_size = int(work_size)
         self.margin_frac = float(margin_frac)
@@ -356,6 +361,9 @@ class ClassicalValidator:
         score = s_fill * s_contrast * s_contain
         if score >= self.threshold:
             return score, None
+        if ev.thr > self.clutter_threshold:
+            return score, (f"the surroundings are too busy for the weight-free validator to confirm a subject "
+                           f"(score {score:.2f} < {self.threshold:.2f}); the SAM validator handles scene photos")
         x1, y1, x2, y2 = box
         inside_object = global_fg is not None and float(global_fg[y1:y2, x1:x2].mean()) > 0.6
         if s_contain < min(s_fill, s_contrast) or (inside_object and fill < 0.15):

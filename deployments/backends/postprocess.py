@@ -1,12 +1,27 @@
-"""Mask clean-up shared by every segmenter: one subject per box, no pin-holes, optional soft edge."""
+"""Mask clean-up shared by every segmenter: one subject per box, no pin-holes, optional soft edge.
+
+OpenCV is imported on first use, not with the module: the SAM backends import this file,
+and a bare GPU box (torch, torchvision, segment_anything only) can still load them and
+time the encoder and decoder."""
 from __future__ import annotations
 
-import cv2
+from types import ModuleType
+from typing import Any
+
 import numpy as np
+
+
+def _cv2() -> ModuleType:
+    try:
+        import cv2
+    except ImportError as exc:  # pragma: no cover - only on machines without the project's deps
+        raise ImportError("mask post-processing needs OpenCV: pip install opencv-python-headless") from exc
+    return cv2
 
 
 def largest_component(mask: np.ndarray) -> np.ndarray:
     """Keep the biggest 8-connected blob: a box names one subject, stray specks are noise."""
+    cv2: Any = _cv2()
     m = mask.astype(np.uint8)
     n, labels, stats, _ = cv2.connectedComponentsWithStats(m, connectivity=8)
     if n <= 2:
@@ -20,6 +35,7 @@ def fill_holes(mask: np.ndarray, max_hole_frac: float = 0.1) -> np.ndarray:
 
     Small holes are specular highlights or labels the model missed; big ones (a mug's
     handle, a bag's strap loop) are real and stay open."""
+    cv2: Any = _cv2()
     m = mask.astype(np.uint8)
     area = int(m.sum())
     if area == 0:
@@ -48,5 +64,6 @@ def feather(mask: np.ndarray, radius_px: float) -> np.ndarray:
     m = mask.astype(np.uint8)
     if radius_px <= 0 or not m.any():
         return m * 255
+    cv2: Any = _cv2()
     dist = cv2.distanceTransform(m, cv2.DIST_L2, 3)
     return (np.clip(dist / float(radius_px), 0.0, 1.0) * 255).round().astype(np.uint8)

@@ -1,0 +1,160 @@
+"""End to end through a real `hitl up`: embedded redis-server, local Ray, Ray Serve, classical models.
+
+Seed 000's verification list, where it needs the whole stack: durability across a
+SIGKILL of the whole process tree, cancel racing a (slow) detection, SSE through
+the Events deployment, the two-round naming flow to cut-outs, a clean SIGTERM.
+The HTTP contract in detail is in test_api_protocol.py (same app, under uvicorn).
+"""
+from __future__ import annotations
+
+import io
+import time
+import uuid
+
+import httpx
+import pytest
+from PIL import Image
+
+from serve_app.samples import product_composite
+
+from .hitl_proc import HitlUp
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+class Api:
+    def __init__(self, up: HitlUp) -> None:
+        self.c = httpx.Client(base_url=up.api_url, timeout=60, headers={"Authorization": f"Bearer {up.token}"})
+
+    def submit(self, data: bytes) -> str:
+        r = self.c.post("/api/v1/jobs", files={"image": ("x.png", data, "image/png")})
+        assert r.status_code == 202, r.text
+        return r.json()["job_id"]
+
+    def get(self, job_id: str) -> dict:
+        r = self.c.get(f"/api/v1/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def wait(self, job_id: str, statuses: set[str], timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            snap = self.get(job_id)
+            if snap["status"] in statuses:
+                return snap
+            assert time.monotonic() < deadline, f"{job_id} stuck in {snap['status']}"
+            time.sleep(0.1)
+
+    def intervene(self, snap: dict, subjects: list[dict], iid: str | None = None) -> httpx.Response:
+        return self.c.post(f"/api/v1/jobs/{snap['job_id']}/interventions", json={
+            "intervention_id": iid or f"iv_{uuid.uuid4().hex[:10]}",
+            "pause_token": snap["active_pause"]["pause_token"] if snap["active_pause"] else "pause_x",
+            "base_version": snap["version"], "subjects": subjects})
+
+    def events(self, job_id: str, last_event_id: int | None = None, until: str = "JOB_FINISHED") -> list[dict]:
+        import json
+
+        headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
+        out: list[dict] = []
+        with self.c.stream("GET", f"/api/v1/jobs/{job_id}/events", headers=headers) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    out.append(json.loads(line[5:]))
+                    if out[-1]["type"] == until:
+                        break
+        return out
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def keep(snap: dict, n: int | None = None) -> list[dict]:
+    return [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in snap["box_list"][:n]]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("hitl-e2e")
+
+
+def test_whole_flow_through_ray_serve(data_dir):
+    up = HitlUp(data_dir, "--detector-delay-ms", "1500").start()
+    api = Api(up)
+    try:
+        ready = api.c.get("/readyz").json()
+        assert ready["mode"] == "ray-serve" and ready["backends"]["segmenter"] == "classical"
+
+        # create -> DETECTING at once (the detector is slowed to 1.5 s)
+        img = product_composite(seed=7, n=2)[0]
+        job = api.submit(img)
+        assert api.get(job)["status"] == "DETECTING"
+
+        # cancel during detection: stays CANCELLED when the detection report lands later
+        doomed = api.submit(product_composite(seed=8, n=2)[0])
+        assert api.c.post(f"/api/v1/jobs/{doomed}/cancel").json()["status"] == "CANCELLED"
+
+        # SSE (through the Events deployment) delivers PAUSE_OPENED; resume from Last-Event-ID
+        evs = api.events(job, until="PAUSE_OPENED")
+        assert evs[-1]["type"] == "PAUSE_OPENED"
+        resumed = api.events(job, last_event_id=evs[1]["id"], until="PAUSE_OPENED")
+        assert [e["id"] for e in resumed] == [e["id"] for e in evs[2:]]
+        waiting = api.get(job)
+        assert waiting["status"] == "WAITING_USER_SELECTION"
+        assert not {"timeout_at", "timeout_seconds", "auto_submit_on_timeout"} & set(waiting["active_pause"])
+
+        deadline = time.monotonic() + 30
+        while not any(e["type"] == "REPORT_IGNORED" for e in api.events(doomed, until="REPORT_IGNORED")):
+            assert time.monotonic() < deadline, "the late detection report was never recorded as ignored"
+            time.sleep(0.2)
+        late = api.events(doomed, until="REPORT_IGNORED")
+        assert late[-1]["data"]["node_type"] == "DETECT_SUBJECTS"
+        assert [e["type"] for e in late].index("JOB_FINISHED") < len(late) - 1  # history after the end
+        assert api.get(doomed)["status"] == "CANCELLED"
+    finally:
+        api.close()
+
+    # SIGKILL the whole process tree mid-wait, start again on the same data dir.
+    up.kill()
+    up.wait_port_free()
+    up2 = HitlUp(data_dir).start()
+    api = Api(up2)
+    try:
+        again = api.get(job)
+        assert again["active_pause"]["pause_token"] == waiting["active_pause"]["pause_token"]
+        assert again["version"] == waiting["version"] and again["status"] == "WAITING_USER_SELECTION"
+
+        # a second client with a stale view, then the first submits a subset with a manual box over blank
+        w = waiting["image"]["width"]
+        subjects = keep(waiting, 1) + [{"bbox": [w - 70, 4, w - 6, 60], "label": "ghost"}]
+        r = api.intervene(waiting, subjects, iid="iv_round1")
+        assert r.status_code == 200 and r.json()["next_node_type"] == "VALIDATE_MANUAL_BOX_LIST"
+        replay = api.intervene(waiting, subjects, iid="iv_round1")
+        assert replay.content == r.content and replay.headers["Idempotent-Replayed"] == "true"
+        stale = api.intervene(waiting, keep(waiting))
+        assert stale.status_code == 409 and stale.json()["code"] == "VERSION_CONFLICT"
+        assert stale.json()["snapshot"]["version"] > waiting["version"]
+
+        round2 = api.wait(job, {"WAITING_BOX_BATCH_REVISION"})
+        bad = round2["active_pause"]["box_ids_to_revise"]
+        assert bad == r.json()["diff"]["added"]
+        ok = [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in round2["box_list"] if b["box_id"] not in bad]
+        assert api.intervene(round2, ok).status_code == 200
+        done = api.wait(job, {"SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED"})
+        assert done["status"] == "SUCCEEDED"
+        res = api.c.get(f"/api/v1/jobs/{job}/results").json()
+        assert len(res["subjects"]) == 1
+        s = res["subjects"][0]
+        mask = Image.open(io.BytesIO(api.c.get(s["mask_url"]).content))
+        cut = Image.open(io.BytesIO(api.c.get(s["cutout_url"]).content))
+        assert mask.size == cut.size == (done["image"]["width"], done["image"]["height"]) and cut.mode == "RGBA"
+
+        # empty selection on a fresh job
+        other = api.submit(product_composite(seed=9, n=2)[0])
+        snap = api.wait(other, {"WAITING_USER_SELECTION"})
+        assert api.intervene(snap, []).json()["status"] == "EMPTY_SELECTION"
+        assert "hitl_interventions_total" in api.c.get("/metrics").text
+    finally:
+        api.close()
+        assert up2.stop() == 0  # SIGTERM: a clean exit
+    assert any("stopped" in line for line in up2.lines)
