@@ -152,3 +152,42 @@ class LocalRunner:
         from deployments.executor import run_node
 
         return await asyncio.to_thread(run_node, cmd.node_type, cmd.input, self.models, self.artifacts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A standalone dispatcher process (models in threads): `python -m serve_app.dispatcher`.
+
+    `hitl up` runs dispatchers inside the API replicas; this entry point is for
+    running extra ones next to an existing deployment and for the crash tests."""
+    import argparse
+    from pathlib import Path
+
+    from deployments.executor import build_models
+    from statecore.artifacts import ArtifactStore
+
+    from .config import Settings
+
+    p = argparse.ArgumentParser(prog="python -m serve_app.dispatcher", description=main.__doc__)
+    p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"), required=not os.environ.get("REDIS_URL"))
+    p.add_argument("--data-dir", default=".hitl", help="its artifacts/ folder holds images, masks and cut-outs")
+    p.add_argument("--detector-delay-ms", type=int, default=0)
+    p.add_argument("--consumer", default=None, help="consumer name in the outbox group (default host-pid-rand)")
+    p.add_argument("--reclaim-idle-ms", type=int, default=60_000)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings(data_dir=Path(args.data_dir).resolve(), redis_url=args.redis_url,
+                        detector_delay_ms=args.detector_delay_ms, reclaim_idle_ms=args.reclaim_idle_ms)
+    store = Store.from_url(args.redis_url)
+    artifacts = ArtifactStore(settings.artifacts)
+    runner = LocalRunner(build_models(settings.backend_config()), artifacts)
+    dispatcher = Dispatcher(store, runner, consumer=args.consumer, reclaim_idle_ms=args.reclaim_idle_ms,
+                            max_attempts=settings.node_max_attempts, attempt_timeout_s=settings.node_timeout_s)
+    try:
+        asyncio.run(dispatcher.run_forever())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
