@@ -1,13 +1,15 @@
 """Server-sent events: history after ``Last-Event-ID``, then live, without gaps or duplicates.
 
-One ``EventHub`` per process multiplexes every open stream onto at most one
-blocking XREAD per partition (all of a partition's keys share a hash slot, so
-this is Cluster-safe), instead of one Redis connection per browser tab.
+A job's events are a Redis list (the record); the Lua scripts also PUBLISH each new
+id on the job's channel, only to wake readers up. One ``EventHub`` per process
+serves every open stream: one pattern subscription for all jobs, a per-job
+position, and a fetch of the list tail when a job's channel fires. A slow poll
+(``poll_s``) catches anything a wake-up missed (a reconnect, or a Redis Cluster,
+where the hub polls only).
 
-Ordering argument: a subscriber registers with the hub *before* reading the
-history, and the hub starts a newly watched stream at the subscriber's
-position, so every event appended after registration reaches the queue; the
-history read covers everything before. Ids already yielded are dropped.
+Ordering argument: a subscriber registers before it reads the history, so a
+wake-up after registration triggers a fetch from a position no later than what
+the history covered; ids already yielded are dropped.
 """
 from __future__ import annotations
 
@@ -29,22 +31,27 @@ KEEPALIVE_S = 15.0
 
 
 class EventHub:
-    def __init__(self, store: Store, block_ms: int = 1000) -> None:
+    def __init__(self, store: Store, poll_s: float = 1.0) -> None:
         self.store = store
-        self.block_ms = block_ms
+        self.poll_s = poll_s if not store.cluster else min(poll_s, 0.25)
         self._subs: dict[str, set[asyncio.Queue[Event]]] = defaultdict(set)
         self._pos: dict[str, int] = {}
-        self._readers: dict[int, asyncio.Task[None]] = {}
-        self._wake: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _ensure_started(self) -> None:
+        if self._tasks and not all(t.done() for t in self._tasks):
+            return
+        self._tasks = [asyncio.create_task(self._fetch_loop())]
+        if not self.store.cluster:
+            self._tasks.append(asyncio.create_task(self._listen()))
 
     def subscribe(self, job_id: str, after: int) -> asyncio.Queue[Event]:
+        self._ensure_started()
         q: asyncio.Queue[Event] = asyncio.Queue()
         self._subs[job_id].add(q)
         self._pos[job_id] = min(self._pos.get(job_id, after), after)
-        p = keys.partition_of(job_id)
-        task = self._readers.get(p)
-        if task is None or task.done():
-            self._readers[p] = asyncio.create_task(self._read_partition(p))
         return q
 
     def unsubscribe(self, job_id: str, q: asyncio.Queue[Event]) -> None:
@@ -56,25 +63,49 @@ class EventHub:
             del self._subs[job_id]
             self._pos.pop(job_id, None)
 
-    async def _read_partition(self, p: int) -> None:
-        """Deliver new events of every watched job of partition ``p`` until none is watched."""
+    async def _listen(self) -> None:
+        """Wake-ups: one pattern subscription per partition on one connection."""
         while True:
-            watched = {j: self._pos[j] for j in list(self._subs) if keys.partition_of(j) == p}
-            if not watched:
-                return
-            streams = {keys.job(j).events: f"{pos}-0" for j, pos in watched.items()}
+            pubsub = self.store.r.pubsub()
             try:
-                res = await self.store.r.xread(streams, block=self.block_ms, count=500)
+                await pubsub.psubscribe(*[keys.events_channel_pattern(p) for p in range(keys.PARTITIONS)])
+                async for msg in pubsub.listen():
+                    if msg.get("type") != "pmessage":
+                        continue
+                    job_id = msg["channel"].split(":job:", 1)[1].rsplit(":", 1)[0]
+                    if job_id in self._subs:
+                        self._dirty.add(job_id)
+                        self._wake.set()
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # keep serving; a Redis blip must not kill every stream
-                log.warning("event reader for partition %d: %s", p, e)
+            except Exception as e:  # reconnect; the poll covers the gap
+                log.warning("event wake-up subscription lost (%s); reconnecting", e)
                 await asyncio.sleep(0.5)
-                continue
-            for stream, entries in res or []:
-                job_id = stream.split(":job:", 1)[1].rsplit(":", 1)[0]
-                for eid, fields in entries:
-                    ev = Store._event(job_id, eid, fields)
+            finally:
+                try:
+                    await pubsub.aclose()
+                except Exception:
+                    pass
+
+    async def _fetch_loop(self) -> None:
+        """Fetch the new tail of every woken job; every ``poll_s``, of every watched job."""
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
+                jobs = self._dirty
+            except asyncio.TimeoutError:
+                jobs = set(self._subs)
+            self._wake.clear()
+            self._dirty = set()
+            for job_id in [j for j in jobs if j in self._subs]:
+                try:
+                    events = await self.store.events_after(job_id, self._pos.get(job_id, 0))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    log.warning("event fetch for %s failed: %s", job_id, e)
+                    continue
+                for ev in events:
                     self._pos[job_id] = max(self._pos.get(job_id, 0), ev.id)
                     for q in list(self._subs.get(job_id, ())):
                         q.put_nowait(ev)

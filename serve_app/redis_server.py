@@ -15,13 +15,33 @@ import redis
 
 # Small hashes stay listpack-encoded: a job's meta (with its box list) is a few
 # hundred bytes, so this keeps a waiting job well under 4 KiB.
-TUNING = ["--hash-max-listpack-value", "4096", "--hash-max-listpack-entries", "256"]
+# A job's event stream is a handful of entries: Redis 7.0 preallocates a stream node
+# to stream-node-max-bytes (4096 by default), so a smaller node saves ~3 KiB per job.
+TUNING = ["--hash-max-listpack-value", "4096", "--hash-max-listpack-entries", "256",
+          "--stream-node-max-bytes", "1024", "--zset-max-listpack-entries", "1024"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(max_port: int = 65535) -> int:
+    """A free loopback port; ``max_port`` bounds it (a cluster node also listens on port+10000)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port <= max_port:
+            return port
+
+
+def free_cluster_port() -> int:
+    """A free port for a cluster node: at most 55535 (redis-server refuses more in
+    cluster mode) and whose cluster bus port (+10000) is free as well."""
+    while True:
+        port = free_port(55535)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
 
 
 def redis_binary() -> str:
@@ -50,7 +70,7 @@ class RedisServer:
     def start(self, timeout: float = 15.0) -> "RedisServer":
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
-            self.port = free_port()
+            self.port = free_cluster_port() if self.cluster else free_port()
         args = [redis_binary(), "--port", str(self.port), "--bind", self.host, "--dir", str(self.data_dir),
                 "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--protected-mode", "yes",
                 "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"), *TUNING]
@@ -103,17 +123,28 @@ class RedisCluster:
         return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
 
     def start(self) -> "RedisCluster":
-        self.nodes = [RedisServer(self.base_dir / f"node{i}", cluster=True).start() for i in range(3)]
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> "RedisCluster":
+        for i in range(3):
+            self.nodes.append(RedisServer(self.base_dir / f"node{i}", cluster=True).start())
         cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
         subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
                         "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
-        client = redis.Redis(port=self.nodes[0].port)
         deadline = time.monotonic() + 30
-        while client.cluster_info().get("cluster_state") != "ok":
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis cluster did not become ok")
-            time.sleep(0.1)
-        client.close()
+        for node in self.nodes:
+            client = redis.Redis(port=node.port, decode_responses=True)
+            try:
+                while "cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("redis cluster did not become ok")
+                    time.sleep(0.1)
+            finally:
+                client.close()
         return self
 
     def stop(self) -> None:

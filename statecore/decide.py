@@ -230,7 +230,7 @@ def plan_create(job_id: str, submitter: str, image: ImageRef, idem_key: str | No
         "results": "[]", "idem_key": idem_key or "",
         "policy": canonical_json({"workflow": WORKFLOW_VERSION, "auto_approve": None}),
     })
-    plan.events.append(("JOB_CREATED", {"image": image.model_dump(mode="json"), "submitter": submitter}))
+    plan.events.append(("JOB_CREATED", {"submitter": submitter, "width": image.width, "height": image.height}))
     plan.events.append(("STATUS_CHANGED", {"from": S.CREATED.value, "to": S.DETECTING.value}))
     cmd = _command(job_id, "DETECT_SUBJECTS", now, {"image": image.model_dump(mode="json")})
     _enqueue(plan, cmd, deadline_ms)
@@ -381,6 +381,8 @@ def plan_intervention(state: JobState, req: InterventionRequest, reviewer: str, 
         })
         _enqueue(plan, cmd, deadline_ms)
         next_type = hop.value
+    if plan.outbox is not None:  # the one command this consumption produced, for audits
+        plan.events[0][1]["node_instance_id"] = plan.outbox.node_instance_id
     resp = InterventionResponse(intervention_id=req.intervention_id, job_id=state.job_id, accepted=True,
                                 status=plan.status, version=state.version + 1,
                                 next_node_type=next_type, diff=diff)  # type: ignore[arg-type]

@@ -65,6 +65,11 @@ def jobs(p: int) -> str:
     return f"{tag(p)}:jobs"
 
 
+def events_channel_pattern(p: int) -> str:
+    """PSUBSCRIBE pattern matching the wake-up channels of partition ``p``'s jobs."""
+    return f"{tag(p)}:job:*:events"
+
+
 def all_outboxes() -> list[str]:
     return [outbox(p) for p in range(PARTITIONS)]
 
@@ -75,7 +80,7 @@ class JobKeys:
     p: int
     meta: str      # HASH: status, version, box lists, active pause, current node, ...
     pauses: str    # HASH: pause_token -> pause JSON (history of consumed/cancelled pauses)
-    events: str    # STREAM: ids "<seq>-0", seq increasing per job
+    events: str    # LIST of event JSON, id = position (1-based); also the PUBLISH channel of new ids
     idem: str      # HASH: intervention_id -> payload hash + "\n" + response bytes
     reports: str   # SET: node_instance_ids whose report was applied or ignored
 

@@ -10,6 +10,7 @@ re-plans (bounded), so no decision is ever applied to a state it was not made fo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -255,28 +256,19 @@ class Store:
     # ------------------------------------------------------------------ events
 
     @staticmethod
-    def _event(job_id: str, entry_id: str, f: dict[str, str]) -> Event:
-        import json
+    def _event(job_id: str, raw: str) -> Event:
+        e = json.loads(raw)
+        return Event(id=e["id"], type=e["type"], job_id=job_id, version=e["version"], at=e["at"],
+                     data={"status": e["status"], **e["data"]})
 
-        return Event(id=int(entry_id.split("-")[0]), type=f["t"], job_id=job_id, version=int(f["v"]),
-                     at=f["at"], data={"status": f["s"], **json.loads(f["d"])})
+    async def events_after(self, job_id: str, after: int = 0, count: int = 100_000) -> list[Event]:
+        """Events with id > ``after``, oldest first (ids are 1-based list positions)."""
+        raws = await self.r.lrange(keys.job(job_id).events, max(after, 0), max(after, 0) + count - 1)
+        return [self._event(job_id, raw) for raw in raws]
 
-    async def events_after(self, job_id: str, after: int = 0, count: int = 1000) -> list[Event]:
-        """Events with id > ``after``, oldest first."""
-        entries = await self.r.xrange(keys.job(job_id).events, min=f"({after}-0" if after else "-", max="+",
-                                      count=count)
-        return [self._event(job_id, eid, f) for eid, f in entries]
-
-    async def wait_events(self, job_id: str, after: int, block_ms: int) -> list[Event]:
-        """Block up to ``block_ms`` for events after ``after`` (one XREAD BLOCK)."""
-        res = await self.r.xread({keys.job(job_id).events: f"{after}-0"}, block=block_ms, count=1000)
-        out: list[Event] = []
-        for _stream, entries in res or []:
-            out += [self._event(job_id, eid, f) for eid, f in entries]
-        return out
-
-    async def stream_events(self, job_id: str, after: int = 0, block_ms: int = 15000) -> AsyncIterator[Event]:
-        """The whole history after ``after``; then, for a live job, live events until JOB_FINISHED."""
+    async def stream_events(self, job_id: str, after: int = 0, poll_s: float = 0.2) -> AsyncIterator[Event]:
+        """The whole history after ``after``; then, for a live job, live events until JOB_FINISHED.
+        A simple polling reader for scripts; the SSE server uses serve_app.events.EventHub."""
         last = after
         finished = False
         for ev in await self.events_after(job_id, after):
@@ -286,7 +278,8 @@ class Store:
         if finished or await self.is_finished(job_id):
             return
         while True:
-            for ev in await self.wait_events(job_id, last, block_ms):
+            await asyncio.sleep(poll_s)
+            for ev in await self.events_after(job_id, last):
                 yield ev
                 last = ev.id
                 if ev.type == "JOB_FINISHED":
@@ -406,7 +399,12 @@ class Store:
         return out
 
     async def outbox_ack(self, entry: OutboxEntry) -> None:
-        await self.r.xack(entry.stream, keys.OUTBOX_GROUP, entry.entry_id)
+        """Acknowledge and delete: a handled command's trace lives on in the job's events
+        (NODE_STARTED / NODE_COMPLETED), so the stream holds only work still to do."""
+        async with self.r.pipeline(transaction=False) as pipe:
+            pipe.xack(entry.stream, keys.OUTBOX_GROUP, entry.entry_id)
+            pipe.xdel(entry.stream, entry.entry_id)
+            await pipe.execute()
 
     async def outbox_reclaim(self, consumer: str, min_idle_ms: int, count: int = 64) -> list[OutboxEntry]:
         """Take over entries another dispatcher has held for ``min_idle_ms`` without acking."""
@@ -431,7 +429,7 @@ class Store:
         return total
 
     async def outbox_commands(self, job_id: str) -> list[NodeCommand]:
-        """Every command ever written for a job that is still in its outbox stream (for checks and tests)."""
+        """The job's commands still in its outbox stream (not yet acknowledged; for checks and tests)."""
         out = []
         for _eid, f in await self.r.xrange(keys.job(job_id).outbox):
             if f.get("job") == job_id:
@@ -447,8 +445,6 @@ def _after_cursor(c: tuple[float, str], score: float, jid: str | None, ascending
 
 
 def _job_id_of(body: str) -> str:
-    import json
-
     return json.loads(body)["job_id"]
 
 

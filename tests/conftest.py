@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-import redis
 
-from serve_app import redis_server as redis_server_mod
 from serve_app.redis_server import RedisCluster, RedisServer
 from statecore.models import ImageRef
 from statecore.store import Store, StoreConfig
@@ -39,58 +34,13 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
-_free_port = redis_server_mod.free_port
-
-
-def _cluster_node_port() -> int:
-    """A free port whose cluster bus port (+10000) exists and is free too: redis-server
-    refuses cluster mode above 55535, and ``free_port`` may hand out up to 60999."""
-    while True:
-        port = _free_port()
-        if port > 55535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-
-
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory):
     require_binary("redis-server")
     require_binary("redis-cli")
-    cluster = _start_cluster(tmp_path_factory.mktemp("cluster"))
+    cluster = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
     yield cluster
     cluster.stop()
-
-
-def _start_cluster(base_dir: Path) -> RedisCluster:
-    """``RedisCluster.start`` with two fixes the fixture needs: node ports at most 55535
-    (see ``_cluster_node_port``) and ``CLUSTER INFO`` read through ``execute_command``
-    (redis-py's plain ``Redis`` has no ``cluster_info`` method)."""
-    cluster = RedisCluster(base_dir)
-    try:
-        for i in range(3):
-            cluster.nodes.append(RedisServer(base_dir / f"node{i}", port=_cluster_node_port(), cluster=True).start())
-        cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
-        subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in cluster.nodes],
-                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
-        deadline = time.monotonic() + 30
-        for node in cluster.nodes:
-            client = redis.Redis(port=node.port, decode_responses=True)
-            try:
-                while "cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("redis cluster did not become ok")
-                    time.sleep(0.1)
-            finally:
-                client.close()
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
 
 
 async def _fresh_store(url: str, cluster: bool) -> Store:

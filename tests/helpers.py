@@ -53,7 +53,7 @@ async def footprint(store: Store, job_id: str) -> dict:
     return {
         "meta": await store.r.hgetall(jk.meta),
         "pauses": await store.r.hgetall(jk.pauses),
-        "events": await store.r.xrange(jk.events),
+        "events": await store.r.lrange(jk.events, 0, -1),
         "idem": await store.r.hgetall(jk.idem),
         "reports": await store.r.smembers(jk.reports),
         "outbox_len": await store.r.xlen(jk.outbox),

@@ -31,9 +31,11 @@ async def submitters(store, redis_server):
 
 
 def _subjects(st, i: int):
-    """Different reviewers want different things: a subset of the panel, sometimes a drawn box."""
+    """Different reviewers want different things: a subset of the panel, sometimes a drawn box
+    (never nothing, so that every winner dispatches exactly one command)."""
     subset = keep(st, *[j for j in range(3) if (i >> j) & 1])
-    return subset + ([manual([300 + i, 300, 400 + i, 400], f"m{i}")] if i % 3 == 0 else [])
+    drawn = [manual([300 + i, 300, 400 + i, 400], f"m{i}")] if i % 3 == 0 or not subset else []
+    return subset + drawn
 
 
 async def test_64_racing_submitters_one_winner(store, image, submitters):
@@ -77,16 +79,45 @@ async def test_64_racing_submitters_one_winner(store, image, submitters):
         for err in losses:
             assert err.snapshot["version"] == after.version and err.snapshot["status"] == after.status.value
         cmds = await store.outbox_commands(job_id)
-        next_type = json.loads(winner.body)["next_node_type"]
-        if next_type is None:  # the winner kept nothing: EMPTY_SELECTION dispatches no model work
-            assert after.status.value == "EMPTY_SELECTION" and cmds == cmds_before
-        else:
-            assert len(cmds) == len(cmds_before) + 1, "exactly one new outbox command"
-            assert cmds[-1].node_instance_id == after.current_node.node_instance_id
-            assert cmds[-1].node_type == next_type
+        assert len(cmds) == len(cmds_before) + 1, "exactly one new outbox command"
+        assert cmds[-1].node_instance_id == after.current_node.node_instance_id
+        assert cmds[-1].node_type == json.loads(winner.body)["next_node_type"]
         hist = await store.pause_history(job_id)
         assert [(h.status, h.consumed_by.intervention_id) for h in hist] == [("CONSUMED", win_iid)]
         accepted = [e for e in await store.events_after(job_id) if e.type == "INTERVENTION_ACCEPTED"]
         assert [e.data["intervention_id"] for e in accepted] == [win_iid]
         assert await store.r.hkeys(keys.job(job_id).idem) == [win_iid]
     assert len(winners) > 1, "the race should not always be won by the same submitter"
+
+
+async def test_cancel_racing_submissions(store, image, submitters):
+    """A cancel and eight submissions at once: either one submission consumes the pause and the
+    cancel ends the job after it, or the cancel wins and every submission is JOB_CANCELLED."""
+    rng = random.Random(7)
+    for _ in range(20):
+        job_id = await waiting_job(store, image)
+        st = await store.get(job_id)
+        reqs = [iv(st, keep(st, i % 3), iid=f"iv_c{i}") for i in range(8)]
+
+        async def submit(k: int):
+            await asyncio.sleep(rng.random() * 0.002)
+            return await submitters[k].intervene(job_id, reqs[k], "rev")
+
+        async def cancel():
+            await asyncio.sleep(rng.random() * 0.002)
+            return await submitters[63].cancel(job_id, "admin")
+
+        *subs, snap = await asyncio.gather(*(submit(k) for k in range(8)), cancel(), return_exceptions=True)
+        assert not isinstance(snap, Exception), snap
+        assert snap.status.value == "CANCELLED" and snap.active_pause is None
+        wins = [r for r in subs if isinstance(r, Reply)]
+        assert all(isinstance(r, Reply) or isinstance(r, LOSING + (errors.JobCancelled,)) for r in subs), subs
+        hist = await store.pause_history(job_id)
+        cmds = await store.outbox_commands(job_id)
+        if wins:
+            assert len(wins) == 1 and snap.version == st.version + 2
+            assert [h.status for h in hist] == ["CONSUMED"] and len(cmds) == 2
+        else:
+            assert all(isinstance(r, errors.JobCancelled) for r in subs)
+            assert snap.version == st.version + 1
+            assert [h.status for h in hist] == ["CANCELLED"] and len(cmds) == 1

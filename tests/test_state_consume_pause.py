@@ -546,7 +546,7 @@ async def test_event_ids_are_contiguous_and_resumable(store, image):
     opened = next(e for e in events if e.type == "PAUSE_OPENED")
     assert opened.data["active_pause"]["pause_token"] == st.active_pause.pause_token
     assert len(opened.data["box_list"]) == 3
-    streamed = [e.id async for e in store.stream_events(job_id, after=3, block_ms=100)]
+    streamed = [e.id async for e in store.stream_events(job_id, after=3, poll_s=0.05)]
     assert streamed == list(range(4, n + 1))
 
 

@@ -1,6 +1,6 @@
 -- _lib.lua: shared prologue, prepended to every state-changing script at load time.
 -- KEYS[1..9]  (statecore.keys.JobKeys.for_script, one hash slot):
---   1 meta  2 pauses  3 events  4 idem  5 reports  6 outbox  7 waiting  8 running  9 jobs
+--   1 meta  2 pauses  3 events (LIST; also the wake-up channel)  4 idem  5 reports  6 outbox  7 waiting  8 running  9 jobs
 -- KEYS[10]    optional: the job's creation idempotency record (same slot)
 -- ARGV[1] job_id   ARGV[2] now (ISO-8601)   ARGV[3] retention seconds for finished jobs
 -- A "plan" (statecore.decide.Plan.to_json) lists every write of one atomic step;
@@ -10,9 +10,13 @@ local K_OUTBOX, K_WAITING, K_RUNNING, K_JOBS = KEYS[6], KEYS[7], KEYS[8], KEYS[9
 local K_CREATE = KEYS[10]
 local JOB_ID, NOW, RETENTION = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
+-- An event is one JSON string appended to the job's list (its id is its position);
+-- the PUBLISH only wakes SSE readers up, the list is the record.
 local function append_event(etype, status, data, version)
   local seq = redis.call('HINCRBY', K_META, 'event_seq', 1)
-  redis.call('XADD', K_EVENTS, seq .. '-0', 't', etype, 's', status, 'v', version, 'at', NOW, 'd', data)
+  redis.call('RPUSH', K_EVENTS, '{"id":' .. seq .. ',"type":"' .. etype .. '","version":' .. version ..
+    ',"status":"' .. status .. '","at":"' .. NOW .. '","data":' .. data .. '}')
+  redis.call('PUBLISH', K_EVENTS, seq)
   return seq
 end
 
