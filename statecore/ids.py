@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import hashlib
-import json
+import orjson
 import secrets
 import time
 from datetime import datetime, timezone
@@ -25,8 +25,11 @@ def iso_to_ms(iso: str) -> int:
 
 
 def canonical_json(obj: Any) -> str:
-    """Deterministic JSON: sorted keys, no whitespace. Used for hashing and for stored bytes."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Deterministic JSON: sorted keys, no whitespace, UTF-8. Used for hashing and for stored bytes.
+
+    orjson (several times faster than json on this hot path); non-finite floats never reach it:
+    every bbox is checked finite before planning."""
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def payload_hash(body: Any, identity: str) -> str:
