@@ -343,18 +343,23 @@ class _Tracker:
         self.lock = threading.Lock()
         self.finished = 0
         self.all_done = threading.Event()
+        # Kept up to date by ``update`` (O(1) per change: recounting every outcome on every change
+        # made a batch quadratic in its number of files).
+        self.counts = Counter(o.category for o in outcomes)
         self.task = progress.add_task(self._describe(), total=len(outcomes))
         if not outcomes:
             self.all_done.set()
 
     def _describe(self) -> str:
-        c = Counter(o.category for o in self.outcomes)
+        c = self.counts
         return " · ".join(f"{k} {c[k]}" for k in CATEGORIES if c[k]) or "nothing to do"
 
     def update(self, outcome: FileOutcome, **changes: Any) -> None:
         with self.lock:
+            self.counts[outcome.category] -= 1
             for k, v in changes.items():
                 setattr(outcome, k, v)
+            self.counts[outcome.category] += 1
             self.progress.update(self.task, description=self._describe())
 
     def finish(self, outcome: FileOutcome) -> None:

@@ -45,7 +45,7 @@ class Dispatcher:
         self.reclaim_idle_ms = reclaim_idle_ms
         self.reclaim_every_s = reclaim_every_s
         self._tasks: set[asyncio.Task[None]] = set()
-        self._held: set[str] = set()
+        self._held: set[tuple[str, str]] = set()  # (stream, entry id): ids repeat across partitions
 
     async def run_forever(self) -> None:
         await self.store.ensure_groups()
@@ -71,9 +71,10 @@ class Dispatcher:
                 await asyncio.sleep(1)
 
     def _spawn(self, entry: OutboxEntry) -> None:
-        if entry.entry_id in self._held:
+        key = (entry.stream, entry.entry_id)
+        if key in self._held:
             return  # already being worked on here (reclaimed our own entry)
-        self._held.add(entry.entry_id)
+        self._held.add(key)
         task = asyncio.create_task(self._guarded(entry))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -86,9 +87,9 @@ class Dispatcher:
             raise
         except Exception:
             # Not acked: another dispatcher (or this one) reclaims it after reclaim_idle_ms.
-            log.exception("command %s left pending after an error", entry.entry_id)
+            log.exception("command %s %s left pending after an error", entry.stream, entry.entry_id)
         finally:
-            self._held.discard(entry.entry_id)
+            self._held.discard((entry.stream, entry.entry_id))
 
     async def handle(self, entry: OutboxEntry) -> None:
         cmd = entry.command

@@ -29,7 +29,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -337,6 +337,27 @@ class LoopbackProxy:
             self._shut(upstream)
 
 
+def collect(iterator: Iterator[Any], timeout: float) -> list[Any]:
+    """``list(iterator)`` in a thread, failing (instead of hanging the run) when it has not ended in time."""
+    items: list[Any] = []
+    errors: list[BaseException] = []
+
+    def drain() -> None:
+        try:
+            items.extend(iterator)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            errors.append(exc)
+
+    worker = threading.Thread(target=drain, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise AssertionError(f"the iterator did not end within {timeout}s; got ids {[e.id for e in items][-20:]}")
+    if errors:
+        raise errors[0]
+    return items
+
+
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     """``hitl <args>`` in this process; (exit code, stdout, stderr)."""
     capsys.readouterr()
@@ -528,7 +549,7 @@ def test_events_resume_after_dropped_connections_without_gap_or_duplicate(api_se
     with LoopbackProxy(api_server.url, cut_bytes=_cut_after, cut_after_s=0.5) as proxy, \
             HitlClient(proxy.url, TOKENS["rev1"], backoff=0.05) as through_proxy, \
             AutoReviewer(api_server.url, lambda s: s.image.sha256 == sha, delay_s=1.2) as reviewer:
-        events = list(through_proxy.events(job_id))
+        events = collect(through_proxy.events(job_id), timeout=30)
         event_requests = [r for r in proxy.requests if r["path"].endswith("/events")]
     assert not reviewer.errors and job_id in reviewer.approved
 

@@ -65,3 +65,31 @@ async def test_killed_dispatcher_command_completes_once(store, redis_server, tmp
     state = await store.get(job_id)
     assert state.current_node.attempt == 2 and state.active_pause is not None
     assert await store.outbox_commands(job_id) == []  # acknowledged and deleted once handled
+
+
+async def test_equal_entry_ids_in_two_partitions_are_two_commands(store, image):
+    """Stream ids are per stream: two partitions can hand out the same id in the same
+    millisecond. The dispatcher must tell them apart by (stream, id)."""
+    from dataclasses import replace
+
+    from statecore import keys
+
+    jobs: dict[int, str] = {}
+    while len(jobs) < 2:
+        job_id = (await store.create_job("alice", image)).job_id
+        jobs.setdefault(keys.partition_of(job_id), job_id)
+    entries = await store.outbox_read("t", count=10, block_ms=100)
+    a = next(e for e in entries if e.command.job_id == list(jobs.values())[0])
+    b = next(e for e in entries if e.command.job_id == list(jobs.values())[1])
+    b = replace(b, entry_id=a.entry_id)
+    handled: list[str] = []
+
+    class Recording(Dispatcher):
+        async def handle(self, entry):
+            handled.append(entry.command.job_id)
+
+    d = Recording(store, LocalRunner(None, None))
+    d._spawn(a)
+    d._spawn(b)
+    await asyncio.gather(*d._tasks)
+    assert sorted(handled) == sorted(jobs.values())
