@@ -1,0 +1,77 @@
+"""One job through `hitl up --detector sam-auto --segmenter sam` on a tiny, randomly initialised
+Segment Anything checkpoint (no download): the real loading code, the Serve deployments and the
+whole review flow to a terminal state. Plumbing, not quality: random weights propose random boxes."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import httpx
+import pytest
+import torch
+
+from deployments.backends import sam as S
+from serve_app.samples import product_composite
+
+from .hitl_proc import HitlUp
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def test_one_job_through_sam_backends(tmp_path):
+    torch.manual_seed(0)
+    ckpt = tmp_path / "sam_tiny.pth"
+    torch.save(S.build_sam_vit_tiny().state_dict(), ckpt)
+    up = HitlUp(tmp_path / "data", "--detector", "sam-auto", "--segmenter", "sam", "--sam-checkpoint", str(ckpt),
+                "--sam-model-type", "vit_tiny").start()
+    try:
+        c = httpx.Client(base_url=up.api_url, timeout=120, headers={"Authorization": f"Bearer {up.token}"})
+        ready = c.get("/readyz").json()
+        assert ready["backends"] == {"detector": "sam-auto", "validator": "sam", "segmenter": "sam"}
+        png, truth = product_composite(seed=5, width=320, height=240, n=2)
+        job = c.post("/api/v1/jobs", files={"image": ("p.png", png, "image/png")}).json()["job_id"]
+
+        def wait(statuses: set[str]) -> dict:
+            deadline = time.monotonic() + 240
+            while True:
+                snap = c.get(f"/api/v1/jobs/{job}").json()
+                if snap["status"] in statuses:
+                    return snap
+                assert snap["status"] not in ("FAILED", "TIMED_OUT"), snap
+                assert time.monotonic() < deadline, snap["status"]
+                time.sleep(0.2)
+
+        def submit(snap: dict, subjects: list[dict]) -> dict:
+            r = c.post(f"/api/v1/jobs/{job}/interventions", json={
+                "intervention_id": f"iv_{uuid.uuid4().hex[:10]}", "pause_token": snap["active_pause"]["pause_token"],
+                "base_version": snap["version"], "subjects": subjects})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        snap = wait({"WAITING_USER_SELECTION"})
+        for b in snap["box_list"]:  # sam-auto proposals: well-formed boxes inside the image with scores
+            x1, y1, x2, y2 = b["bbox"]
+            assert 0 <= x1 < x2 <= 320 and 0 <= y1 < y2 <= 240 and 0 <= b["score"] <= 1
+        # Keep at most one proposal and add a manual box around a real object: validation (SAM
+        # predicted IoU), then segmentation (SAM box prompts) or a second round.
+        subjects = [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in snap["box_list"][:1]]
+        subjects.append({"bbox": truth[0], "label": "product"})
+        assert submit(snap, subjects)["next_node_type"] == "VALIDATE_MANUAL_BOX_LIST"
+        snap = wait({"WAITING_BOX_BATCH_REVISION", "SUCCEEDED", "PARTIAL_SUCCEEDED"})
+        if snap["status"] == "WAITING_BOX_BATCH_REVISION":
+            reasons = [b["validation"] for b in snap["box_list"] if b["box_id"] in snap["active_pause"]["box_ids_to_revise"]]
+            assert all(v and v["score"] is not None for v in reasons)
+            submit(snap, [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in snap["box_list"]])
+        done = wait({"SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED"})
+        res = c.get(f"/api/v1/jobs/{job}/results").json()
+        assert res["subjects"], res
+        for s in res["subjects"]:
+            if s["status"] == "SUCCEEDED":
+                from io import BytesIO
+
+                from PIL import Image
+
+                assert Image.open(BytesIO(c.get(s["mask_url"]).content)).size == (320, 240)
+        assert done["status"] in ("SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED")
+    finally:
+        up.stop()
