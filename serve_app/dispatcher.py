@@ -21,6 +21,7 @@ from statecore.models import NodeCommand, NodeReport
 from statecore.store import OutboxEntry, Store
 
 from . import metrics
+from .inspector import Inspector
 
 log = logging.getLogger("hitl.dispatcher")
 
@@ -33,7 +34,7 @@ class Dispatcher:
     def __init__(self, store: Store, runner: NodeRunner, *, consumer: str | None = None, concurrency: int = 64,
                  max_attempts: int = 4, backoff_s: float = 0.25, backoff_cap_s: float = 10.0,
                  attempt_timeout_s: float = 600.0, reclaim_idle_ms: int = 60_000,
-                 reclaim_every_s: float = 5.0) -> None:
+                 reclaim_every_s: float = 5.0, inspect_every_s: float = 30.0) -> None:
         self.store = store
         self.runner = runner
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{random.randrange(1 << 30):x}"
@@ -44,15 +45,20 @@ class Dispatcher:
         self.attempt_timeout_s = attempt_timeout_s
         self.reclaim_idle_ms = reclaim_idle_ms
         self.reclaim_every_s = reclaim_every_s
+        self.inspect_every_s = inspect_every_s
+        self.inspector = Inspector(store)
         self._tasks: set[asyncio.Task[None]] = set()
         self._held: set[tuple[str, str]] = set()  # (stream, entry id): ids repeat across partitions
 
     async def run_forever(self) -> None:
         await self.store.ensure_groups()
         log.info("dispatcher %s started", self.consumer)
-        last_reclaim = 0.0
+        last_reclaim = last_inspect = 0.0
         while True:
             try:
+                if time.monotonic() - last_inspect > self.inspect_every_s:
+                    last_inspect = time.monotonic()
+                    await self.inspector.sweep()
                 if time.monotonic() - last_reclaim > self.reclaim_every_s:
                     last_reclaim = time.monotonic()
                     for entry in await self.store.outbox_reclaim(self.consumer, self.reclaim_idle_ms):

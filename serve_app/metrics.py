@@ -19,6 +19,8 @@ NODE_SECONDS = Histogram("hitl_node_duration_seconds", "Model node run time by n
                          buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
 REPORTS = Counter("hitl_reports_total", "Node reports by result (OK, DUPLICATE, IGNORED)", ["result"],
                   registry=REGISTRY)
+INSPECTOR_TIMEOUTS = Counter("hitl_inspector_timeouts_total", "Nodes timed out by the inspector after their deadline",
+                             ["node_type"], registry=REGISTRY)
 SSE_STREAMS = Gauge("hitl_sse_streams", "Open SSE streams in this process", registry=REGISTRY)
 HTTP_SECONDS = Histogram("hitl_http_request_duration_seconds", "HTTP request latency by route and status",
                          ["route", "status"], registry=REGISTRY,
