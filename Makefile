@@ -27,11 +27,21 @@ up: setup
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# Benchmarks print tables and write JSON under benchmarks/out/ (git-ignored).
 bench: setup
 	$(PY) benchmarks/consume_pause.py --seconds 5 --clients 50 --json benchmarks/out/consume_pause.json
+	$(PY) benchmarks/e2e.py --jobs 24 --concurrency 6 --delay-ms 80 --json benchmarks/out/e2e.json
+	$(PY) benchmarks/batch.py --json benchmarks/out/batch.json
+	$(PY) benchmarks/gpu_sam.py --device cpu --tiny --json benchmarks/out/gpu_sam_cpu.json
 
+# A fresh `hitl up --no-ui`, locust headless, the invariant checker, the intervention benchmark.
+LOADTEST_ARGS ?= --seconds 60 --users 50
 loadtest: setup
-	$(PY) -m loadtest.run
+	$(PY) -m loadtest.run $(LOADTEST_ARGS)
+
+# The short run CI does after the tests.
+loadtest-short: setup
+	$(PY) -m loadtest.run --seconds 20 --users 10 --no-bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache
