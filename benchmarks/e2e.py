@@ -130,6 +130,41 @@ async def run_workload(api_url: str, token: str, jobs: int, concurrency: int, se
             "sse_events": len(sse_lat), "final_statuses": statuses}
 
 
+async def with_idle_streams(api_url: str, token: str, n: int, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """The same workload while ``n`` SSE streams sit open on waiting jobs (review panels left open):
+    they must neither starve the API nor slow the pipeline."""
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=120,
+                                 limits=httpx.Limits(max_connections=n + 8)) as c:
+        waiting = []
+        for i in range(4):
+            r = await c.post("/api/v1/jobs", files={"image": ("w.png", product_composite(seed=seed + 500 + i,
+                                                    width=320, height=240)[0], "image/png")})
+            waiting.append(r.json()["job_id"])
+        opened = 0
+        ready = asyncio.Event()
+
+        async def hold(job_id: str) -> None:
+            nonlocal opened
+            async with c.stream("GET", f"/api/v1/jobs/{job_id}/events") as resp:
+                opened += 1
+                if opened == n:
+                    ready.set()
+                async for _ in resp.aiter_lines():
+                    pass
+
+        holders = [asyncio.create_task(hold(waiting[i % len(waiting)])) for i in range(n)]
+        try:
+            await asyncio.wait_for(ready.wait(), timeout=120)
+            res = await run_workload(api_url, token, args.jobs, args.concurrency, seed + 20_000)
+            res["idle_streams_open"] = opened
+            return res
+        finally:
+            for h in holders:
+                h.cancel()
+            await asyncio.gather(*holders, return_exceptions=True)
+
+
 async def measure(name: str, api_url: str, token: str, procs: list[psutil.Process], args: argparse.Namespace,
                   seed: int) -> dict[str, Any]:
     log(f"{name}: warm-up ({max(2, args.concurrency)} jobs)")
@@ -140,6 +175,12 @@ async def measure(name: str, api_url: str, token: str, procs: list[psutil.Proces
     res["control_plane_cpu_ms_per_job"] = round((cpu_seconds(procs) - cpu0) / args.jobs * 1000, 1)
     res["cpu_processes"] = len(procs)
     log(f"{name}: {res['jobs_per_min']} jobs/min, SSE p50 {res['sse_latency_p50_ms']} ms")
+    if args.idle_streams:
+        log(f"{name}: again with {args.idle_streams} idle SSE streams open")
+        busy = await with_idle_streams(api_url, token, args.idle_streams, args, seed)
+        res["with_idle_streams"] = {k: busy[k] for k in ("idle_streams_open", "jobs_per_min", "intervention_p50_ms",
+                                                          "sse_latency_p50_ms", "final_statuses")}
+        log(f"{name}: {busy['jobs_per_min']} jobs/min with {busy['idle_streams_open']} streams open")
     return res
 
 
@@ -148,6 +189,8 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=24)
     ap.add_argument("--concurrency", type=int, default=6)
     ap.add_argument("--delay-ms", type=int, default=80, help="simulated model latency (--detector-delay-ms)")
+    ap.add_argument("--idle-streams", type=int, default=200,
+                    help="open this many idle SSE streams and run the workload again (0: skip)")
     ap.add_argument("--json", default="benchmarks/out/e2e.json")
     args = ap.parse_args()
     out: dict[str, Any] = {"config": vars(args), "machine": {"cpus": psutil.cpu_count(),
@@ -184,6 +227,11 @@ def main() -> int:
         r, u = ray[key], uvi[key]
         ratio = f"{r / u:.2f}" if u else "-"
         print(f"{label:<28}{r:>12}{u:>12}{ratio:>13}")
+    if args.idle_streams:
+        for label, key in (("jobs/min", "jobs_per_min"), ("intervention p50 (ms)", "intervention_p50_ms"),
+                           ("report→SSE p50 (ms)", "sse_latency_p50_ms")):
+            r, u = ray["with_idle_streams"][key], uvi["with_idle_streams"][key]
+            print(f"{label + f' +{args.idle_streams} idle SSE':<28}{r:>12}{u:>12}{(r / u if u else 0):>13.2f}")
     print(f"\n{args.jobs} jobs, {args.concurrency} concurrent automatic reviewers, detector delay {args.delay_ms} ms, "
           f"classical backends; final statuses ray={ray['final_statuses']} uvicorn={uvi['final_statuses']}")
     print("control-plane CPU: ray-serve = Api + Events replicas + Serve proxy; uvicorn = whole process, "
