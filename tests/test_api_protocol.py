@@ -219,7 +219,7 @@ def test_empty_selection(c, waiting):
 
 def test_manual_box_over_blank_goes_to_round_two_then_succeeds(c, waiting):
     job_id = waiting["job_id"]
-    w, h = waiting["image"]["width"], waiting["image"]["height"]
+    w, _h = waiting["image"]["width"], waiting["image"]["height"]
     blank_box = {"bbox": [w - 60, 5, w - 5, 50], "label": "ghost"}
     r = intervene(c, job_id, waiting, keep_all(waiting) + [blank_box])
     assert r.status_code == 200 and r.json()["next_node_type"] == "VALIDATE_MANUAL_BOX_LIST"
