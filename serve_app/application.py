@@ -59,7 +59,7 @@ class ServeRunner:
         return {name: await h.describe.remote() for name, h in self.handles.items()}
 
 
-@serve.deployment(name="Api", max_ongoing_requests=4096)
+@serve.deployment(name="Api", max_ongoing_requests=4096, graceful_shutdown_timeout_s=5)
 @serve.ingress()
 class Api:
     """Ingress: the HTTP API, plus this replica's outbox dispatcher."""
@@ -98,7 +98,7 @@ class Api:
         return rt
 
 
-@serve.deployment(name="Events", max_ongoing_requests=20000)
+@serve.deployment(name="Events", max_ongoing_requests=20000, graceful_shutdown_timeout_s=5)
 class Events:
     """Every open SSE stream of this replica shares one EventHub."""
 

@@ -1,0 +1,233 @@
+"""Helpers for the Playwright tests of the reviewer UI (tests/test_ui_browser.py).
+
+Debian's Chromium, headless; the element ids are the ones ``ui/app.py`` sets. The
+annotator draws the image centred on its canvas at scale min(cw/iw, ch/ih), so a
+point in image pixels maps to a point on the page through the canvas' bounding box.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("HITL_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+SHOTS = os.environ.get("HITL_SCREENSHOTS", "") == "1"
+SHOT_DIR = ROOT / "docs" / "screenshots"
+VIEWPORT = {"width": 1400, "height": 1100}
+
+WAIT_MS = 60_000  # one UI wait: generous for a loaded 2-core machine, short enough to fail fast
+
+
+def require_chromium() -> str:
+    """The Chromium binary; missing → FAIL under CI (make setup provides it), skip locally."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        if IN_CI:
+            pytest.fail("the playwright package is required under CI (make setup installs it)")
+        pytest.skip("playwright not installed")
+    if os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK):
+        return CHROMIUM
+    if IN_CI:
+        pytest.fail(f"Chromium is required under CI for the browser tests: {CHROMIUM} not found")
+    pytest.skip(f"Chromium not installed ({CHROMIUM})")
+
+
+def screenshot(page: Any, name: str, *, full_page: bool = False) -> None:
+    """docs/screenshots/<name>.png, only when HITL_SCREENSHOTS=1."""
+    if not SHOTS:
+        return
+    SHOT_DIR.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOT_DIR / f"{name}.png"), full_page=full_page)
+
+
+# ----------------------------------------------------------------------------- the HTTP API
+
+
+class Api:
+    """Raw HTTP to the control plane with the local admin token (not the project's client)."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        self.c = httpx.Client(base_url=base_url, timeout=60, headers={"Authorization": f"Bearer {token}"})
+
+    def submit(self, data: bytes) -> str:
+        r = self.c.post("/api/v1/jobs", files={"image": ("product.png", data, "image/png")})
+        assert r.status_code == 202, r.text
+        return r.json()["job_id"]
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        r = self.c.get(f"/api/v1/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def wait(self, job_id: str, pred: Callable[[dict[str, Any]], bool], what: str, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            snap = self.get(job_id)
+            if pred(snap):
+                return snap
+            assert time.monotonic() < deadline, f"{job_id}: no {what} after {timeout:.0f} s (status {snap['status']})"
+            time.sleep(0.2)
+
+    def wait_round(self, job_id: str, rnd: int, timeout: float = 60) -> dict[str, Any]:
+        return self.wait(job_id, lambda s: bool(s["active_pause"]) and s["active_pause"]["round"] == rnd,
+                         f"round-{rnd} pause", timeout)
+
+    def results(self, job_id: str) -> dict[str, Any]:
+        r = self.c.get(f"/api/v1/jobs/{job_id}/results")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def cancel(self, job_id: str) -> None:
+        self.c.post(f"/api/v1/jobs/{job_id}/cancel")
+
+    def events(self, job_id: str, until: str = "JOB_FINISHED", timeout: float = 60) -> list[dict[str, Any]]:
+        """The job's SSE history (then live events) up to and including the first ``until`` event."""
+        out: list[dict[str, Any]] = []
+        with self.c.stream("GET", f"/api/v1/jobs/{job_id}/events",
+                           timeout=httpx.Timeout(10, read=timeout)) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    out.append(json.loads(line[5:]))
+                    if out[-1]["type"] == until:
+                        break
+        return out
+
+    def close(self) -> None:
+        self.c.close()
+
+
+# ----------------------------------------------------------------------------- the reviewer page
+
+
+class Reviewer:
+    """One reviewer's page, with the moves the tests make on it."""
+
+    def __init__(self, page: Any, ui_url: str) -> None:
+        self.page = page
+        self.ui_url = ui_url
+
+    # -- opening
+
+    def open_queue(self) -> None:
+        self.page.goto(self.ui_url)
+        self.page.wait_for_selector("#queue-table", timeout=WAIT_MS)
+
+    def queue_row(self, job_id: str) -> Any:
+        # the first text match of the dataframe is a hidden measuring cell: take the visible one
+        return self.page.locator("#queue-table span", has_text=re.compile("^" + re.escape(job_id) + "$")).locator(
+            "visible=true").first
+
+    def open_from_queue(self, job_id: str) -> None:
+        row = self.queue_row(job_id)
+        row.wait_for(state="visible", timeout=WAIT_MS)  # the queue refreshes every 2 s
+        row.click()
+        self.expect_text("#job-id", job_id)
+
+    def open_url(self, job_id: str) -> None:
+        self.page.goto(f"{self.ui_url}/?job={job_id}")
+        self.expect_text("#job-id", job_id)
+
+    # -- waiting
+
+    def expect_no_text(self, selector: str, text: str, timeout: int = WAIT_MS) -> None:
+        from playwright.sync_api import expect
+
+        expect(self.page.locator(selector)).not_to_contain_text(text, timeout=timeout)
+
+    def expect_text(self, selector: str, text: str | re.Pattern[str], timeout: int = WAIT_MS) -> None:
+        from playwright.sync_api import expect
+
+        expect(self.page.locator(selector)).to_contain_text(text, timeout=timeout)
+
+    def wait_panel(self, stage_text: str, pause_token: str | None = None) -> None:
+        """The review panel shows the stage (and pause), and its canvas has the image."""
+        self.page.locator("#review-panel").wait_for(state="visible", timeout=WAIT_MS)
+        self.expect_text("#stage-text", stage_text)
+        if pause_token:
+            self.expect_text("#stage-text", pause_token)
+        self.page.locator("#annotator canvas").wait_for(state="visible", timeout=WAIT_MS)
+
+    # -- the canvas
+
+    def point(self, x: float, y: float, image_size: tuple[int, int]) -> tuple[float, float]:
+        """Page coordinates of the image pixel (x, y)."""
+        bb = self.page.locator("#annotator canvas").bounding_box()
+        assert bb and bb["width"] > 0, "the annotator canvas has no size"
+        iw, ih = image_size
+        scale = min(bb["width"] / iw, bb["height"] / ih)
+        ox = bb["x"] + (bb["width"] - iw * scale) / 2
+        oy = bb["y"] + (bb["height"] - ih * scale) / 2
+        return ox + x * scale, oy + y * scale
+
+    def remove_box(self, bbox: list[float], image_size: tuple[int, int]) -> None:
+        """Select the box by clicking its centre in drag mode, then the annotator's Remove button."""
+        self.page.locator('#annotator button[aria-label="Drag boxes"]').click()
+        cx, cy = (bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2
+        remove = self.page.locator('#annotator button[aria-label="Remove box"]')
+        for attempt in range(3):  # the canvas may still be laying out the image on the first click
+            self.page.mouse.click(*self.point(cx, cy, image_size))
+            try:
+                remove.wait_for(state="visible", timeout=5_000)
+                break
+            except Exception:  # noqa: BLE001 - playwright's TimeoutError: click again
+                if attempt == 2:
+                    raise
+        remove.click()
+
+    def draw_box(self, bbox: list[float], image_size: tuple[int, int]) -> None:
+        """Create-box mode, then a drag from one corner to the other."""
+        self.page.locator('#annotator button[aria-label="Create box"]').click()
+        x1, y1 = self.point(bbox[0], bbox[1], image_size)
+        x2, y2 = self.point(bbox[2], bbox[3], image_size)
+        m = self.page.mouse
+        m.move(x1, y1)
+        m.down()
+        m.move((x1 + x2) / 2, (y1 + y2) / 2, steps=5)
+        m.move(x2, y2, steps=5)
+        m.up()
+
+    def label_new_box(self, label: str) -> None:
+        """Type the name of the newest unlabelled drawn box and press Enter; wait until it is applied."""
+        field = self.page.locator("#new-box-label textarea, #new-box-label input").first
+        field.fill(label)
+        field.press("Enter")
+        from playwright.sync_api import expect
+
+        expect(field).to_have_value("", timeout=WAIT_MS)  # the app clears the field once the label is set
+        # the notes follow the annotator's change event, a moment later
+        expect(self.page.locator("#box-notes")).not_to_contain_text("needs a label", timeout=WAIT_MS)
+
+    def click_submit_now(self) -> None:
+        """Click Submit from inside the page (no actionability wait: two pages can click together)."""
+        self.page.evaluate("document.querySelector('#submit-btn').click()")
+
+    def pause_token_shown(self) -> str | None:
+        m = re.search(r"pause_[0-9a-zA-Z]+", self.page.inner_text("#stage-text"))
+        return m.group(0) if m else None
+
+
+def embedded_redis_url(proc_tree: list[Any]) -> str:
+    """The URL of the redis-server that a `hitl up` started (redis rewrites its title to host:port)."""
+    for p in proc_tree:
+        try:
+            cmd = " ".join(p.cmdline())
+        except Exception:  # noqa: BLE001 - a process that went away
+            continue
+        if "redis-server" not in cmd:
+            continue
+        m = re.search(r"--port (\d+)", cmd) or re.search(r"127\.0\.0\.1:(\d+)", cmd)
+        if m:
+            return f"redis://127.0.0.1:{m.group(1)}/0"
+    raise AssertionError("no embedded redis-server under hitl up")
