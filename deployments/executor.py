@@ -55,6 +55,11 @@ class Models:
             out["validator_policy"] = self.validator.policy_version
         if self.segmenter is not None:
             out["segmenter"] = self.segmenter.name
+        encoders = {id(e): e for e in (getattr(b, "encoder", None) for b in (self.detector, self.validator,
+                                                                              self.segmenter)) if e is not None}
+        if encoders:  # SAM roles of one process share an encoder and its embedding cache
+            out["embedding_cache"] = {k: sum(getattr(e, k) for e in encoders.values())
+                                      for k in ("memory_hits", "store_hits", "misses", "encoder_forwards")}
         return out
 
 

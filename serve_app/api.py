@@ -66,6 +66,7 @@ class Runtime:
     auth: Authenticator
     events: EventSource
     readiness: Callable[[], Awaitable[dict[str, Any]]]
+    model_stats: Callable[[], Awaitable[dict[str, Any]]] | None = None  # {deployment: describe()}
     background: list[asyncio.Task[Any]] = field(default_factory=list)
 
 
@@ -280,6 +281,10 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
                 metrics.JOBS_BY_STATUS.labels(status).set(n)
             metrics.PAUSE_AGE.set(await store.oldest_pause_age_s())
             metrics.OUTBOX_LAG.set(await store.outbox_pending())
+            if rt().model_stats is not None:
+                for deployment, info in (await asyncio.wait_for(rt().model_stats(), 5)).items():
+                    for kind, n in (info or {}).get("embedding_cache", {}).items():
+                        metrics.EMBEDDING_CACHE.labels(deployment, kind).set(n)
         except Exception as e:
             log.warning("metrics refresh failed: %s", e)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")

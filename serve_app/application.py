@@ -93,7 +93,7 @@ class Api:
 
         rt = Runtime(settings=settings, store=store, artifacts=ArtifactStore(settings.artifacts),
                      auth=Authenticator.from_settings(settings.tokens, settings.data_dir, settings.loopback),
-                     events=events, readiness=readiness)
+                     events=events, readiness=readiness, model_stats=self.runner.describe)
         rt.background.append(asyncio.create_task(make_dispatcher(settings, store, self.runner).run_forever()))
         return rt
 

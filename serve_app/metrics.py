@@ -21,6 +21,9 @@ REPORTS = Counter("hitl_reports_total", "Node reports by result (OK, DUPLICATE, 
                   registry=REGISTRY)
 INSPECTOR_TIMEOUTS = Counter("hitl_inspector_timeouts_total", "Nodes timed out by the inspector after their deadline",
                              ["node_type"], registry=REGISTRY)
+EMBEDDING_CACHE = Gauge("hitl_embedding_cache", "SAM image-embedding cache counters per model deployment "
+                        "(memory_hits, store_hits, misses, encoder_forwards; as reported by one replica)",
+                        ["deployment", "kind"], registry=REGISTRY)
 SSE_STREAMS = Gauge("hitl_sse_streams", "Open SSE streams in this process", registry=REGISTRY)
 HTTP_SECONDS = Histogram("hitl_http_request_duration_seconds", "HTTP request latency by route and status",
                          ["route", "status"], registry=REGISTRY,

@@ -55,8 +55,11 @@ async def local_runtime(settings: Settings, *, dispatchers: int = 1, models: Any
     async def readiness() -> dict[str, Any]:
         return {"models_ready": True, "mode": "uvicorn", "backends": settings.backends()}
 
+    async def model_stats() -> dict[str, Any]:
+        return {"local": models.describe()} if models is not None and hasattr(models, "describe") else {}
+
     rt = Runtime(settings=settings, store=store, artifacts=artifacts, auth=auth, events=events,
-                 readiness=readiness)
+                 readiness=readiness, model_stats=model_stats)
     for _ in range(dispatchers):
         rt.background.append(asyncio.create_task(make_dispatcher(settings, store, runner).run_forever()))
     return rt

@@ -73,5 +73,16 @@ def test_one_job_through_sam_backends(tmp_path):
 
                 assert Image.open(BytesIO(c.get(s["mask_url"]).content)).size == (320, 240)
         assert done["status"] in ("SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED")
+        # One encoder pass per image: the detector encoded it; validation and segmentation, in other
+        # replicas after the pause, found the persisted embedding instead of encoding again.
+        cache: dict[tuple[str, str], float] = {}
+        for line in c.get("/metrics").text.splitlines():
+            if line.startswith("hitl_embedding_cache{"):
+                labels, value = line[len("hitl_embedding_cache{"):].split("} ")
+                d = dict(kv.split("=") for kv in labels.split(","))
+                cache[(d["deployment"].strip('"'), d["kind"].strip('"'))] = float(value)
+        assert cache[("Detector", "misses")] >= 1
+        reused = sum(cache.get((dep, k), 0) for dep in ("BoxValidator", "Segmenter") for k in ("memory_hits", "store_hits"))
+        assert reused >= 1 and cache.get(("Segmenter", "misses"), 0) == 0, cache
     finally:
         up.stop()
