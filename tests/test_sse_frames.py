@@ -1,0 +1,29 @@
+"""SSE framing: a comment line whenever nothing was sent for the keep-alive interval, then events."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+from serve_app.events import sse_frame, sse_lines
+from statecore.models import Event
+
+
+async def _slow_events():
+    await asyncio.sleep(0.35)
+    yield Event(id=7, type="PAUSE_OPENED", job_id="job_x", version=3, at="2026-01-01T00:00:00.000Z",
+                data={"status": "WAITING_USER_SELECTION"})
+
+
+async def test_keepalive_comments_then_event_frame():
+    frames = [f async for f in sse_lines(_slow_events(), keepalive_s=0.1)]
+    assert frames[0].startswith(":")
+    assert sum(f == ": keep-alive\n\n" for f in frames) >= 2
+    last = frames[-1]
+    assert last.startswith("id: 7\nevent: PAUSE_OPENED\ndata: ") and last.endswith("\n\n")
+    assert json.loads(last.split("data: ", 1)[1])["version"] == 3
+
+
+def test_frame_is_one_data_line():
+    ev = Event(id=1, type="JOB_CREATED", job_id="j", version=1, at="x", data={"text": "a\nb"})
+    frame = sse_frame(ev)
+    assert frame.count("\ndata: ") == 1 and frame.count("\n") == 4  # the newline inside data is escaped
