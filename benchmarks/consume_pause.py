@@ -386,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each timed run (default 5)")
     ap.add_argument("--clients", type=int, default=50, help="concurrent clients / connections (default 50)")
+    ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
+                    help="event loop for the Python clients (default uvloop, as uvicorn and Ray Serve use)")
     ap.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
     ap.add_argument("--memory-jobs", type=int, default=10_000, help="waiting jobs for the memory figure")
     ap.add_argument("--max-jobs", type=int, default=200_000, help="cap on jobs prepared for the timed run")
@@ -393,7 +395,13 @@ def main(argv: list[str] | None = None) -> int:
                                                       "e.g. '--stream-node-max-bytes 2048' (for experiments)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    result = asyncio.run(main_async(args))
+    # The event loop the control plane runs on: uvicorn and Ray Serve replicas both use uvloop.
+    if args.loop == "uvloop":
+        import uvloop
+
+        result = uvloop.run(main_async(args))
+    else:
+        result = asyncio.run(main_async(args))
     result["benchmark_seconds"] = round(time.monotonic() - t0, 1)
     print()
     print(table(result))
