@@ -27,7 +27,7 @@ from statecore.states import TERMINAL, JobStatus
 
 from .config import DEFAULT_API_URL, ClientConfig
 from .errors import ApiError, ConnectionFailed, HitlClientError, WaitTimeout, error_from_response
-from .images import CONTENT_TYPES, EXTENSIONS, sniff
+from statecore.media import CONTENT_TYPES, EXTENSIONS, sniff
 from .retry import RetryMode, RetryPolicy
 from .sse import EventCursor, SSEDecoder, to_event
 

@@ -33,7 +33,7 @@ from statecore.states import WAITING
 
 from .api import TERMINAL_STATUSES, HitlClient, WaitCancelled
 from .errors import ApiError, AuthError, ConnectionFailed, NotFoundError, WaitTimeout
-from .images import SNIFF_BYTES, sniff
+from statecore.media import SNIFF_BYTES, sniff
 
 log = logging.getLogger(__name__)
 

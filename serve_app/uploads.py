@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from PIL import Image, UnidentifiedImageError
 
 from statecore.errors import InvalidRequest, PayloadTooLarge
+from statecore.media import sniff
 
-FORMATS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp"}
+EXTENSIONS = {"png": "png", "jpeg": "jpg", "webp": "webp"}
 
 
 @dataclass
@@ -20,17 +21,6 @@ class CheckedImage:
     width: int
     height: int
     ext: str
-
-
-def sniff(data: bytes) -> str | None:
-    """PNG / JPEG / WebP by magic bytes, whatever the file name says."""
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "PNG"
-    if data.startswith(b"\xff\xd8\xff"):
-        return "JPEG"
-    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "WEBP"
-    return None
 
 
 def check_image(data: bytes, *, max_bytes: int, max_pixels: int, filename: str | None = None) -> CheckedImage:
@@ -55,8 +45,8 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int, filename: str |
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombWarning,
             Image.DecompressionBombError) as e:
-        raise InvalidRequest(f"upload{name} is a damaged or truncated {fmt} file: {e}", field="image") from e
+        raise InvalidRequest(f"upload{name} is a damaged or truncated {fmt.upper()} file: {e}", field="image") from e
     if width < 1 or height < 1:
         raise InvalidRequest(f"image{name} has no pixels", field="image")
     return CheckedImage(data=data, sha256=hashlib.sha256(data).hexdigest(), width=width, height=height,
-                        ext=FORMATS[fmt])
+                        ext=EXTENSIONS[fmt])

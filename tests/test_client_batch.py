@@ -22,7 +22,7 @@ from client.batch import (DONE, FAILED, PROCESSING, QUEUED, SUBMITTED, WAITING_R
                           FileOutcome, Manifest, Skipped, category, check_batch_name, idempotency_key,
                           output_dir_names, resume_action, run_batch, walk_inputs)
 from client.errors import AuthError, InvalidRequestError
-from client.images import sniff
+from statecore.media import sniff
 from statecore.models import JobResults, JobSnapshot, SubjectResult
 
 
