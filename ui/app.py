@@ -481,20 +481,11 @@ def build_app(api_url: str, token: str | None = None, *, require_login: bool = F
                         continue
                     if st.job_id != job_id or st.follow_gen != gen:
                         break
-                    with st.lock:
-                        change = st.apply_snapshot(snap)
-                        said, offered = st.notice, st.offer  # what this output tells the reviewer
+                    change = st.apply_snapshot(snap)
                     if not change.applied:
                         continue
-                    import sys as _s; print("DBG follow apply", id(st), snap.status, change.banner, "offer", offered is not None, time.monotonic(), file=_s.stderr, flush=True)
                     yield await asyncio.to_thread(refresh_view, st, c, redraw=change.redraw,
                                                   banner=change.banner, error="" if change.redraw else None)
-                    print("DBG follow resumed", id(st), st.notice, "offer", st.offer is not None, time.monotonic(), file=_s.stderr, flush=True)
-                    # A submit's answer (a 409 with its re-apply offer, or a success) recorded while this
-                    # output was being rendered may have reached the browser first and been overwritten
-                    # by it: say the newest once more (no redraw: the reviewer's canvas stays as it is).
-                    if st.job_id == job_id and st.follow_gen == gen and (st.notice != said or st.offer is not offered):
-                        yield view(st, banner=st.notice)
                     if h.is_terminal(snap):
                         break
             finally:
@@ -557,14 +548,12 @@ def build_app(api_url: str, token: str | None = None, *, require_login: bool = F
                     return {review_error: err}
                 iv = st.submission_id()
             c = client_for(st)
-            import sys as _s; print("DBG send", id(st), panel.pause_token, time.monotonic(), file=_s.stderr, flush=True)
             try:
                 res = c.intervene(panel.job_id, intervention_id=iv, pause_token=panel.pause_token,
                                   base_version=panel.base_version, subjects=subjects)
             except ApiError as exc:
                 if exc.status_code == 409:
                     outcome = st.record_conflict(exc.code, exc.snapshot, edits, exc.message, submitted=panel)
-                    print("DBG conflict", id(st), exc.code, outcome.banner, "offer", st.offer is not None, time.monotonic(), file=_s.stderr, flush=True)
                     return refresh_view(st, c, redraw=outcome.redraw, banner=outcome.banner, error="")
                 return {review_error: f"The server refused the submission: {exc.message} ({exc.code})."}
             except Exception as exc:  # noqa: BLE001 - the same intervention id is kept for the retry
