@@ -213,6 +213,9 @@ class Reviewer:
         """Click Submit from inside the page (no actionability wait: two pages can click together)."""
         self.page.evaluate("document.querySelector('#submit-btn').click()")
 
+    def ready_to_submit(self) -> None:
+        self.page.locator("#submit-btn").wait_for(state="visible", timeout=WAIT_MS)
+
     def pause_token_shown(self) -> str | None:
         m = re.search(r"pause_[0-9a-zA-Z]+", self.page.inner_text("#stage-text"))
         return m.group(0) if m else None

@@ -141,7 +141,7 @@ def test_main_path_two_rounds_to_cutouts(stack: Stack, new_reviewer) -> None:
     rv.label_new_box("ghost")
     rv.expect_text("#box-notes", "deleted 1, drew 1 new")
     rv.expect_no_text("#box-notes", "needs a label")
-    screenshot(rv.page, "round1")
+    screenshot(rv.page, "round1", full_page=True)
 
     rv.page.click("#submit-btn")
     rv.wait_panel(ROUND2_TEXT)
@@ -157,7 +157,7 @@ def test_main_path_two_rounds_to_cutouts(stack: Stack, new_reviewer) -> None:
     bad = by_id[bad_id]
     assert bad["source"] == "manual" and bad["label"] == "ghost"
     assert bad["bbox"] == pytest.approx(GHOST_RIGHT, abs=3)  # the canvas drag became these image pixels
-    screenshot(rv.page, "round2")
+    screenshot(rv.page, "round2", full_page=True)
 
     rv.remove_box(bad["bbox"], size)
     rv.expect_text("#box-notes", "deleted 1")
@@ -200,6 +200,8 @@ def test_two_reviewers_same_pause_one_consumption(stack: Stack, new_reviewer) ->
     a.expect_text("#box-notes", "deleted 1, drew 1 new")
     b.expect_text("#box-notes", "drew 1 new")
 
+    a.ready_to_submit()
+    b.ready_to_submit()
     a.click_submit_now()
     b.click_submit_now()
 
@@ -231,8 +233,8 @@ def test_two_reviewers_same_pause_one_consumption(stack: Stack, new_reviewer) ->
     assert len(accepted) == 1, accepted
     assert accepted[0]["data"]["pause_token"] == token1
     assert accepted[0]["data"]["intervention_id"] == consumed_by
-    # the job's version moved by the winner's one submission (and what followed it), never by a second
-    assert api.get(job)["version"] > snap["version"]
+    # one atomic write consumed the pause: the version moved from the pause's base by exactly one
+    assert accepted[0]["version"] == snap["active_pause"]["base_version"] + 1 == snap["version"] + 1
 
 
 @pytest.mark.timeout(180)

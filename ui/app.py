@@ -463,6 +463,7 @@ def build_app(api_url: str, token: str | None = None, *, require_login: bool = F
                 with followers_lock:
                     followers.setdefault(key, set()).add(pump.stop_flag)
             last_poll = time.monotonic()
+            told = None  # (banner, re-apply offer) as this follower's last output showed them
             try:
                 while st.job_id == job_id and st.follow_gen == gen and not pump.stop_flag.is_set():
                     item = await pump.next(timeout=1.0)
@@ -472,6 +473,13 @@ def build_app(api_url: str, token: str | None = None, *, require_login: bool = F
                     elif item is _EventPump.END:
                         pump.broken = True  # the stream is over: poll until GET shows the end too
                     elif item is _EventPump.IDLE:
+                        # The browser applies the outputs of concurrent events in no fixed order: a submit's
+                        # answer (a 409 and its re-apply offer) can land before this follower's older output
+                        # and be overwritten by it. Say the newest once more (no redraw of the canvas).
+                        if told is not None and (st.notice, id(st.offer)) != told:
+                            told = (st.notice, id(st.offer))
+                            yield view(st, banner=st.notice)
+                            continue
                         if not pump.broken or time.monotonic() - last_poll < POLL_FALLBACK_S:
                             continue
                     last_poll = time.monotonic()
@@ -481,9 +489,12 @@ def build_app(api_url: str, token: str | None = None, *, require_login: bool = F
                         continue
                     if st.job_id != job_id or st.follow_gen != gen:
                         break
-                    change = st.apply_snapshot(snap)
+                    with st.lock:
+                        change = st.apply_snapshot(snap)
+                        telling = (st.notice, id(st.offer))
                     if not change.applied:
                         continue
+                    told = telling
                     yield await asyncio.to_thread(refresh_view, st, c, redraw=change.redraw,
                                                   banner=change.banner, error="" if change.redraw else None)
                     if h.is_terminal(snap):
@@ -528,8 +539,9 @@ def build_app(api_url: str, token: str | None = None, *, require_login: bool = F
                     return {reapply_btn: gr.update(visible=False)}
                 value, st.relabels = h.reapplied_value(st.panel, st.offer, panel_image(st, st.panel))
                 st.offer = None
+                st.notice = "Your edits were re-applied — check them, then submit."
             return {annotator: value, reapply_btn: gr.update(visible=False), review_error: "",
-                    banner_md: "Your edits were re-applied — check them, then submit."}
+                    banner_md: st.notice}
 
         # ------------------------------------------------------------------ submitting
 
