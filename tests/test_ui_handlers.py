@@ -303,6 +303,17 @@ def test_events_from_others_close_the_panel_with_a_banner_but_own_submission_doe
     assert change.redraw and change.banner == "" and st.panel.round == 2  # clears the old message
 
 
+def test_the_end_of_the_job_replaces_the_submission_message():
+    st = opened(round1())
+    st.record_success("pause_1", "PROCESSING_APPROVED_SUBJECTS", 4, "PROCESS_APPROVED_BOX_LIST", 3, 0, 0)
+    running = snapshot(status="PROCESSING_APPROVED_SUBJECTS", version=4, active=None, actions=[])
+    assert st.apply_snapshot(running).banner is None
+    done = snapshot(status="SUCCEEDED", version=6, active=None, actions=[])
+    change = st.apply_snapshot(done)
+    assert change.applied and change.banner == "The job ended: SUCCEEDED." and st.notice == change.banner
+    assert st.apply_snapshot(snapshot(status="SUCCEEDED", version=7, active=None, actions=[])).banner is None
+
+
 def test_reopening_the_same_pause_keeps_the_pending_intervention_id():
     st = opened(round1())
     iv = st.submission_id()

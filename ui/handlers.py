@@ -671,6 +671,11 @@ class ReviewerState:
             new_token = new.pause_token if new else None
             if old_token == new_token:
                 self.panel = new
+                if new is None and is_terminal(snap) and not (self.notice or "").startswith("The job ended"):
+                    # Replace what the banner said about the submission ("now PROCESSING…").
+                    reason = f" ({snap.reason_code})" if snap.reason_code else ""
+                    self.notice = f"The job ended: {snap.status.value}{reason}."
+                    return SnapshotChange(applied=True, banner=self.notice)
                 return SnapshotChange(applied=True)
             self.panel = new
             self.relabels = {}
