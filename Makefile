@@ -5,7 +5,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo up test bench loadtest loadtest-short clean
+.PHONY: setup demo up test test-fast lint format bench loadtest loadtest-short clean
 
 setup: $(STAMP)
 	@bash scripts/ensure_system_deps.sh
@@ -26,6 +26,20 @@ up: setup
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The quick loop: real redis-server, no Ray, no browser.
+test-fast: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m "not ray and not browser" $(PYTEST_ARGS)
+
+# ruff (lint + format check) and mypy (strict on statecore/ and client/, see pyproject.toml).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # Benchmarks print tables and write JSON under benchmarks/out/ (git-ignored).
 bench: setup
