@@ -10,11 +10,15 @@ re-plans (bounded), so no decision is ever applied to a state it was not made fo
 from __future__ import annotations
 
 import asyncio
+import functools
+import heapq
 import json
 import logging
+import re
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, NamedTuple
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -294,52 +298,53 @@ class Store:
 
     async def list_jobs(self, *, submitter: str | None = None, status: str | None = None, limit: int = 50,
                         cursor: str | None = None) -> tuple[list[JobSummary], str | None]:
-        """Newest first over all partitions; with ``status`` waiting, the review queue oldest pause first.
+        """Newest first over all partitions; with a waiting ``status`` (or ``WAITING``), the review
+        queue, oldest pause first.
 
-        The cursor is ``<score>:<job_id>`` of the last item returned.
+        An exact k-way merge: each partition's index is read in order after the cursor, the heads
+        are merged, and rows are examined strictly in the listing's total order (score, then job
+        id), so a page is exactly the next ``limit`` matching jobs and the cursor (the last row
+        returned, ``<score>:<job_id>``) is a position in that order, valid for every partition.
         """
         waiting_queue = status in ("WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION", "WAITING")
+        after = parse_cursor(cursor) if cursor else None
         index = keys.waiting if waiting_queue else keys.jobs
-        c_score, c_id = (float(cursor.split(":", 1)[0]), cursor.split(":", 1)[1]) if cursor else (None, None)
-        out: list[tuple[float, str, decide.JobState]] = []
-        scan_limit = limit * 4 + 16
-        while True:
-            cands: list[tuple[float, str]] = []
-            for p in range(keys.PARTITIONS):
-                if waiting_queue:
-                    lo = c_score if c_score is not None else "-inf"
-                    items = await self.r.zrangebyscore(index(p), lo, "+inf", start=0, num=scan_limit,
-                                                       withscores=True)
-                else:
-                    hi = c_score if c_score is not None else "+inf"
-                    items = await self.r.zrevrangebyscore(index(p), hi, "-inf", start=0, num=scan_limit,
-                                                          withscores=True)
-                cands += [(s, j) for j, s in items]
-            cands.sort(key=lambda t: (t[0], t[1]) if waiting_queue else (-t[0], t[1]))
-            if c_score is not None:
-                cands = [c for c in cands if _after_cursor(c, c_score, c_id, waiting_queue)]
-            for score, jid in cands:
-                meta = await self._meta(jid)
-                if not meta:
+        readers = [_IndexReader(self.r, index(p), waiting_queue, after) for p in range(keys.PARTITIONS)]
+        await asyncio.gather(*(rd.fill() for rd in readers))
+        heap: list[tuple[Any, int]] = [(rd.order_key(), i) for i, rd in enumerate(readers) if rd.rows]
+        heapq.heapify(heap)
+        filtered = submitter is not None or (status is not None and status != "WAITING")
+        out: list[tuple[_Row, decide.JobState]] = []
+        more = False
+        while heap and len(out) < limit:
+            need = limit - len(out)
+            chunk: list[_Row] = []
+            while heap and len(chunk) < (max(need, 32) if filtered else need):
+                _, i = heapq.heappop(heap)
+                rd = readers[i]
+                chunk.append(rd.rows.popleft())
+                if not rd.rows and not rd.exhausted:
+                    await rd.fill()
+                if rd.rows:
+                    heapq.heappush(heap, (rd.order_key(), i))
+            metas = await asyncio.gather(*(self._meta(row.job_id) for row in chunk))
+            for n, (row, meta) in enumerate(zip(chunk, metas, strict=True)):
+                if not meta:  # expired after its retention; the inspector prunes the index too
                     if not waiting_queue:
-                        await self.r.zrem(keys.jobs(keys.partition_of(jid)), jid)
+                        await self.r.zrem(keys.jobs(keys.partition_of(row.job_id)), row.job_id)
                     continue
                 st = decide.JobState.from_meta(meta)
                 if submitter is not None and st.submitter != submitter:
                     continue
-                if status and not waiting_queue and st.status != status:
+                if status and status != "WAITING" and st.status != status:
                     continue
-                if waiting_queue and status != "WAITING" and st.status != status:
-                    continue
-                out.append((score, jid, st))
-                if len(out) >= limit:
+                out.append((row, st))
+                if len(out) == limit:
+                    more = n + 1 < len(chunk)
                     break
-            if len(out) >= limit or len(cands) < scan_limit:
-                break
-            c_score, c_id = cands[-1]
-        page = out[:limit]
-        nxt = f"{page[-1][0]}:{page[-1][1]}" if len(page) == limit else None
-        return [st.summary() for _, _, st in page], nxt
+        more = more or bool(heap)
+        nxt = f"{out[-1][0].score}:{out[-1][0].job_id}" if out and len(out) == limit and more else None
+        return [st.summary() for _, st in out], nxt
 
     async def count_by_status(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -437,11 +442,90 @@ class Store:
         return out
 
 
-def _after_cursor(c: tuple[float, str], score: float, jid: str | None, ascending: bool) -> bool:
-    s, j = c
-    if ascending:
-        return s > score or (s == score and (jid is None or j > jid))
-    return s < score or (s == score and (jid is None or j > jid))
+CURSOR_RE = re.compile(r"^([0-9]{1,16}):([A-Za-z0-9_]{1,64})$")
+
+
+class _Row(NamedTuple):
+    score: int
+    job_id: str
+
+
+def parse_cursor(cursor: str) -> _Row:
+    """``<score>:<job_id>`` as :meth:`Store.list_jobs` writes it; anything else is a 400."""
+    m = CURSOR_RE.match(cursor)
+    if not m:
+        raise errors.InvalidRequest("malformed cursor: pass back the next_cursor of a previous page", field="cursor")
+    return _Row(int(m.group(1)), m.group(2))
+
+
+@functools.total_ordering
+class _Desc:
+    """A job id compared backwards, so newest-first rows sort ascending in a min-heap."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __lt__(self, other: object) -> bool:
+        return isinstance(other, _Desc) and self.value > other.value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Desc) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+class _IndexReader:
+    """One partition's index rows strictly after a position, in listing order, fetched in batches.
+
+    Ascending (the review queue): (score, job id) ascending, as ZRANGEBYSCORE orders them.
+    Descending (newest first): (score, job id) descending, as ZREVRANGEBYSCORE does. Each batch
+    starts at the last row's score (inclusive) and drops rows at or before the last row by
+    comparison, so rows sharing a score are neither skipped nor repeated, even when the index
+    changes between batches."""
+
+    BATCH = 64
+
+    def __init__(self, r: Any, key: str, ascending: bool, after: _Row | None) -> None:
+        self.r, self.key, self.ascending = r, key, ascending
+        self.last = after
+        self.ties = 0  # rows already seen at ``last.score``: fetched again, then dropped
+        self.rows: deque[_Row] = deque()
+        self.exhausted = False
+
+    def _after_last(self, row: _Row) -> bool:
+        if self.last is None:
+            return True
+        if self.ascending:
+            return (row.score, row.job_id) > (self.last.score, self.last.job_id)
+        return (row.score, row.job_id) < (self.last.score, self.last.job_id)
+
+    def order_key(self) -> tuple[int, Any]:
+        head = self.rows[0]
+        return (head.score, head.job_id) if self.ascending else (-head.score, _Desc(head.job_id))
+
+    async def fill(self) -> None:
+        """Fetch until at least one new row arrives or the index is exhausted."""
+        while True:
+            num = self.BATCH + self.ties
+            if self.ascending:
+                lo = self.last.score if self.last else "-inf"
+                raw = await self.r.zrangebyscore(self.key, lo, "+inf", start=0, num=num, withscores=True)
+            else:
+                hi = self.last.score if self.last else "+inf"
+                raw = await self.r.zrevrangebyscore(self.key, hi, "-inf", start=0, num=num, withscores=True)
+            self.exhausted = len(raw) < num
+            fresh = [row for row in (_Row(int(s), j) for j, s in raw) if self._after_last(row)]
+            for row in fresh:
+                self.ties = self.ties + 1 if self.last is not None and row.score == self.last.score else 1
+                self.last = row
+            self.rows.extend(fresh)
+            if fresh or self.exhausted:
+                return
+            # Every fetched row shares the cursor's score and lies before it: look further.
+            self.ties += self.BATCH
 
 
 def _job_id_of(body: str) -> str:
