@@ -62,6 +62,7 @@ class EventHub:
         if not subs:
             del self._subs[job_id]
             self._pos.pop(job_id, None)
+            self._dirty.discard(job_id)
 
     async def _listen(self) -> None:
         """Wake-ups: one pattern subscription per partition on one connection."""
@@ -105,9 +106,12 @@ class EventHub:
                 except Exception as e:
                     log.warning("event fetch for %s failed: %s", job_id, e)
                     continue
+                subs = self._subs.get(job_id)
+                if not subs:
+                    continue  # the last subscriber left during the read: keep nothing for it
                 for ev in events:
                     self._pos[job_id] = max(self._pos.get(job_id, 0), ev.id)
-                    for q in list(self._subs.get(job_id, ())):
+                    for q in list(subs):
                         q.put_nowait(ev)
 
     async def stream(self, job_id: str, after: int = 0) -> AsyncIterator[Event]:
@@ -122,16 +126,20 @@ class EventHub:
                 yield ev
                 last = ev.id
                 finished = finished or ev.type == "JOB_FINISHED"
-            if finished or await self.store.is_finished(job_id):
-                return  # nothing live will ever come
-            while True:
+            if not finished and await self.store.is_finished(job_id):
+                # The job ended after the history was read: its tail (JOB_FINISHED last) is in the
+                # list now, since the end is one atomic write; read it rather than wait for a wake-up.
+                for ev in await self.store.events_after(job_id, last):
+                    yield ev
+                    last = ev.id
+                return
+            while not finished:
                 ev = await q.get()
                 if ev.id <= last:
                     continue
                 yield ev
                 last = ev.id
-                if ev.type == "JOB_FINISHED":
-                    return
+                finished = ev.type == "JOB_FINISHED"
         finally:
             metrics.SSE_STREAMS.dec()
             self.unsubscribe(job_id, q)
@@ -173,12 +181,3 @@ async def sse_lines(events: AsyncIterator[Event], keepalive_s: float = KEEPALIVE
                 await aclose()
             except RuntimeError:
                 pass
-
-
-def parse_last_event_id(header: str | None, query: str | None) -> int:
-    raw = header or query or "0"
-    try:
-        value = int(raw)
-    except ValueError:
-        return -1
-    return value

@@ -279,7 +279,12 @@ class Store:
             yield ev
             last = ev.id
             finished = finished or ev.type == "JOB_FINISHED"
-        if finished or await self.is_finished(job_id):
+        if finished:
+            return
+        if await self.is_finished(job_id):
+            # It ended after the history was read: the tail up to JOB_FINISHED is in the list now.
+            for ev in await self.events_after(job_id, last):
+                yield ev
             return
         while True:
             await asyncio.sleep(poll_s)
