@@ -168,7 +168,8 @@ def error_from_response(response: httpx.Response) -> ApiError:
 
 def _request_id(response: httpx.Response) -> str | None:
     try:
-        return response.request.headers.get("X-Request-ID")
+        rid: str | None = response.request.headers.get("X-Request-ID")
+        return rid
     except RuntimeError:  # a Response built without a request (tests)
         return None
 

@@ -44,7 +44,7 @@ class RetryPolicy:
 
     def backoff_delay(self, attempt: int) -> float:
         """Exponential delay for retry number ``attempt`` (0-based), capped, with jitter in [d/2, d]."""
-        d = min(self.backoff_max, self.backoff * (2 ** attempt))
+        d = min(self.backoff_max, self.backoff * 2.0**attempt)
         return d / 2 + random.random() * d / 2
 
     def after_error(self, attempt: int, error: Exception, mode: RetryMode) -> float | None:
