@@ -13,6 +13,7 @@ against ONE real `hitl up` (embedded Redis, local Ray, Ray Serve, the Gradio UI)
 HITL_SCREENSHOTS=1 saves docs/screenshots/{queue,round1,round2,results}.png.
 Under CI=true a missing Chromium fails the module; locally it skips.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,18 @@ import redis
 
 from serve_app.samples import product_composite
 from statecore import keys
-from ui.handlers import ROUND1_TEXT, ROUND2_TEXT
+from ui.panel import ROUND1_TEXT, ROUND2_TEXT
 
-from .browser_util import (CHROMIUM_ARGS, VIEWPORT, WAIT_MS, Api, Reviewer, embedded_redis_url,
-                           require_chromium, screenshot)
+from .browser_util import (
+    CHROMIUM_ARGS,
+    VIEWPORT,
+    WAIT_MS,
+    Api,
+    Reviewer,
+    embedded_redis_url,
+    require_chromium,
+    screenshot,
+)
 from .hitl_proc import HitlUp
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
@@ -82,7 +91,7 @@ def stack(chromium: str, tmp_path_factory: pytest.TempPathFactory):
             s.redis.close()
         try:
             up.stop(timeout=60)
-        except Exception:  # noqa: BLE001 - a stuck shutdown must not hide the test result
+        except Exception:  # a stuck shutdown must not hide the test result
             up.kill()
 
 
@@ -269,7 +278,8 @@ def test_job_opened_while_detecting_shows_panel_live(stack: Stack, new_reviewer)
     rv.open_url(job)
     status_at_open = rv.page.inner_text("#job-status")
     assert "DETECTING" in status_at_open or "CREATED" in status_at_open, (
-        f"the job was no longer detecting when the page showed it: {status_at_open!r}")
+        f"the job was no longer detecting when the page showed it: {status_at_open!r}"
+    )
     assert not rv.page.locator("#review-panel").is_visible()
     rv.page.evaluate("window.__hitlNoReload = true")
 

@@ -1,16 +1,51 @@
-"""The reviewer app's rules, without a server: snapshot -> panel, annotator -> subjects, 409s, queue, results."""
+"""The reviewer app's rules, without a server: snapshot -> panel, annotator -> subjects, 409s, queue, results;
+then the callbacks, called with their components and no browser."""
+
 from __future__ import annotations
 
 import io
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import gradio as gr
 from PIL import Image
 
-from statecore.models import Box, CurrentNode, ImageRef, JobResults, JobSnapshot, JobSummary, Pause, SubjectResult, \
-    Validation
-from ui import handlers as h
+from statecore.models import (
+    Box,
+    CurrentNode,
+    ImageRef,
+    JobResults,
+    JobSnapshot,
+    JobSummary,
+    Pause,
+    SubjectResult,
+    Validation,
+)
+from ui.annotator import (
+    AUTO_TARGET,
+    Edits,
+    apply_label,
+    box_notes,
+    edits_between,
+    label_choices,
+    read_annotator,
+    reapplied_value,
+    subjects_from_annotator,
+)
+from ui.panel import (
+    MANUAL_COLOR,
+    MODEL_COLOR,
+    PROBLEM_COLOR,
+    annotator_value,
+    backends_text,
+    panel_from_snapshot,
+    panel_image_name,
+    stage_text,
+    status_text,
+)
+from ui.queue import format_age, next_job_id, queue_rows
+from ui.results import results_view
+from ui.session import ReviewerState, conflict_banner
 
 W, H = 400, 300
 IMAGE = ImageRef(sha256="ab" * 32, width=W, height=H, url="/api/v1/artifacts/img.png")
@@ -26,30 +61,68 @@ def manual_box(i: int, bbox, label, validation: Validation | None = None) -> Box
 
 
 def pause(token="pause_1", stage="WAITING_USER_SELECTION", round_=1, base_version=3, revise=()) -> Pause:
-    return Pause(pause_token=token, status="WAITING", stage=stage, base_version=base_version, round=round_,
-                 snapshot_id="snap_1", box_ids_to_revise=list(revise), created_at="2026-05-21T10:00:00Z")
+    return Pause(
+        pause_token=token,
+        status="WAITING",
+        stage=stage,
+        base_version=base_version,
+        round=round_,
+        snapshot_id="snap_1",
+        box_ids_to_revise=list(revise),
+        created_at="2026-05-21T10:00:00Z",
+    )
 
 
-def snapshot(status="WAITING_USER_SELECTION", boxes=(), active=None, actions=WAITING_ACTIONS, version=3,
-             job_id="job_1", node=None, approved=()) -> JobSnapshot:
-    return JobSnapshot(job_id=job_id, status=status, version=version, round=active.round if active else 1,
-                       created_at="2026-05-21T09:59:00Z", updated_at="2026-05-21T10:00:00Z", image=IMAGE,
-                       box_list=list(boxes), approved_box_list=list(approved), active_pause=active,
-                       pending_actions=list(actions), current_node=node)
+def snapshot(
+    status="WAITING_USER_SELECTION",
+    boxes=(),
+    active=None,
+    actions=WAITING_ACTIONS,
+    version=3,
+    job_id="job_1",
+    node=None,
+    approved=(),
+) -> JobSnapshot:
+    return JobSnapshot(
+        job_id=job_id,
+        status=status,
+        version=version,
+        round=active.round if active else 1,
+        created_at="2026-05-21T09:59:00Z",
+        updated_at="2026-05-21T10:00:00Z",
+        image=IMAGE,
+        box_list=list(boxes),
+        approved_box_list=list(approved),
+        active_pause=active,
+        pending_actions=list(actions),
+        current_node=node,
+    )
 
 
 def round1() -> JobSnapshot:
-    return snapshot(boxes=[model_box(1), model_box(2, (200, 50, 300, 150), "sock", 0.55),
-                           model_box(3, (50, 160, 150, 280), "hand", 0.41)], active=pause())
+    return snapshot(
+        boxes=[
+            model_box(1),
+            model_box(2, (200, 50, 300, 150), "sock", 0.55),
+            model_box(3, (50, 160, 150, 280), "hand", 0.41),
+        ],
+        active=pause(),
+    )
 
 
 def round2() -> JobSnapshot:
     bad = Validation(status="NEEDS_REVISION", score=0.12, reason="no object inside the box")
     ok = Validation(status="PASSED", score=0.9, reason=None)
-    return snapshot(status="WAITING_BOX_BATCH_REVISION", version=6,
-                    boxes=[model_box(1), manual_box(4, (220, 40, 320, 140), "hat", ok),
-                           manual_box(5, (0, 0, 40, 40), "ghost", bad)],
-                    active=pause("pause_2", "WAITING_BOX_BATCH_REVISION", 2, 6, revise=["box_5"]))
+    return snapshot(
+        status="WAITING_BOX_BATCH_REVISION",
+        version=6,
+        boxes=[
+            model_box(1),
+            manual_box(4, (220, 40, 320, 140), "hat", ok),
+            manual_box(5, (0, 0, 40, 40), "ghost", bad),
+        ],
+        active=pause("pause_2", "WAITING_BOX_BATCH_REVISION", 2, 6, revise=["box_5"]),
+    )
 
 
 def as_raw(value: dict, scale: float = 1.0) -> dict:
@@ -57,152 +130,182 @@ def as_raw(value: dict, scale: float = 1.0) -> dict:
     boxes = []
     for b in value["boxes"]:
         r, g, bl = b["color"]
-        boxes.append({"label": b["label"], "xmin": b["xmin"] * scale, "ymin": b["ymin"] * scale,
-                      "xmax": b["xmax"] * scale, "ymax": b["ymax"] * scale,
-                      "color": f"rgb({r}, {g}, {bl})", "scaleFactor": scale})
+        boxes.append(
+            {
+                "label": b["label"],
+                "xmin": b["xmin"] * scale,
+                "ymin": b["ymin"] * scale,
+                "xmax": b["xmax"] * scale,
+                "ymax": b["ymax"] * scale,
+                "color": f"rgb({r}, {g}, {bl})",
+                "scaleFactor": scale,
+            }
+        )
     return {"image": {"path": "/tmp/x.png"}, "boxes": boxes, "orientation": 0}
 
 
 def drawn(xmin, ymin, xmax, ymax, label="", scale=1.0) -> dict:
-    return {"label": label, "xmin": xmin * scale, "ymin": ymin * scale, "xmax": xmax * scale, "ymax": ymax * scale,
-            "color": "rgb(234, 88, 12)", "scaleFactor": scale}
+    return {
+        "label": label,
+        "xmin": xmin * scale,
+        "ymin": ymin * scale,
+        "xmax": xmax * scale,
+        "ymax": ymax * scale,
+        "color": "rgb(234, 88, 12)",
+        "scaleFactor": scale,
+    }
 
 
 # --------------------------------------------------------------------------- snapshot -> panel
 
 
 def test_round1_panel_shows_every_box_with_label_score_and_source():
-    panel = h.panel_from_snapshot(round1())
+    panel = panel_from_snapshot(round1())
     assert panel is not None and panel.round == 1
-    assert h.stage_text(panel) == "Confirm the detected subjects"
-    value = h.annotator_value(panel, "/tmp/img.png")
+    assert stage_text(panel) == "Confirm the detected subjects"
+    value = annotator_value(panel, "/tmp/img.png")
     assert value["image"] == "/tmp/img.png"
     labels = [b["label"] for b in value["boxes"]]
     assert labels == ["#1 shoe · 0.92 · model", "#2 sock · 0.55 · model", "#3 hand · 0.41 · model"]
-    assert {b["color"] for b in value["boxes"]} == {h.MODEL_COLOR}
-    assert value["boxes"][0] | {} == {"xmin": 10.0, "ymin": 20.0, "xmax": 110.0, "ymax": 120.0,
-                                       "label": labels[0], "color": h.MODEL_COLOR}
+    assert {b["color"] for b in value["boxes"]} == {MODEL_COLOR}
+    assert value["boxes"][0] | {} == {
+        "xmin": 10.0,
+        "ymin": 20.0,
+        "xmax": 110.0,
+        "ymax": 120.0,
+        "label": labels[0],
+        "color": MODEL_COLOR,
+    }
 
 
 def test_round2_panel_highlights_problem_boxes_with_the_reason():
-    panel = h.panel_from_snapshot(round2())
+    panel = panel_from_snapshot(round2())
     assert panel is not None and panel.round == 2
-    assert h.stage_text(panel) == "These boxes did not pass naming — redraw or remove them"
-    value = h.annotator_value(panel, "/tmp/img.png")
+    assert stage_text(panel) == "These boxes did not pass naming — redraw or remove them"
+    value = annotator_value(panel, "/tmp/img.png")
     by_tag = {b["label"].split(" ")[0]: b for b in value["boxes"]}
-    assert by_tag["#3"]["color"] == h.PROBLEM_COLOR
+    assert by_tag["#3"]["color"] == PROBLEM_COLOR
     assert "no object inside the box" in by_tag["#3"]["label"]
-    assert by_tag["#2"]["color"] == h.MANUAL_COLOR
-    assert by_tag["#1"]["color"] == h.MODEL_COLOR
-    notes = h.box_notes(panel)
+    assert by_tag["#2"]["color"] == MANUAL_COLOR
+    assert by_tag["#1"]["color"] == MODEL_COLOR
+    notes = box_notes(panel)
     assert "**#3 ghost** — no object inside the box (score 0.12)" in notes
     assert notes.index("Did not pass naming") < notes.index("#1 shoe")
 
 
 def test_no_submit_panel_outside_an_active_pause():
-    detecting = snapshot(status="DETECTING", active=None, actions=[], version=2,
-                         node=CurrentNode(node_instance_id="node_1", node_type="DETECT_SUBJECTS", status="RUNNING",
-                                          attempt=1))
-    assert h.panel_from_snapshot(detecting) is None
-    assert "DETECTING" in h.status_text(detecting) and "DETECT_SUBJECTS" in h.status_text(detecting)
+    detecting = snapshot(
+        status="DETECTING",
+        active=None,
+        actions=[],
+        version=2,
+        node=CurrentNode(node_instance_id="node_1", node_type="DETECT_SUBJECTS", status="RUNNING", attempt=1),
+    )
+    assert panel_from_snapshot(detecting) is None
+    assert "DETECTING" in status_text(detecting) and "DETECT_SUBJECTS" in status_text(detecting)
     # decided from active_pause / pending_actions, not from the status name
-    assert h.panel_from_snapshot(snapshot(active=None, actions=WAITING_ACTIONS)) is None
-    assert h.panel_from_snapshot(snapshot(active=pause(), actions=[])) is None
+    assert panel_from_snapshot(snapshot(active=None, actions=WAITING_ACTIONS)) is None
+    assert panel_from_snapshot(snapshot(active=pause(), actions=[])) is None
     consumed = pause().model_copy(update={"status": "CONSUMED"})
-    assert h.panel_from_snapshot(snapshot(active=consumed)) is None
-    for status in ("VALIDATING_MANUAL_BOXES", "PROCESSING_APPROVED_SUBJECTS", "SUCCEEDED", "CANCELLED",
-                   "EMPTY_SELECTION"):
+    assert panel_from_snapshot(snapshot(active=consumed)) is None
+    for status in (
+        "VALIDATING_MANUAL_BOXES",
+        "PROCESSING_APPROVED_SUBJECTS",
+        "SUCCEEDED",
+        "CANCELLED",
+        "EMPTY_SELECTION",
+    ):
         snap = snapshot(status=status, active=None, actions=[], boxes=[model_box(1)], approved=[model_box(1)])
-        assert h.panel_from_snapshot(snap) is None
-        assert status in h.status_text(snap)
-    st = h.ReviewerState(token="t", signed_in=True)
+        assert panel_from_snapshot(snap) is None
+        assert status in status_text(snap)
+    st = ReviewerState(token="t", signed_in=True)
     st.open(snapshot(status="PROCESSING_APPROVED_SUBJECTS", active=None, actions=[], approved=[model_box(1)]))
     assert st.panel is None
-    assert h.subjects_from_annotator(st.panel, None)[1]
+    assert subjects_from_annotator(st.panel, None)[1]
 
 
 # --------------------------------------------------------------------------- annotator -> subjects
 
 
 def test_subjects_keep_move_delete_and_add():
-    panel = h.panel_from_snapshot(round1())
+    panel = panel_from_snapshot(round1())
     scale = 0.5  # the image is shown at half size in the browser
-    raw = as_raw(h.annotator_value(panel, "/tmp/img.png"), scale)
+    raw = as_raw(annotator_value(panel, "/tmp/img.png"), scale)
     raw["boxes"][0]["xmin"] += 0.2  # unmoved within a pixel: keeps its exact coordinates
     raw["boxes"][1].update(xmin=190 * scale, xmax=310.4 * scale)  # moved and resized
     del raw["boxes"][2]  # deleted
     raw["boxes"].insert(0, drawn(380, 250, 450.7, 320, label="new: hat", scale=scale))  # off the image's corner
-    subjects, err = h.subjects_from_annotator(panel, raw)
+    subjects, err = subjects_from_annotator(panel, raw)
     assert err is None
     assert subjects == [
         {"box_id": "box_1", "bbox": [10.0, 20.0, 110.0, 120.0], "label": "shoe"},
         {"box_id": "box_2", "bbox": [190.0, 50.0, 310.0, 150.0], "label": "sock"},
         {"bbox": [380.0, 250.0, 400.0, 300.0], "label": "hat"},
     ]
-    edits = h.edits_between(panel, h.read_annotator(panel, raw))
+    edits = edits_between(panel, read_annotator(panel, raw))
     assert edits.deleted == ["box_3"] and list(edits.moved) == ["box_2"] and len(edits.added) == 1
 
 
 def test_preprocessed_values_work_too():
-    panel = h.panel_from_snapshot(round1())
-    value = h.annotator_value(panel, "/tmp/img.png")
+    panel = panel_from_snapshot(round1())
+    value = annotator_value(panel, "/tmp/img.png")
     value["boxes"] = value["boxes"][:1]
-    subjects, err = h.subjects_from_annotator(panel, value)
+    subjects, err = subjects_from_annotator(panel, value)
     assert err is None and subjects == [{"box_id": "box_1", "bbox": [10.0, 20.0, 110.0, 120.0], "label": "shoe"}]
 
 
 def test_empty_list_is_allowed_and_means_cut_nothing():
-    panel = h.panel_from_snapshot(round1())
-    assert h.subjects_from_annotator(panel, {"boxes": [], "orientation": 0}) == ([], None)
+    panel = panel_from_snapshot(round1())
+    assert subjects_from_annotator(panel, {"boxes": [], "orientation": 0}) == ([], None)
 
 
 def test_manual_box_without_label_is_an_inline_error():
-    panel = h.panel_from_snapshot(round1())
-    raw = as_raw(h.annotator_value(panel, "/tmp/img.png"))
+    panel = panel_from_snapshot(round1())
+    raw = as_raw(annotator_value(panel, "/tmp/img.png"))
     raw["boxes"].insert(0, drawn(5, 5, 60, 60))
-    subjects, err = h.subjects_from_annotator(panel, raw)
+    subjects, err = subjects_from_annotator(panel, raw)
     assert subjects == [] and "needs a label" in err and "new box 1" in err
 
 
 def test_rotated_image_cannot_be_submitted():
-    panel = h.panel_from_snapshot(round1())
-    raw = as_raw(h.annotator_value(panel, "/tmp/img.png"))
+    panel = panel_from_snapshot(round1())
+    raw = as_raw(annotator_value(panel, "/tmp/img.png"))
     raw["orientation"] = 1
-    assert "orientation" in h.subjects_from_annotator(panel, raw)[1]
+    assert "orientation" in subjects_from_annotator(panel, raw)[1]
 
 
 def test_label_entry_for_a_new_box_then_relabel_an_existing_one():
-    panel = h.panel_from_snapshot(round2())
-    raw = as_raw(h.annotator_value(panel, "/tmp/img.png"))
+    panel = panel_from_snapshot(round2())
+    raw = as_raw(annotator_value(panel, "/tmp/img.png"))
     raw["boxes"].insert(0, drawn(100, 100, 150, 160))  # older drawn box
     raw["boxes"].insert(0, drawn(300, 200, 350, 260))  # newest drawn box: first, as the annotator puts it
-    choices = h.label_choices(panel, h.read_annotator(panel, raw))
-    assert choices[0][1] == h.AUTO_TARGET and ("New box 2: (no label)", "new:2") in choices
+    choices = label_choices(panel, read_annotator(panel, raw))
+    assert choices[0][1] == AUTO_TARGET and ("New box 2: (no label)", "new:2") in choices
 
-    value, relabels, err = h.apply_label(panel, raw, {}, h.AUTO_TARGET, "  cap ", "/tmp/img.png")
+    value, relabels, err = apply_label(panel, raw, {}, AUTO_TARGET, "  cap ", "/tmp/img.png")
     assert err is None and relabels == {}
     assert [b["label"] for b in value["boxes"][:2]] == ["new: cap", ""]
-    value, relabels, err = h.apply_label(panel, as_raw(value), relabels, "new:1", "scarf", "/tmp/img.png")
+    value, relabels, err = apply_label(panel, as_raw(value), relabels, "new:1", "scarf", "/tmp/img.png")
     assert err is None
-    value, relabels, err = h.apply_label(panel, as_raw(value), relabels, "box:box_5", "glove", "/tmp/img.png")
+    value, relabels, err = apply_label(panel, as_raw(value), relabels, "box:box_5", "glove", "/tmp/img.png")
     assert err is None and relabels == {"box_5": "glove"}
     assert any(b["label"].startswith("#3 glove") and "relabelled" in b["label"] for b in value["boxes"])
 
-    subjects, err = h.subjects_from_annotator(panel, as_raw(value), relabels)
+    subjects, err = subjects_from_annotator(panel, as_raw(value), relabels)
     assert err is None
     assert [s.get("box_id") for s in subjects] == ["box_1", "box_4", "box_5", None, None]
     assert subjects[2]["label"] == "glove"
     assert [s["label"] for s in subjects[3:]] == ["scarf", "cap"]  # drawn boxes oldest first
-    assert h.apply_label(panel, as_raw(value), relabels, h.AUTO_TARGET, "x", "/tmp/img.png")[2]  # none left
-    blank = h.apply_label(panel, as_raw(value), relabels, h.AUTO_TARGET, "   ", "/tmp/img.png")
+    assert apply_label(panel, as_raw(value), relabels, AUTO_TARGET, "x", "/tmp/img.png")[2]  # none left
+    blank = apply_label(panel, as_raw(value), relabels, AUTO_TARGET, "   ", "/tmp/img.png")
     assert blank[2] == "Type a label first."
 
 
 # --------------------------------------------------------------------------- 409s
 
 
-def opened(snap: JobSnapshot) -> h.ReviewerState:
-    st = h.ReviewerState(token="t", signed_in=True)
+def opened(snap: JobSnapshot) -> ReviewerState:
+    st = ReviewerState(token="t", signed_in=True)
     st.open(snap)
     return st
 
@@ -210,17 +313,19 @@ def opened(snap: JobSnapshot) -> h.ReviewerState:
 def test_version_conflict_redraws_offers_edits_and_takes_a_new_intervention_id():
     st = opened(round1())
     panel = st.panel
-    raw = as_raw(h.annotator_value(panel, "/tmp/img.png"))
+    raw = as_raw(annotator_value(panel, "/tmp/img.png"))
     raw["boxes"][0].update(xmin=15, xmax=115)  # move box_1
     del raw["boxes"][2]  # delete box_3
     raw["boxes"].insert(0, drawn(300, 200, 350, 260, "new: cap"))
-    edits = h.edits_between(panel, h.read_annotator(panel, raw))
+    edits = edits_between(panel, read_annotator(panel, raw))
     first_id = st.submission_id()
 
     # meanwhile the job moved on: a new pause where box_1 no longer exists
-    newer = snapshot(version=5, boxes=[model_box(2, (200, 50, 300, 150), "sock", 0.55),
-                                       model_box(3, (50, 160, 150, 280), "hand", 0.41)],
-                     active=pause("pause_9", base_version=5))
+    newer = snapshot(
+        version=5,
+        boxes=[model_box(2, (200, 50, 300, 150), "sock", 0.55), model_box(3, (50, 160, 150, 280), "hand", 0.41)],
+        active=pause("pause_9", base_version=5),
+    )
     outcome = st.record_conflict("VERSION_CONFLICT", newer.model_dump(mode="json"), edits)
     assert outcome.banner.startswith("Your view was out of date")
     assert outcome.redraw and st.panel.pause_token == "pause_9" and st.version == 5
@@ -231,24 +336,23 @@ def test_version_conflict_redraws_offers_edits_and_takes_a_new_intervention_id()
     assert outcome.dropped == ["move box_1"]
     assert "Re-apply my edits" in outcome.banner
 
-    value, relabels = h.reapplied_value(st.panel, outcome.offer, "/tmp/img.png")
+    value, relabels = reapplied_value(st.panel, outcome.offer, "/tmp/img.png")
     labels = [b["label"] for b in value["boxes"]]
     assert labels[0] == "new: cap" and not any("hand" in lbl for lbl in labels)
-    subjects, err = h.subjects_from_annotator(st.panel, value, relabels)
+    subjects, err = subjects_from_annotator(st.panel, value, relabels)
     assert err is None and [s.get("box_id") for s in subjects] == ["box_2", None]
 
 
 def test_pause_conflicts_in_plain_words():
     st = opened(round1())
-    other = snapshot(status="VALIDATING_MANUAL_BOXES", version=4, active=None, actions=[],
-                     boxes=round1().box_list)
-    out = st.record_conflict("PAUSE_TOKEN_MISMATCH", other.model_dump(mode="json"), h.Edits(deleted=["box_1"]))
+    other = snapshot(status="VALIDATING_MANUAL_BOXES", version=4, active=None, actions=[], boxes=round1().box_list)
+    out = st.record_conflict("PAUSE_TOKEN_MISMATCH", other.model_dump(mode="json"), Edits(deleted=["box_1"]))
     assert out.banner.startswith("Another reviewer submitted first.")
     assert st.panel is None and out.offer is None and "VALIDATING_MANUAL_BOXES" in out.banner
 
     # the usual race: the other submission bumped the version first, so the server says VERSION_CONFLICT
     st = opened(round1())
-    mine = h.Edits(deleted=["box_3"], added=[((1.0, 1.0, 50.0, 50.0), "cap")])
+    mine = Edits(deleted=["box_3"], added=[((1.0, 1.0, 50.0, 50.0), "cap")])
     out = st.record_conflict("VERSION_CONFLICT", other.model_dump(mode="json"), mine)
     assert out.banner.startswith("Your view was out of date: another reviewer submitted first.")
     assert st.panel is None and st.carry is not None
@@ -262,7 +366,7 @@ def test_pause_conflicts_in_plain_words():
 
     st = opened(round1())
     st.record_success("pause_1", "VALIDATING_MANUAL_BOXES", 4, "VALIDATE_MANUAL_BOX_LIST", 2, 1, 1)
-    st.panel = h.panel_from_snapshot(round1())  # e.g. a stale second tab of the same session
+    st.panel = panel_from_snapshot(round1())  # e.g. a stale second tab of the same session
     out = st.record_conflict("PAUSE_NOT_ACTIVE", other.model_dump(mode="json"), None)
     assert out.banner.startswith("This review was already submitted.")
 
@@ -270,7 +374,7 @@ def test_pause_conflicts_in_plain_words():
     cancelled = snapshot(status="CANCELLED", version=4, active=None, actions=[])
     out = st.record_conflict("JOB_CANCELLED", cancelled.model_dump(mode="json"), None)
     assert out.banner.startswith("The job was cancelled") and st.panel is None
-    assert h.conflict_banner("IDEMPOTENCY_CONFLICT").startswith("This review was already submitted")
+    assert conflict_banner("IDEMPOTENCY_CONFLICT").startswith("This review was already submitted")
 
 
 def test_double_submit_sends_the_same_intervention_id_and_shows_one_result():
@@ -327,26 +431,36 @@ def test_reopening_the_same_pause_keeps_the_pending_intervention_id():
 
 
 def summary(job_id: str, paused_at: str | None, stage: str | None = "WAITING_USER_SELECTION", boxes=2):
-    return JobSummary(job_id=job_id, status=stage or "DETECTING", version=3, created_at="2026-05-21T09:00:00Z",
-                      updated_at="2026-05-21T09:00:00Z", submitter="alice", box_count=boxes, stage=stage,
-                      pause_created_at=paused_at)
+    return JobSummary(
+        job_id=job_id,
+        status=stage or "DETECTING",
+        version=3,
+        created_at="2026-05-21T09:00:00Z",
+        updated_at="2026-05-21T09:00:00Z",
+        submitter="alice",
+        box_count=boxes,
+        stage=stage,
+        pause_created_at=paused_at,
+    )
 
 
 def test_queue_rows_oldest_pause_first():
-    jobs = [summary("job_b", "2026-05-21T10:00:00Z"),
-            summary("job_a", "2026-05-21T09:58:55Z", "WAITING_BOX_BATCH_REVISION", 1),
-            summary("job_c", "2026-05-21T08:00:00Z"),
-            summary("job_d", None, None)]  # not waiting
-    now = datetime(2026, 5, 21, 10, 0, 30, tzinfo=timezone.utc)
-    assert h.queue_rows(jobs, now) == [
+    jobs = [
+        summary("job_b", "2026-05-21T10:00:00Z"),
+        summary("job_a", "2026-05-21T09:58:55Z", "WAITING_BOX_BATCH_REVISION", 1),
+        summary("job_c", "2026-05-21T08:00:00Z"),
+        summary("job_d", None, None),
+    ]  # not waiting
+    now = datetime(2026, 5, 21, 10, 0, 30, tzinfo=UTC)
+    assert queue_rows(jobs, now) == [
         ["job_c", "WAITING_USER_SELECTION", "2 h 00 min", 2],
         ["job_a", "WAITING_BOX_BATCH_REVISION", "1 min 35 s", 1],
         ["job_b", "WAITING_USER_SELECTION", "30 s", 2],
     ]
-    assert h.next_job_id(jobs) == "job_c"
-    assert h.next_job_id(jobs, exclude=["job_c"]) == "job_a"
-    assert h.next_job_id([summary("job_d", None, None)]) is None
-    assert h.format_age(3 * 86400 + 7200) == "3 d 2 h"
+    assert next_job_id(jobs) == "job_c"
+    assert next_job_id(jobs, exclude=["job_c"]) == "job_a"
+    assert next_job_id([summary("job_d", None, None)]) is None
+    assert format_age(3 * 86400 + 7200) == "3 d 2 h"
 
 
 # --------------------------------------------------------------------------- results
@@ -364,14 +478,25 @@ def test_results_view_cutouts_on_checkerboard_and_mask_overlays(tmp_path: Path):
     mask = Image.new("L", (W, H), 0)
     mask.paste(255, (10, 20, 110, 120))
     artifacts = {"/api/v1/artifacts/c1.png": png(cutout), "/api/v1/artifacts/m1.png": png(mask)}
-    res = JobResults(job_id="job_1", status="PARTIAL_SUCCEEDED", subjects=[
-        SubjectResult(box_id="box_1", bbox=(10, 20, 110, 120), label="shoe", status="SUCCEEDED",
-                      mask_url="/api/v1/artifacts/m1.png", cutout_url="/api/v1/artifacts/c1.png"),
-        SubjectResult(box_id="box_5", bbox=(0, 0, 40, 40), label="ghost", status="REJECTED",
-                      reason="no object inside the box"),
-    ])
+    res = JobResults(
+        job_id="job_1",
+        status="PARTIAL_SUCCEEDED",
+        subjects=[
+            SubjectResult(
+                box_id="box_1",
+                bbox=(10, 20, 110, 120),
+                label="shoe",
+                status="SUCCEEDED",
+                mask_url="/api/v1/artifacts/m1.png",
+                cutout_url="/api/v1/artifacts/c1.png",
+            ),
+            SubjectResult(
+                box_id="box_5", bbox=(0, 0, 40, 40), label="ghost", status="REJECTED", reason="no object inside the box"
+            ),
+        ],
+    )
     image = png(Image.new("RGB", (W, H), (255, 255, 255)))
-    view = h.results_view(res, artifacts.__getitem__, image, tmp_path / "out")
+    view = results_view(res, artifacts.__getitem__, image, tmp_path / "out")
     assert "PARTIAL_SUCCEEDED" in view.summary and "1 of 2" in view.summary
     assert "REJECTED: ghost (box_5) — no object inside the box" in view.summary
     assert [c for _, c in view.cutouts] == ["shoe — box_1"]
@@ -386,9 +511,11 @@ def test_results_view_cutouts_on_checkerboard_and_mask_overlays(tmp_path: Path):
 
 
 def test_backends_line():
-    assert h.backends_text({"backends": {"detector": "classical", "segmenter": "sam"}}) == \
-        "Model backends: detector = `classical`, segmenter = `sam`"
-    assert h.backends_text({}) == ""
+    assert (
+        backends_text({"backends": {"detector": "classical", "segmenter": "sam"}})
+        == "Model backends: detector = `classical`, segmenter = `sam`"
+    )
+    assert backends_text({}) == ""
 
 
 # --------------------------------------------------------------------------- app
@@ -400,28 +527,43 @@ def test_build_app_builds_blocks_without_a_server():
     demo = build_app("http://127.0.0.1:9", token="x")
     assert isinstance(demo, gr.Blocks)
     ids = {getattr(b, "elem_id", None) for b in demo.blocks.values()}
-    for elem_id in ("queue-table", "job-id", "stage-text", "banner", "submit-btn", "cut-nothing-btn",
-                    "cancel-job-btn", "confirm-cut-nothing-btn", "confirm-cancel-btn", "new-box-label",
-                    "results-gallery", "annotator"):
+    for elem_id in (
+        "queue-table",
+        "job-id",
+        "stage-text",
+        "banner",
+        "submit-btn",
+        "cut-nothing-btn",
+        "cancel-job-btn",
+        "confirm-cut-nothing-btn",
+        "confirm-cancel-btn",
+        "new-box-label",
+        "results-gallery",
+        "annotator",
+    ):
         assert elem_id in ids
     assert isinstance(build_app("http://127.0.0.1:9", require_login=True), gr.Blocks)
 
 
 def test_a_stale_view_is_read_against_the_panel_it_showed():
     st = opened(round1())
-    name = h.panel_image_name(st.panel, ".png")
+    name = panel_image_name(st.panel, ".png")
     assert name == f"{IMAGE.sha256}__pause_1.png"
-    stale = as_raw(h.annotator_value(st.panel, f"/tmp/{name}"))
+    stale = as_raw(annotator_value(st.panel, f"/tmp/{name}"))
     stale["image"] = {"path": f"/tmp/gradio/0f3a/{name}", "orig_name": name}  # as the browser sends it back
     stale["boxes"].insert(0, drawn(60, 80, 220, 300, "new: red block"))
     st.apply_snapshot(round2())  # the follower already moved to round 2 when the click is handled
     panel = st.panel_for(stale)
     assert panel.pause_token == "pause_1" and st.panel.pause_token == "pause_2"
-    subjects, err = h.subjects_from_annotator(panel, stale)
+    subjects, err = subjects_from_annotator(panel, stale)
     # read against round 1: nothing of round 2 (box_4, box_5) is taken as deleted or kept
     assert err is None and [s.get("box_id") for s in subjects] == ["box_1", "box_2", "box_3", None]
-    out = st.record_conflict("VERSION_CONFLICT", round2().model_dump(mode="json"),
-                             h.edits_between(panel, h.read_annotator(panel, stale)), submitted=panel)
+    out = st.record_conflict(
+        "VERSION_CONFLICT",
+        round2().model_dump(mode="json"),
+        edits_between(panel, read_annotator(panel, stale)),
+        submitted=panel,
+    )
     assert out.banner.startswith("Your view was out of date: another reviewer submitted first.")
     assert out.offer.added == [((60.0, 80.0, 220.0, 300.0), "red block")] and out.offer.deleted == []
     assert st.panel_for(None) is st.panel and st.panel_for({"image": "/tmp/x.png"}) is st.panel

@@ -1,4 +1,5 @@
 """``python -m ui --api-url URL --port PORT``: the reviewer UI on its own."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,7 @@ from .server import launch
 def _token(args: argparse.Namespace) -> str | None:
     """--token, then HITL_TOKEN, then the local token file that ``hitl up`` writes into its data directory."""
     if args.token:
-        return args.token
+        return str(args.token)
     if os.environ.get("HITL_TOKEN"):
         return os.environ["HITL_TOKEN"]
     path = Path(args.data_dir or os.environ.get("HITL_DATA_DIR") or ".hitl") / "api-token"
@@ -20,12 +21,16 @@ def _token(args: argparse.Namespace) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m ui", description="hitl-review reviewer UI (Gradio)")
-    p.add_argument("--api-url", default=os.environ.get("HITL_API_URL", "http://127.0.0.1:8000"),
-                   help="control plane URL (default HITL_API_URL or http://127.0.0.1:8000)")
+    p.add_argument(
+        "--api-url",
+        default=os.environ.get("HITL_API_URL", "http://127.0.0.1:8000"),
+        help="control plane URL (default HITL_API_URL or http://127.0.0.1:8000)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
-    p.add_argument("--token", default=None, help="API token used for every browser (default HITL_TOKEN or "
-                                                 "<data-dir>/api-token)")
+    p.add_argument(
+        "--token", default=None, help="API token used for every browser (default HITL_TOKEN or <data-dir>/api-token)"
+    )
     p.add_argument("--data-dir", default=None, help="where `hitl up` keeps the local token (default .hitl)")
     p.add_argument("--require-login", action="store_true", help="each reviewer signs in with their own token")
     args = p.parse_args(argv)

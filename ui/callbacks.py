@@ -1,0 +1,394 @@
+"""The reviewer app's event handlers, as methods over a ``Components`` value.
+
+They talk to the control plane only through ``client.HitlClient`` (and the
+follower through ``client.AsyncHitlClient``) and return component updates as
+dicts keyed by the components they were given, so tests can call them with
+no browser: build ``Components`` with ``ui.layout.layout`` inside a
+``gr.Blocks`` and read the answers by component.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from client import ApiError, AsyncHitlClient, HitlClient
+from statecore.models import JobSnapshot, JobSummary
+
+from .annotator import (
+    AUTO_TARGET,
+    apply_label,
+    box_notes,
+    edits_between,
+    label_choices,
+    read_annotator,
+    reapplied_value,
+    subjects_from_annotator,
+)
+from .images import ImageStore
+from .layout import Components
+from .panel import annotator_value, backends_text, is_terminal, status_text
+from .pump import Followers, follow_job
+from .queue import QUEUE_HEADERS, next_job_id, queue_rows
+from .results import ResultsView
+from .session import ReviewerState, conflict_banner
+
+QUEUE_MAX_ROWS = 200
+
+Update = dict[Any, Any]
+
+
+def error_text(exc: Exception) -> str:
+    """A failed call in words a reviewer can act on."""
+    if isinstance(exc, ApiError):
+        if exc.status_code == 401:
+            return "The control plane did not accept your token (401)."
+        if exc.status_code == 403:
+            return "Your token may not do this (403): a reviewer or admin token is needed."
+        return f"{exc.message} ({exc.code})"
+    return f"Could not reach the control plane: {exc}"
+
+
+class Clients:
+    """One ``HitlClient`` per token: the reviewer's identity is their token (docs/protocol.md § Identity)."""
+
+    def __init__(self, api_url: str) -> None:
+        self.api_url = api_url
+        self._by_token: dict[str | None, HitlClient] = {}
+        self._lock = threading.Lock()
+
+    def get(self, token: str | None) -> HitlClient:
+        with self._lock:
+            c = self._by_token.get(token)
+            if c is None:
+                c = self._by_token[token] = HitlClient(self.api_url, token)
+            return c
+
+
+class Callbacks:
+    """Every handler of the page; ``app.wire`` connects them to ``comps``' events."""
+
+    def __init__(self, comps: Components, api_url: str, store: ImageStore) -> None:
+        self.c = comps
+        self.api_url = api_url
+        self.clients = Clients(api_url)
+        self.store = store
+        self.followers = Followers()
+
+    # ------------------------------------------------------------------ rendering
+
+    def view(
+        self,
+        st: ReviewerState,
+        *,
+        redraw: bool = False,
+        banner: str | None = None,
+        error: str | None = None,
+        results: ResultsView | None = None,
+    ) -> Update:
+        """Component updates for the reviewer's current state."""
+        c = self.c
+        snap, panel = st.snapshot, st.panel
+        terminal = is_terminal(snap)
+        out: Update = {
+            c.job_md: f"**Job** `{st.job_id}`" if st.job_id else "No job open — pick one in the queue.",
+            c.status_md: status_text(snap) if snap else "",
+            c.stage_md: (
+                f"### {panel.stage_text}\nround {panel.round} · `{panel.stage}` · pause `{panel.pause_token}`"
+                if panel
+                else ""
+            ),
+            c.review_col: gr.update(visible=panel is not None),
+            c.reapply_btn: gr.update(visible=st.offer is not None and panel is not None),
+            c.cancel_btn: gr.update(visible=snap is not None and not terminal),
+            c.current_job: st.job_id or "",
+        }
+        if redraw or panel is None:  # an open confirmation belongs to the view being replaced
+            out[c.cut_confirm] = gr.update(visible=False)
+        if redraw or terminal:
+            out[c.cancel_confirm] = gr.update(visible=False)
+        if banner is not None:
+            out[c.banner_md] = banner
+        if error is not None:
+            out[c.review_error] = error
+        if redraw and panel is not None and st.image_path:
+            value = annotator_value(panel, self.store.for_panel(st, panel), relabels=st.relabels)
+            out[c.annotator] = value
+            out[c.notes_md] = box_notes(panel)
+            out[c.label_target] = gr.update(
+                choices=label_choices(panel, read_annotator(panel, value)), value=AUTO_TARGET
+            )
+            out[c.label_text] = ""
+        if results is not None:
+            out.update(
+                {
+                    c.results_col: gr.update(visible=True),
+                    c.results_md: results.summary,
+                    c.results_gallery: results.cutouts,
+                    c.mask_gallery: results.overlays,
+                    c.results_files: results.files or None,
+                }
+            )
+        elif not terminal:
+            out[c.results_col] = gr.update(visible=False)
+        return out
+
+    def refresh_view(
+        self, st: ReviewerState, *, redraw: bool, banner: str | None = None, error: str | None = None
+    ) -> Update:
+        """``view`` after fetching what it needs: the image for a panel, the results of an ended job."""
+        client = self.clients.get(st.token)
+        results = None
+        try:
+            if st.panel is not None or is_terminal(st.snapshot):
+                self.store.ensure(st, client)
+            if is_terminal(st.snapshot):
+                results = self.store.results(st, client)
+        except Exception as exc:  # shown to the reviewer, the panel stays usable
+            banner = ((banner + " ") if banner else "") + error_text(exc)
+        return self.view(st, redraw=redraw, banner=banner, error=error, results=results)
+
+    # ------------------------------------------------------------------ queue
+
+    def fetch_queue(self, st: ReviewerState) -> list[JobSummary]:
+        client = self.clients.get(st.token)
+        jobs: list[JobSummary] = []
+        cursor = None
+        while len(jobs) < QUEUE_MAX_ROWS:
+            page = client.list_jobs(status="WAITING", limit=50, cursor=cursor)
+            jobs.extend(page.jobs)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        return jobs
+
+    def queue_update(self, st: ReviewerState) -> Update:
+        try:
+            jobs = self.fetch_queue(st)
+        except Exception as exc:  # shown under the queue; the next tick tries again
+            return {self.c.queue_note: "Queue unavailable — " + error_text(exc)}
+        rows = queue_rows(jobs)
+        n = len(rows)
+        note = f"{n} job{'s' if n != 1 else ''} waiting · updated {time.strftime('%H:%M:%S')}"
+        return {self.c.queue_table: pd.DataFrame(rows, columns=QUEUE_HEADERS), self.c.queue_note: note}
+
+    def on_tick(self, st: ReviewerState) -> Update:
+        if not st.signed_in:
+            return {self.c.queue_note: gr.skip()}
+        return self.queue_update(st)
+
+    # ------------------------------------------------------------------ opening jobs
+
+    def open_job(self, st: ReviewerState, job_id: str | None) -> Update:
+        job_id = (job_id or "").strip()
+        if not job_id:
+            return {self.c.banner_md: "No job id."}
+        try:
+            snap = self.clients.get(st.token).get_job(job_id)
+        except Exception as exc:  # said in the banner
+            return {self.c.banner_md: f"Could not open {job_id}: " + error_text(exc)}
+        st.open(snap)
+        return self.refresh_view(st, redraw=True, banner="", error="")
+
+    def on_queue_select(self, st: ReviewerState, evt: gr.SelectData) -> Update:
+        row = evt.row_value or []
+        first_column = isinstance(evt.index, list | tuple) and evt.index[1] == 0
+        job_id = row[0] if row else (evt.value if first_column else None)
+        if not job_id:
+            return {self.c.banner_md: gr.skip()}
+        return self.open_job(st, str(job_id))
+
+    def on_next(self, st: ReviewerState) -> Update:
+        if not st.signed_in:
+            return {self.c.banner_md: gr.skip()}
+        try:
+            jobs = self.fetch_queue(st)
+        except Exception as exc:  # said in the banner
+            return {self.c.banner_md: error_text(exc)}
+        job_id = next_job_id(jobs, exclude=[st.job_id])
+        if job_id is None:
+            return {self.c.banner_md: "No other job is waiting for review."}
+        return self.open_job(st, job_id)
+
+    def on_load(self, st: ReviewerState, request: gr.Request) -> Update:
+        out: Update = {}
+        try:
+            out[self.c.backend_md] = backends_text(self.clients.get(st.token).readyz())
+        except Exception:  # readiness details are optional
+            out[self.c.backend_md] = ""
+        job = request.query_params.get("job") if request is not None else None
+        if st.signed_in:
+            out.update(self.queue_update(st))
+            if job:
+                out.update(self.open_job(st, job))
+        elif job:
+            st.job_id = job  # opened after sign-in
+        return out
+
+    def on_login(self, st: ReviewerState, tok: str) -> Update:
+        tok = (tok or "").strip()
+        if not tok:
+            return {self.c.login_msg: "Paste your API token."}
+        try:
+            with HitlClient(self.api_url, tok) as probe:
+                probe.list_jobs(status="WAITING", limit=1)
+        except Exception as exc:  # said under the token field
+            return {self.c.login_msg: error_text(exc)}
+        pending = st.job_id
+        st.token, st.signed_in, st.job_id = tok, True, None
+        out: Update = {
+            self.c.login_col: gr.update(visible=False),
+            self.c.main_row: gr.update(visible=True),
+            self.c.login_msg: "",
+            self.c.login_token: "",
+        }
+        out.update(self.queue_update(st))
+        if pending:
+            out.update(self.open_job(st, pending))
+        return out
+
+    # ------------------------------------------------------------------ following the open job
+
+    async def follow(self, st: ReviewerState, request: gr.Request) -> AsyncIterator[Update]:
+        """Live updates of the open job (``ui.pump``); one follower per opened job and session."""
+        with st.lock:
+            job_id, gen = st.job_id, st.follow_gen
+            if not job_id or st.snapshot is None or is_terminal(st.snapshot) or st.followed_gen == gen:
+                return
+            st.followed_gen = gen
+        stop = threading.Event()
+        session = request.session_hash if request is not None else None
+        self.followers.add(session, stop)
+        try:
+            async with AsyncHitlClient(self.api_url, st.token) as client:
+                async for update in follow_job(st, job_id, gen, client, self, stop):
+                    yield update
+        finally:
+            self.followers.discard(session, stop)
+
+    def on_unload(self, request: gr.Request) -> None:
+        self.followers.stop(request.session_hash)
+
+    # ------------------------------------------------------------------ editing
+
+    def on_annotator_change(self, st: ReviewerState, value: Any, target: str | None) -> Update:
+        panel = st.panel_for(value)
+        if panel is None or not value:
+            return {self.c.notes_md: gr.skip()}
+        drawn = read_annotator(panel, value)
+        choices = label_choices(panel, drawn, st.relabels)
+        keep = target if target in {v for _, v in choices} else AUTO_TARGET
+        return {
+            self.c.notes_md: box_notes(panel, drawn, st.relabels),
+            self.c.label_target: gr.update(choices=choices, value=keep),
+        }
+
+    def on_apply_label(self, st: ReviewerState, value: Any, target: str | None, text: str) -> Update:
+        with st.lock:
+            panel = st.panel_for(value)
+            image = self.store.for_panel(st, panel) if panel is not None and st.image_path else None
+            new_value, relabels, err = apply_label(panel, value, st.relabels, target, text, image)
+            if err:
+                return {self.c.review_error: err}
+            st.relabels = relabels
+        return {
+            self.c.annotator: new_value,
+            self.c.label_text: "",
+            self.c.review_error: "",
+            self.c.label_target: gr.update(value=AUTO_TARGET),
+        }
+
+    def on_reapply(self, st: ReviewerState) -> Update:
+        with st.lock:
+            if st.offer is None or st.panel is None or not st.image_path:
+                return {self.c.reapply_btn: gr.update(visible=False)}
+            value, st.relabels = reapplied_value(st.panel, st.offer, self.store.for_panel(st, st.panel))
+            st.offer = None
+            st.notice = "Your edits were re-applied — check them, then submit."
+        return {
+            self.c.annotator: value,
+            self.c.reapply_btn: gr.update(visible=False),
+            self.c.review_error: "",
+            self.c.banner_md: st.notice,
+        }
+
+    # ------------------------------------------------------------------ submitting
+
+    def send(self, st: ReviewerState, value: Any, *, empty: bool) -> Update:
+        """Submit the annotator's boxes (or nothing) for the panel they were drawn on."""
+        with st.lock:
+            panel = st.panel_for(value)
+            if panel is None or panel.pause_token in st.results:
+                # e.g. a second click after the first one's answer closed the panel: one result
+                return {
+                    self.c.review_error: "",
+                    self.c.banner_md: st.notice or "Nothing is waiting for review on this job.",
+                }
+            edits = None
+            subjects: list[dict[str, Any]] = []
+            if not empty:
+                subjects, err = subjects_from_annotator(panel, value, st.relabels)
+                if err:
+                    return {self.c.review_error: err}
+                edits = edits_between(panel, read_annotator(panel, value), st.relabels)
+            iv = st.submission_id()
+        client = self.clients.get(st.token)
+        try:
+            res = client.intervene(
+                panel.job_id,
+                intervention_id=iv,
+                pause_token=panel.pause_token,
+                base_version=panel.base_version,
+                subjects=subjects,
+            )
+        except ApiError as exc:
+            if exc.status_code == 409:
+                outcome = st.record_conflict(exc.code, exc.snapshot, edits, exc.message, submitted=panel)
+                return self.refresh_view(st, redraw=outcome.redraw, banner=outcome.banner, error="")
+            return {self.c.review_error: f"The server refused the submission: {exc.message} ({exc.code})."}
+        except Exception as exc:  # the same intervention id is kept for the retry
+            return {
+                self.c.review_error: error_text(exc) + " Press Submit again: it resends the same submission "
+                "(same id), so it cannot count twice."
+            }
+        msg = st.record_success(
+            panel.pause_token,
+            res.status,
+            res.version,
+            res.next_node_type,
+            len(res.diff.kept),
+            len(res.diff.added),
+            len(res.diff.deleted),
+        )
+        return self.view(st, banner=msg + " Press N for the next job.", error="")
+
+    def on_submit(self, st: ReviewerState, value: Any) -> Update:
+        return self.send(st, value, empty=False)
+
+    def on_cut_nothing(self, st: ReviewerState, value: Any) -> Update:
+        return self.send(st, value, empty=True)
+
+    def on_cancel(self, st: ReviewerState) -> Update:
+        if not st.job_id:
+            return {self.c.banner_md: gr.skip()}  # a dict must name a component
+        try:
+            snap = self.clients.get(st.token).cancel(st.job_id)
+        except ApiError as exc:
+            if exc.status_code == 409 and exc.snapshot:
+                st.apply_snapshot(JobSnapshot.model_validate(exc.snapshot))
+                return self.refresh_view(st, redraw=True, banner=conflict_banner(exc.code, message=exc.message))
+            return {self.c.banner_md: error_text(exc)}
+        except Exception as exc:  # said in the banner
+            return {self.c.banner_md: error_text(exc)}
+        st.apply_snapshot(snap)
+        return self.refresh_view(st, redraw=True, banner="The job was cancelled.")
+
+
+def show(*comps: tuple[Any, bool]) -> Callable[[], Update]:
+    """A handler that shows or hides components (the confirmation rows)."""
+    return lambda: {comp: gr.update(visible=v) for comp, v in comps}

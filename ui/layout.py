@@ -1,0 +1,236 @@
+"""The reviewer page's components, and the one place that lays them out.
+
+``layout`` must run inside a ``gr.Blocks`` context; it returns every component
+the callbacks read or write as one ``Components`` value, so callbacks (and
+tests) take them as an argument instead of closing over local names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+from gradio_image_annotation import image_annotator
+
+from .assets import HELP
+from .panel import NEW_BOX_COLOR_HEX
+from .queue import QUEUE_HEADERS
+from .session import ReviewerState
+
+QUEUE_REFRESH_S = 2.0
+
+
+@dataclass(frozen=True)
+class Components:
+    """Every component a callback reads or writes, by the name the callbacks use."""
+
+    session: gr.State
+    backend_md: gr.Markdown
+    login_col: gr.Column
+    login_token: gr.Textbox
+    login_btn: gr.Button
+    login_msg: gr.Markdown
+    main_row: gr.Row
+    queue_table: gr.Dataframe
+    queue_note: gr.Markdown
+    next_btn: gr.Button
+    job_md: gr.Markdown
+    status_md: gr.Markdown
+    stage_md: gr.Markdown
+    banner_md: gr.Markdown
+    review_col: gr.Column
+    annotator: image_annotator
+    label_target: gr.Dropdown
+    label_text: gr.Textbox
+    label_btn: gr.Button
+    review_error: gr.Markdown
+    notes_md: gr.Markdown
+    submit_btn: gr.Button
+    cut_btn: gr.Button
+    reapply_btn: gr.Button
+    cut_confirm: gr.Row
+    cut_yes: gr.Button
+    cut_no: gr.Button
+    cancel_btn: gr.Button
+    cancel_confirm: gr.Row
+    cancel_yes: gr.Button
+    cancel_no: gr.Button
+    results_col: gr.Column
+    results_md: gr.Markdown
+    results_gallery: gr.Gallery
+    mask_gallery: gr.Gallery
+    results_files: gr.File
+    current_job: gr.Textbox
+    timer: gr.Timer
+
+    def panel_outputs(self) -> list[Any]:
+        """What a view of the open job may change: the outputs of every event that opens or redraws one."""
+        return [
+            self.job_md,
+            self.status_md,
+            self.stage_md,
+            self.banner_md,
+            self.review_col,
+            self.annotator,
+            self.notes_md,
+            self.label_target,
+            self.label_text,
+            self.review_error,
+            self.reapply_btn,
+            self.cut_confirm,
+            self.cancel_btn,
+            self.cancel_confirm,
+            self.results_col,
+            self.results_md,
+            self.results_gallery,
+            self.mask_gallery,
+            self.results_files,
+            self.current_job,
+        ]
+
+
+def layout(token: str | None, require_login: bool) -> Components:
+    """Lay the page out in the enclosing ``gr.Blocks``; each browser session starts from a copy of
+    ``ReviewerState(token)`` (signed in unless ``require_login``)."""
+    session = gr.State(ReviewerState(token=token, signed_in=not require_login))
+
+    gr.Markdown("## hitl-review — reviewer")
+    backend_md = gr.Markdown("", elem_id="backend-info")
+    gr.Markdown(HELP, elem_id="help-line")
+
+    with gr.Column(visible=require_login, elem_id="login-panel") as login_col:
+        login_token = gr.Textbox(
+            label="API token", type="password", elem_id="login-token", placeholder="the reviewer token you were given"
+        )
+        login_btn = gr.Button("Sign in", variant="primary", elem_id="login-btn")
+        login_msg = gr.Markdown("", elem_id="login-message")
+
+    with gr.Row(visible=not require_login, elem_id="main-panel") as main_row:
+        with gr.Column(scale=2, min_width=460):
+            gr.Markdown("### Waiting for review")
+            queue_table = gr.Dataframe(
+                value=pd.DataFrame(columns=QUEUE_HEADERS),
+                headers=QUEUE_HEADERS,
+                interactive=False,
+                wrap=True,
+                elem_id="queue-table",
+                column_widths=["38%", "34%", "18%", "10%"],
+                label="Oldest first — click a row to open it",
+            )
+            queue_note = gr.Markdown("", elem_id="queue-note")
+            next_btn = gr.Button("Open next job (N)", elem_id="next-job-btn")
+        with gr.Column(scale=3):
+            job_md = gr.Markdown("No job open — pick one in the queue.", elem_id="job-id")
+            status_md = gr.Markdown("", elem_id="job-status")
+            stage_md = gr.Markdown("", elem_id="stage-text")
+            banner_md = gr.Markdown("", elem_id="banner")
+            with gr.Column(visible=False, elem_id="review-panel") as review_col:
+                annotator = image_annotator(
+                    value=None,
+                    label="Boxes",
+                    show_label=False,
+                    elem_id="annotator",
+                    image_type="filepath",
+                    sources=None,
+                    disable_edit_boxes=True,
+                    show_remove_button=True,
+                    show_clear_button=False,
+                    show_download_button=False,
+                    show_share_button=False,
+                    label_list=["new"],
+                    label_colors=[NEW_BOX_COLOR_HEX],
+                    box_min_size=8,
+                    enable_keyboard_shortcuts=True,
+                )
+                with gr.Row(equal_height=True):
+                    label_target = gr.Dropdown(
+                        choices=[], value=None, label="Box to label", elem_id="label-target", scale=2
+                    )
+                    label_text = gr.Textbox(
+                        label="Label", placeholder="e.g. sneaker — press Enter", elem_id="new-box-label", scale=3
+                    )
+                    label_btn = gr.Button("Set label", elem_id="apply-label-btn", scale=1)
+                review_error = gr.Markdown("", elem_id="review-error")
+                notes_md = gr.Markdown("", elem_id="box-notes")
+                with gr.Row():
+                    submit_btn = gr.Button("Submit (Enter)", variant="primary", elem_id="submit-btn")
+                    cut_btn = gr.Button("Cut nothing", elem_id="cut-nothing-btn")
+                reapply_btn = gr.Button("Re-apply my edits", visible=False, elem_id="reapply-btn")
+                with gr.Row(visible=False, elem_id="confirm-cut-nothing") as cut_confirm:
+                    gr.Markdown("**Cut nothing?** The job ends as EMPTY_SELECTION and no subject is cut out.")
+                    cut_yes = gr.Button("Yes, cut nothing", variant="stop", elem_id="confirm-cut-nothing-btn")
+                    cut_no = gr.Button("Back", elem_id="cut-nothing-back-btn")
+            cancel_btn = gr.Button("Cancel job", variant="stop", visible=False, elem_id="cancel-job-btn")
+            with gr.Row(visible=False, elem_id="confirm-cancel") as cancel_confirm:
+                gr.Markdown("**Cancel this job?** It stops for good; nothing more is cut out.")
+                cancel_yes = gr.Button("Yes, cancel the job", variant="stop", elem_id="confirm-cancel-btn")
+                cancel_no = gr.Button("Back", elem_id="cancel-back-btn")
+            with gr.Column(visible=False, elem_id="results-panel") as results_col:
+                gr.Markdown("### Results")
+                results_md = gr.Markdown("", elem_id="results-summary")
+                results_gallery = gr.Gallery(
+                    label="Cut-outs (on a checkerboard)",
+                    elem_id="results-gallery",
+                    columns=4,
+                    object_fit="contain",
+                    format="png",
+                    height="auto",
+                )
+                mask_gallery = gr.Gallery(
+                    label="Masks over the image",
+                    elem_id="mask-gallery",
+                    columns=4,
+                    object_fit="contain",
+                    format="png",
+                    height="auto",
+                )
+                results_files = gr.File(
+                    label="Downloads (cut-outs and masks, PNG)",
+                    file_count="multiple",
+                    interactive=False,
+                    elem_id="results-files",
+                )
+    current_job = gr.Textbox(value="", visible="hidden", elem_id="current-job")
+    timer = gr.Timer(QUEUE_REFRESH_S)
+    return Components(
+        session=session,
+        backend_md=backend_md,
+        login_col=login_col,
+        login_token=login_token,
+        login_btn=login_btn,
+        login_msg=login_msg,
+        main_row=main_row,
+        queue_table=queue_table,
+        queue_note=queue_note,
+        next_btn=next_btn,
+        job_md=job_md,
+        status_md=status_md,
+        stage_md=stage_md,
+        banner_md=banner_md,
+        review_col=review_col,
+        annotator=annotator,
+        label_target=label_target,
+        label_text=label_text,
+        label_btn=label_btn,
+        review_error=review_error,
+        notes_md=notes_md,
+        submit_btn=submit_btn,
+        cut_btn=cut_btn,
+        reapply_btn=reapply_btn,
+        cut_confirm=cut_confirm,
+        cut_yes=cut_yes,
+        cut_no=cut_no,
+        cancel_btn=cancel_btn,
+        cancel_confirm=cancel_confirm,
+        cancel_yes=cancel_yes,
+        cancel_no=cancel_no,
+        results_col=results_col,
+        results_md=results_md,
+        results_gallery=results_gallery,
+        mask_gallery=mask_gallery,
+        results_files=results_files,
+        current_job=current_job,
+        timer=timer,
+    )

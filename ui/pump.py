@@ -1,0 +1,165 @@
+"""The event pump: live updates of the open job from its event stream (docs/protocol.md § Events).
+
+``AsyncHitlClient.events`` resumes with ``Last-Event-ID`` by itself; the pump
+reads it on a task of the follower's own event loop, so a panel that waits for
+hours holds no thread of Gradio's pool. When the client gives up on the stream
+the follower polls ``GET /jobs/{id}`` until the stream is back: SSE is never
+the only copy of anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from client import AsyncHitlClient
+from statecore.models import Event
+
+from .panel import is_terminal
+from .session import ReviewerState
+
+POLL_FALLBACK_S = 2.0  # GET polling period while the stream is down
+IDLE_S = 1.0  # how often a follower looks up from the stream (stop flags, a newer banner)
+RETRY_MAX_S = 30.0  # longest wait before the pump opens a stream the client gave up on again
+
+
+class EventPump:
+    """A job's events, queued by a task that reads the client's SSE iterator.
+
+    A task rather than awaiting the iterator in the follower: the follower has
+    to wake up every ``IDLE_S`` without cancelling a read of the stream.
+    After a failure the pump queues ``BROKEN`` and opens the stream again after
+    the last event it saw; ``END`` follows ``JOB_FINISHED``.
+    """
+
+    END, BROKEN, IDLE = object(), object(), object()
+
+    def __init__(self, client: AsyncHitlClient, job_id: str) -> None:
+        self.client, self.job_id = client, job_id
+        self.items: asyncio.Queue[Any] = asyncio.Queue()
+        self.broken = False
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"hitl-ui-events-{job_id}")
+
+    async def _run(self) -> None:
+        last: int | None = None
+        failures = 0
+        while True:
+            try:
+                async for ev in self.client.events(self.job_id, last_event_id=last):
+                    last, failures, self.broken = ev.id, 0, False
+                    self.items.put_nowait(ev)
+                # The iterator ends only after JOB_FINISHED.
+                self.items.put_nowait(self.END)
+                return
+            except Exception:  # any failure of the stream falls back to polling
+                failures += 1
+                self.broken = True
+                self.items.put_nowait(self.BROKEN)
+            await asyncio.sleep(min(RETRY_MAX_S, 2.0 ** min(failures, 5)))
+
+    async def next(self, timeout: float) -> Any:
+        """The next event, ``END``/``BROKEN``, or ``IDLE`` when nothing came within ``timeout``."""
+        try:
+            return await asyncio.wait_for(self.items.get(), timeout)
+        except TimeoutError:
+            return self.IDLE
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+class Renderer(Protocol):
+    """What a follower needs from the callbacks: component updates for the reviewer's state."""
+
+    def view(self, st: ReviewerState, *, banner: str | None = None) -> dict[Any, Any]: ...
+
+    def refresh_view(
+        self, st: ReviewerState, *, redraw: bool, banner: str | None = None, error: str | None = None
+    ) -> dict[Any, Any]: ...
+
+
+async def follow_job(
+    st: ReviewerState, job_id: str, gen: int, client: AsyncHitlClient, render: Renderer, stop: threading.Event
+) -> AsyncIterator[dict[Any, Any]]:
+    """Component updates for job ``job_id`` while the session still shows it (open generation ``gen``).
+
+    Every event newer than the shown snapshot triggers one GET, and the view
+    is redrawn only when the pause changed (``ReviewerState.apply_snapshot``).
+    Ends when the job ends, another job is opened, or ``stop`` is set.
+    """
+    pump = EventPump(client, job_id)
+    last_poll = time.monotonic()
+    told = None  # (banner, re-apply offer) as this follower's last output showed them
+    try:
+        while st.job_id == job_id and st.follow_gen == gen and not stop.is_set():
+            item = await pump.next(timeout=IDLE_S)
+            if isinstance(item, Event):
+                if item.version <= st.version:
+                    continue  # history the snapshot already shows
+            elif item is EventPump.END:
+                pump.broken = True  # the stream is over: poll until GET shows the end too
+            elif item is EventPump.IDLE:
+                # The browser applies the outputs of concurrent events in no fixed order: a submit's
+                # answer (a 409 and its re-apply offer) can land before this follower's older output
+                # and be overwritten by it. Say the newest once more (no redraw of the canvas).
+                if told is not None and (st.notice, id(st.offer)) != told:
+                    told = (st.notice, id(st.offer))
+                    yield render.view(st, banner=st.notice)
+                    continue
+                if not pump.broken or time.monotonic() - last_poll < POLL_FALLBACK_S:
+                    continue
+            last_poll = time.monotonic()
+            try:
+                snap = await client.get_job(job_id)
+            except Exception:  # try again on the next event or tick
+                continue
+            if st.job_id != job_id or st.follow_gen != gen:
+                break
+            with st.lock:
+                change = st.apply_snapshot(snap)
+                telling = (st.notice, id(st.offer))
+            if not change.applied:
+                continue
+            told = telling
+            # refresh_view may download the image or the results: blocking I/O, off the loop.
+            yield await asyncio.to_thread(
+                render.refresh_view,
+                st,
+                redraw=change.redraw,
+                banner=change.banner,
+                error="" if change.redraw else None,
+            )
+            if is_terminal(snap):
+                break
+    finally:
+        await pump.stop()
+
+
+class Followers:
+    """The stop flags of each browser session's followers: closing the tab stops them."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, set[threading.Event]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, session: str | None, flag: threading.Event) -> None:
+        if session:
+            with self._lock:
+                self._by_session.setdefault(session, set()).add(flag)
+
+    def discard(self, session: str | None, flag: threading.Event) -> None:
+        if session:
+            with self._lock:
+                self._by_session.get(session, set()).discard(flag)
+
+    def stop(self, session: str | None) -> None:
+        with self._lock:
+            flags = self._by_session.pop(session or "", set())
+        for flag in flags:
+            flag.set()

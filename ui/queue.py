@@ -1,0 +1,55 @@
+"""The reviewer queue: jobs waiting for a review, the oldest pause first (docs/protocol.md § Pause)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from statecore.models import JobSummary
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def format_age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    if s < 86400:
+        return f"{s // 3600} h {(s % 3600) // 60:02d} min"
+    return f"{s // 86400} d {(s % 86400) // 3600} h"
+
+
+QUEUE_HEADERS = ["Job", "Stage", "Waiting for", "Boxes"]
+
+
+def waiting_jobs(jobs: Iterable[JobSummary]) -> list[JobSummary]:
+    """Jobs with an open pause (their summary names its stage), oldest pause first."""
+    far = datetime.max.replace(tzinfo=UTC)
+    waiting = [j for j in jobs if j.stage]
+    return sorted(waiting, key=lambda j: (parse_time(j.pause_created_at) or parse_time(j.updated_at) or far, j.job_id))
+
+
+def queue_rows(jobs: Iterable[JobSummary], now: datetime | None = None) -> list[list[Any]]:
+    now = now or datetime.now(UTC)
+    rows = []
+    for j in waiting_jobs(jobs):
+        since = parse_time(j.pause_created_at) or parse_time(j.updated_at)
+        age = format_age((now - since).total_seconds()) if since else "?"
+        rows.append([j.job_id, j.stage, age, j.box_count])
+    return rows
+
+
+def next_job_id(jobs: Iterable[JobSummary], exclude: Iterable[str | None] = ()) -> str | None:
+    skip = set(exclude)
+    return next((j.job_id for j in waiting_jobs(jobs) if j.job_id not in skip), None)

@@ -1,0 +1,293 @@
+"""One reviewer's session: the open job, its panels, the pending submission and what the banner says.
+
+``ReviewerState`` holds it (in ``gr.State``); the rules for a live update,
+a successful submission and a 409 live here as methods, so they can be
+tested without a server (docs/protocol.md § Intervention, § Second round).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from client import new_intervention_id
+from statecore.models import JobSnapshot
+from statecore.states import JobStatus
+
+from .annotator import Edits, applicable_edits
+from .panel import Panel, is_terminal, panel_from_snapshot, pause_of_value
+
+NEXT_NODE_WORDS = {
+    "VALIDATE_MANUAL_BOX_LIST": "checking the names of the drawn boxes",
+    "PROCESS_APPROVED_BOX_LIST": "cutting out the approved subjects",
+}
+
+
+def conflict_banner(code: str, *, already_ours: bool = False, message: str = "") -> str:
+    """A 409 in plain words."""
+    if code in ("PAUSE_TOKEN_MISMATCH", "PAUSE_NOT_ACTIVE"):
+        return "This review was already submitted." if already_ours else "Another reviewer submitted first."
+    if code == "VERSION_CONFLICT":
+        return "Your view was out of date: the job changed after you opened it."
+    if code == "JOB_CANCELLED":
+        return "The job was cancelled, so this review can no longer be submitted."
+    if code == "IDEMPOTENCY_CONFLICT":
+        return "This review was already submitted with different boxes."
+    if code == "JOB_TERMINAL":
+        return "The job had already ended."
+    return message or f"The server refused the request ({code})."
+
+
+def submitted_message(status: str, next_node_type: str | None, kept: int, added: int, deleted: int) -> str:
+    nxt = NEXT_NODE_WORDS.get(next_node_type or "", "nothing more: the job has ended")
+    return f"Submitted — kept {kept}, added {added}, deleted {deleted}. The job is now {status}; next: {nxt}."
+
+
+@dataclass
+class SnapshotChange:
+    applied: bool
+    redraw: bool = False
+    banner: str | None = None
+
+
+@dataclass
+class ConflictOutcome:
+    banner: str
+    redraw: bool
+    offer: Edits | None
+    dropped: list[str]
+
+
+class ReviewerState:
+    """Everything one reviewer's browser session holds (kept in ``gr.State``).
+
+    ``intervention_id`` lives from the first click on Submit until that
+    submission succeeds or a 409 arrives: a double click or a retry after a
+    network error sends the same id, and the server replays the first answer.
+    Handlers of one session run concurrently (a follower streams while the
+    reviewer clicks), so changes go through ``lock``. A plain class, not a
+    dataclass: Gradio would try to serialise a dataclass (and its lock) into
+    the page config.
+    """
+
+    def __init__(self, token: str | None = None, signed_in: bool = False) -> None:
+        self.token = token
+        self.signed_in = signed_in
+        self.job_id: str | None = None
+        self.snapshot: JobSnapshot | None = None
+        self.panels: dict[str, Panel] = {}  # every panel of the open job shown so far, by pause token
+        self._panel: Panel | None = None
+        self.relabels: dict[str, str] = {}
+        self.intervention_id: str | None = None
+        self.results: dict[str, str] = {}  # pause_token -> the one result message shown for it
+        self.offer: Edits | None = None  # the reviewer's edits offered for re-applying after a conflict
+        self.carry: Edits | None = None  # edits from a conflict, kept until a panel they can go onto
+        self.seen_token: str | None = None  # the pause of the last panel shown
+        self.image_path: str | None = None
+        self.notice: str | None = None  # the last thing the banner said about this job's review
+        self.follow_gen = 0  # bumped by every open; a follower of an older generation stops
+        self.followed_gen = -1  # the generation a follower already serves
+        self.lock = threading.RLock()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReviewerState:
+        clone = ReviewerState()
+        for name, value in vars(self).items():
+            if name != "lock":
+                setattr(clone, name, copy.deepcopy(value, memo))
+        return clone
+
+    @property
+    def panel(self) -> Panel | None:
+        """The review open now (the job's active pause), or None."""
+        return self._panel
+
+    @panel.setter
+    def panel(self, value: Panel | None) -> None:
+        self._panel = value
+        if value is not None:
+            self.panels[value.pause_token] = value
+
+    def panel_for(self, value: Any) -> Panel | None:
+        """The panel an annotator value was drawn for, which may be older than ``panel``: a submission
+        is read against what the reviewer saw, and the server judges whether it is stale. A value
+        that names no pause is taken as drawn for the open panel."""
+        token = pause_of_value(value)
+        return self.panels.get(token) if token else self.panel
+
+    @property
+    def last_result(self) -> str | None:
+        return next(reversed(self.results.values()), None)
+
+    @property
+    def version(self) -> int:
+        return self.snapshot.version if self.snapshot else -1
+
+    def open(self, snap: JobSnapshot) -> None:
+        """Show ``snap``'s job from scratch (a click in the queue, "next job", a reload)."""
+        with self.lock:
+            same_pause = (
+                self.panel is not None
+                and self.job_id == snap.job_id
+                and snap.active_pause is not None
+                and self.panel.pause_token == snap.active_pause.pause_token
+            )
+            if snap.job_id != self.job_id:
+                self.panels = {}
+            self.job_id = snap.job_id
+            self.snapshot = snap
+            self.panel = panel_from_snapshot(snap)
+            self.seen_token = self.panel.pause_token if self.panel else None
+            self.relabels = {}
+            self.offer = None
+            self.carry = None
+            self.notice = None
+            if not same_pause:
+                self.intervention_id = None
+            self.follow_gen += 1
+
+    def apply_snapshot(self, snap: JobSnapshot) -> SnapshotChange:
+        """A newer snapshot of the open job (from events or polling). Redraws only when the pause changed."""
+        with self.lock:
+            if snap.job_id != self.job_id or snap.version < self.version:
+                return SnapshotChange(applied=False)
+            old = self.panel
+            self.snapshot = snap
+            new = panel_from_snapshot(snap)
+            old_token = old.pause_token if old else None
+            new_token = new.pause_token if new else None
+            if old_token == new_token:
+                self.panel = new
+                if new is None and is_terminal(snap) and not (self.notice or "").startswith("The job ended"):
+                    # Replace what the banner said about the submission ("now PROCESSING…").
+                    reason = f" ({snap.reason_code})" if snap.reason_code else ""
+                    self.notice = f"The job ended: {snap.status.value}{reason}."
+                    return SnapshotChange(applied=True, banner=self.notice)
+                return SnapshotChange(applied=True)
+            self.panel = new
+            self.relabels = {}
+            self.offer = None
+            self.intervention_id = None
+            # The pause this reviewer last had in front of them: was it answered by someone else?
+            last = old_token or self.seen_token
+            by_other = last is not None and last not in self.results
+            if new is not None:
+                self.seen_token = new_token
+                banner = (
+                    "Another reviewer submitted the previous round. A new review round is open below."
+                    if by_other
+                    else ""
+                )  # "" clears what the banner said about the last round
+                if self.carry is not None:
+                    banner = (banner + self._offer_text(self._offer_carried())).strip()
+            elif old is not None and by_other:
+                banner = (
+                    "The job was cancelled."
+                    if snap.status == JobStatus.CANCELLED
+                    else "Another reviewer submitted first."
+                )
+            else:
+                banner = None
+            if banner is not None:
+                self.notice = banner
+            return SnapshotChange(applied=True, redraw=True, banner=banner)
+
+    def submission_id(self) -> str:
+        with self.lock:
+            if self.intervention_id is None:
+                self.intervention_id = new_intervention_id()
+            return self.intervention_id
+
+    def record_success(
+        self,
+        pause_token: str,
+        status: str,
+        version: int,
+        next_node_type: str | None,
+        kept: int,
+        added: int,
+        deleted: int,
+    ) -> str:
+        """The pause is consumed: close the panel. A second answer for it shows the same one result."""
+        with self.lock:
+            if pause_token in self.results:
+                return self.results[pause_token]
+            msg = submitted_message(status, next_node_type, kept, added, deleted)
+            self.results[pause_token] = msg
+            self.notice = msg
+            self.intervention_id = None
+            self.offer = None
+            if self.panel is not None and self.panel.pause_token == pause_token:
+                self.panel = None
+                self.relabels = {}
+                if self.snapshot is not None and version > self.snapshot.version:
+                    self.snapshot = self.snapshot.model_copy(
+                        update={
+                            "status": JobStatus(status),
+                            "version": version,
+                            "active_pause": None,
+                            "pending_actions": [],
+                        }
+                    )
+            return msg
+
+    def record_conflict(
+        self,
+        code: str,
+        snapshot: dict[str, Any] | JobSnapshot | None,
+        edits: Edits | None,
+        message: str = "",
+        submitted: Panel | None = None,
+    ) -> ConflictOutcome:
+        """A 409: plain-words banner, redraw from the snapshot it carries, a NEW intervention id,
+        and the reviewer's edits offered again where their boxes still exist (now, or when the
+        next review round of this job opens). ``submitted`` is the panel the refused submission
+        answered (default: the open one)."""
+        with self.lock:
+            old = submitted or self.panel
+            already = old is not None and old.pause_token in self.results
+            snap = JobSnapshot.model_validate(snapshot) if isinstance(snapshot, dict) else snapshot
+            if snap is not None and snap.job_id != self.job_id:
+                snap = None
+            new = panel_from_snapshot(snap) if snap is not None else None
+            pause_gone = old is not None and (new is None or new.pause_token != old.pause_token)
+            banner = conflict_banner(code, already_ours=already, message=message)
+            if code == "VERSION_CONFLICT" and pause_gone:
+                banner = banner.split(":")[0] + (
+                    ": this review was already submitted." if already else ": another reviewer submitted first."
+                )
+            self.intervention_id = new_intervention_id()
+            self.carry = edits if edits is not None and not edits.is_empty() else None
+            self.offer, dropped = None, []
+            if snap is not None:
+                self.snapshot, self.panel, self.relabels = snap, new, {}
+                if new is not None:
+                    self.seen_token = new.pause_token
+                if new is None:
+                    banner += f" Nothing is waiting for review on this job now ({snap.status.value})."
+                elif pause_gone:
+                    banner += " A new review round is open; the panel now shows it."
+                else:
+                    banner += " The panel was redrawn from the current state."
+                dropped = self._offer_carried()
+            banner += self._offer_text(dropped)
+            self.notice = banner
+            return ConflictOutcome(banner=banner, redraw=snap is not None, offer=self.offer, dropped=dropped)
+
+    def _offer_carried(self) -> list[str]:
+        """Offer the edits kept from a conflict against the panel now shown (once)."""
+        if self.carry is None or self.panel is None:
+            return []
+        offer, dropped = applicable_edits(self.panel, self.carry)
+        self.carry = None
+        self.offer = None if offer.is_empty() else offer
+        return dropped
+
+    def _offer_text(self, dropped: list[str]) -> str:
+        text = ""
+        if self.offer is not None:
+            text += f" Your edits ({self.offer.describe()}) can be re-applied with “Re-apply my edits”."
+        if dropped:
+            text += f" Not re-applicable (box gone): {', '.join(dropped)}."
+        return text
