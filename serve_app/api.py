@@ -50,6 +50,7 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("GET", re.compile(rf"^{API}/artifacts/[^/]+$"), _READ),
     ("GET", re.compile(rf"^{API}/whoami$"), ("submitter", "reviewer", "executor")),
 ]
+EVENT_ID_RE = re.compile(r"^[0-9]{1,15}$")  # ASCII digits: str.isdigit() also takes "²" and "٣"
 PUBLIC = re.compile(r"^/(healthz|readyz|metrics|docs|redoc|openapi\.json)(/.*)?$")
 
 
@@ -85,9 +86,9 @@ class AuthMiddleware:
         if scope["type"] != "http" or PUBLIC.match(scope["path"]):
             await self.app(scope, receive, send)
             return
-        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+        authorization = next((v for k, v in scope.get("headers", []) if k.lower() == b"authorization"), None)
         try:
-            ident = self.runtime_of().auth.identify(headers.get("authorization"))
+            ident = self.runtime_of().auth.identify(authorization)
             method, path = scope["method"], scope["path"]
             for m, pattern, roles in ROUTE_ROLES:
                 if m == method and pattern.match(path):
@@ -226,8 +227,9 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
                      last_event_id_header: str | None = Header(default=None, alias="Last-Event-ID")) -> Response:
         await visible_job(request, job_id)
         after = last_event_id_header or last_event_id or "0"
-        if not after.isdigit():
-            raise errors.InvalidRequest("Last-Event-ID must be a non-negative integer event id")
+        if not EVENT_ID_RE.match(after):
+            raise errors.InvalidRequest("Last-Event-ID must be an event id: digits 0-9 only, as the stream sent them",
+                                        field="Last-Event-ID")
         return StreamingResponse(rt().events(job_id, int(after)), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

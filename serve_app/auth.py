@@ -68,14 +68,22 @@ class Authenticator:
             raise ValueError("HITL_TOKENS must be set when the API listens beyond loopback")
         return cls({local_token(data_dir): Identity(name="local", role="admin")})
 
-    def identify(self, authorization: str | None) -> Identity:
-        if not authorization or not authorization.lower().startswith("bearer "):
+    def identify(self, authorization: str | bytes | None) -> Identity:
+        """The identity of an ``Authorization`` header, given as it came off the wire.
+
+        Compared as bytes, so a token with non-ASCII or non-UTF-8 bytes is just an unknown
+        token (401), never an error inside the comparison."""
+        raw = authorization.encode("utf-8", "surrogateescape") if isinstance(authorization, str) else authorization
+        if not raw or raw[:7].lower() != b"bearer ":
             raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-        given = authorization[7:].strip()
+        given = raw[7:].strip()
+        found: Identity | None = None
         for token, ident in self._tokens.items():
-            if hmac.compare_digest(token, given):
-                return ident
-        raise Unauthorized("unknown token")
+            if hmac.compare_digest(token.encode(), given):  # every token compared: no timing hint
+                found = ident
+        if found is None:
+            raise Unauthorized("unknown token")
+        return found
 
     @staticmethod
     def require(ident: Identity, *roles: str) -> Identity:

@@ -148,7 +148,7 @@ MAX_SUBJECTS = 500
 class InterventionRequest(Strict):
     intervention_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")
     pause_token: str = Field(min_length=1, max_length=128)
-    base_version: int = Field(ge=0)
+    base_version: int = Field(ge=0, le=2**63 - 1)  # a Redis integer; beyond it is a 400, not a 500
     subjects: list[Subject] = Field(max_length=MAX_SUBJECTS)
 
     @field_validator("base_version", mode="before")
