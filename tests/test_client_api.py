@@ -2,35 +2,42 @@
 
 ``httpx.MockTransport`` stands in for the network here and only here, to script
 transport-level behaviour (a 503, a dropped connection, a stream cut mid-way)
-that a real server cannot be made to produce on cue.
-
-Integration tests against the real control plane (on the fixture the control
-plane provides) are to be added separately:
-  * a 50-image ``hitl submit DIR --wait --out`` batch with an automatic reviewer
-    answering every pause: exit 0, one job per distinct image, masks/cut-outs on disk;
-  * SIGKILL of the CLI half-way through that batch, then the same command again:
-    no second job for any file (Idempotency-Key + manifest), the run completes;
-  * the SSE connection dropped (proxy/server restart) while a job runs:
-    ``events()`` resumes with Last-Event-ID, no gap, no duplicate, ends at JOB_FINISHED;
-  * 409 paths through ``intervene`` (stale base_version, consumed pause, cancelled
-    job) raising ``ConflictError`` with a snapshot equal to GET /jobs/{id};
-  * ``results``/``download`` of a finished job, ``cancel`` idempotency, ``iter_jobs`` paging.
+that a real server cannot be made to produce on cue. Every test that talks
+through a client runs twice, on ``HitlClient`` and on ``AsyncHitlClient`` (driven
+from the test through ``Blocking``), so the two cannot drift apart. The real
+control plane is exercised in ``test_client_integration.py``.
 """
+
 from __future__ import annotations
 
 import asyncio
+import inspect
 import io
 import json
 import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 from PIL import Image
 
-from client import (ApiError, AsyncHitlClient, AuthError, ConflictError, ConnectionFailed, HitlClient,
-                    InvalidRequestError, NotFoundError, RateLimitedError, ServerError, WaitTimeout, is_conflict)
-from client.api import normalize_base_url
+from client import (
+    ApiError,
+    AsyncHitlClient,
+    AuthError,
+    ConflictError,
+    ConnectionFailed,
+    HitlClient,
+    InvalidRequestError,
+    NotFoundError,
+    RateLimitedError,
+    ServerError,
+    WaitTimeout,
+    is_conflict,
+)
+from client.api import WaitCancelled, normalize_base_url
+from client.core import ClientCore, Send, Sleep
 from client.errors import error_from_response, parse_retry_after
 from client.retry import MAX_RETRY_AFTER, RetryMode, RetryPolicy
 from client.sse import EventCursor, SSEDecoder, to_event
@@ -43,24 +50,44 @@ JOB = "job_0123456789abcdef0123"
 def snapshot(status: str = "WAITING_USER_SELECTION", version: int = 3) -> dict[str, Any]:
     waiting = status.startswith("WAITING")
     return {
-        "job_id": JOB, "status": status, "version": version, "round": 1,
-        "created_at": "2025-01-01T00:00:00.000Z", "updated_at": "2025-01-01T00:00:01.000Z",
+        "job_id": JOB,
+        "status": status,
+        "version": version,
+        "round": 1,
+        "created_at": "2025-01-01T00:00:00.000Z",
+        "updated_at": "2025-01-01T00:00:01.000Z",
         "image": {"sha256": "a" * 64, "width": 640, "height": 480, "url": "/api/v1/artifacts/img_a.png"},
-        "box_list": [{"box_id": "box_1", "bbox": [10, 10, 100, 120], "label": "shoe", "score": 0.9,
-                      "source": "model"}],
+        "box_list": [{"box_id": "box_1", "bbox": [10, 10, 100, 120], "label": "shoe", "score": 0.9, "source": "model"}],
         "approved_box_list": [],
-        "active_pause": {"pause_token": "pause_x", "status": "WAITING", "stage": "WAITING_USER_SELECTION",
-                         "base_version": version, "round": 1, "snapshot_id": "snap_1",
-                         "created_at": "2025-01-01T00:00:01.000Z"} if waiting else None,
+        "active_pause": {
+            "pause_token": "pause_x",
+            "status": "WAITING",
+            "stage": "WAITING_USER_SELECTION",
+            "base_version": version,
+            "round": 1,
+            "snapshot_id": "snap_1",
+            "created_at": "2025-01-01T00:00:01.000Z",
+        }
+        if waiting
+        else None,
         "pending_actions": ["SUBMIT_BOX_LIST", "DRAW_MANUAL_BOX"] if waiting else [],
-        "current_node": None, "reason_code": None, "cancel_requested": False, "empty_selection": False,
+        "current_node": None,
+        "reason_code": None,
+        "cancel_requested": False,
+        "empty_selection": False,
     }
 
 
 def intervention_response() -> dict[str, Any]:
-    return {"intervention_id": "iv_1", "job_id": JOB, "accepted": True, "status": "PROCESSING_APPROVED_SUBJECTS",
-            "version": 4, "next_node_type": "PROCESS_APPROVED_BOX_LIST",
-            "diff": {"kept": ["box_1"], "added": [], "deleted": []}}
+    return {
+        "intervention_id": "iv_1",
+        "job_id": JOB,
+        "accepted": True,
+        "status": "PROCESSING_APPROVED_SUBJECTS",
+        "version": 4,
+        "next_node_type": "PROCESS_APPROVED_BOX_LIST",
+        "diff": {"kept": ["box_1"], "added": [], "deleted": []},
+    }
 
 
 def png_bytes() -> bytes:
@@ -88,16 +115,66 @@ class Script:
             raise step
         return step
 
-    async def handle_async(self, request: httpx.Request) -> httpx.Response:
-        return self(request)
+
+class Blocking:
+    """An ``AsyncHitlClient`` called like a ``HitlClient``: coroutines run on ``loop``, async iterators are drained."""
+
+    def __init__(self, client: AsyncHitlClient, loop: asyncio.AbstractEventLoop) -> None:
+        self._client, self._loop = client, loop
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = attr(*args, **kwargs)
+            if inspect.isawaitable(result):
+                return self._loop.run_until_complete(result)
+            if isinstance(result, AsyncIterator):
+                return self._loop.run_until_complete(drain(result))
+            return result
+
+        return call
 
 
-def client_for(script: Script, **kw: Any) -> tuple[HitlClient, list[float]]:
-    kw.setdefault("retries", 5)
-    c = HitlClient(BASE, "tok-123", transport=httpx.MockTransport(script), **kw)
-    sleeps: list[float] = []
-    c._sleep = sleeps.append  # no real waiting; the delays are asserted instead
-    return c, sleeps
+async def drain(items: AsyncIterator[Any]) -> list[Any]:
+    return [item async for item in items]
+
+
+ClientFactory = Callable[..., tuple[Any, list[float]]]
+
+
+@pytest.fixture(params=["sync", "async"])
+def client_for(request: pytest.FixtureRequest) -> Iterator[ClientFactory]:
+    """``client_for(script, **kw)`` → (a client on ``script``, the delays it slept), for each of the two clients."""
+    loop = asyncio.new_event_loop()
+    opened: list[AsyncHitlClient | HitlClient] = []
+
+    def make(script: Script, **kw: Any) -> tuple[Any, list[float]]:
+        kw.setdefault("retries", 5)
+        sleeps: list[float] = []  # no real waiting; the delays are asserted instead
+        if request.param == "sync":
+            c = HitlClient(BASE, "tok-123", transport=httpx.MockTransport(script), **kw)
+            c._sleep = sleeps.append
+            opened.append(c)
+            return c, sleeps
+
+        async def fake_sleep(seconds: float) -> None:
+            sleeps.append(seconds)
+
+        ac = AsyncHitlClient(BASE, "tok-123", transport=httpx.MockTransport(script), **kw)
+        ac._sleep = fake_sleep
+        opened.append(ac)
+        return Blocking(ac, loop), sleeps
+
+    yield make
+    for c in opened:
+        if isinstance(c, AsyncHitlClient):
+            loop.run_until_complete(c.aclose())
+        else:
+            c.close()
+    loop.close()
 
 
 def json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -111,7 +188,7 @@ def error_body(code: str, message: str = "m", **extra: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------- retry policy over the wire
 
 
-def test_503_then_200_is_retried_with_the_same_request_id():
+def test_503_then_200_is_retried_with_the_same_request_id(client_for: ClientFactory):
     script = Script(json_response(503, error_body("UNAVAILABLE")), json_response(200, snapshot()))
     c, sleeps = client_for(script)
     snap = c.get_job(JOB)
@@ -123,7 +200,7 @@ def test_503_then_200_is_retried_with_the_same_request_id():
     assert r1.url.path == f"/api/v1/jobs/{JOB}"
 
 
-def test_each_call_gets_its_own_request_id():
+def test_each_call_gets_its_own_request_id(client_for: ClientFactory):
     script = Script(json_response(200, snapshot()), json_response(200, snapshot()))
     c, _ = client_for(script)
     c.get_job(JOB)
@@ -132,20 +209,25 @@ def test_each_call_gets_its_own_request_id():
 
 
 @pytest.mark.parametrize("status", [502, 504])
-def test_gateway_errors_are_retried(status: int):
+def test_gateway_errors_are_retried(status: int, client_for: ClientFactory):
     script = Script(httpx.Response(status, text="<html>bad gateway</html>"), json_response(200, snapshot()))
     c, sleeps = client_for(script)
     assert c.get_job(JOB).version == 3
     assert len(sleeps) == 1
 
 
-def test_409_is_never_retried_and_carries_the_snapshot():
+def test_409_is_never_retried_and_carries_the_snapshot(client_for: ClientFactory):
     body = error_body("VERSION_CONFLICT", "base_version 2 is not the job's version 3", snapshot=snapshot())
     script = Script(json_response(409, body))
     c, sleeps = client_for(script)
     with pytest.raises(ConflictError) as info:
-        c.intervene(JOB, intervention_id="iv_1", pause_token="pause_x", base_version=2,
-                    subjects=[{"box_id": "box_1", "bbox": [10, 10, 100, 120]}])
+        c.intervene(
+            JOB,
+            intervention_id="iv_1",
+            pause_token="pause_x",
+            base_version=2,
+            subjects=[{"box_id": "box_1", "bbox": [10, 10, 100, 120]}],
+        )
     err = info.value
     assert len(script.requests) == 1 and sleeps == []
     assert err.status_code == 409 and err.code == "VERSION_CONFLICT"
@@ -156,10 +238,19 @@ def test_409_is_never_retried_and_carries_the_snapshot():
     assert not is_conflict(err, "PAUSE_TOKEN_MISMATCH") and not is_conflict(ValueError())
 
 
-@pytest.mark.parametrize("status,cls", [(400, InvalidRequestError), (401, AuthError), (403, AuthError),
-                                        (404, NotFoundError), (413, InvalidRequestError),
-                                        (415, InvalidRequestError), (500, ServerError)])
-def test_other_errors_are_not_retried(status: int, cls: type[ApiError]):
+@pytest.mark.parametrize(
+    "status,cls",
+    [
+        (400, InvalidRequestError),
+        (401, AuthError),
+        (403, AuthError),
+        (404, NotFoundError),
+        (413, InvalidRequestError),
+        (415, InvalidRequestError),
+        (500, ServerError),
+    ],
+)
+def test_other_errors_are_not_retried(status: int, cls: type[ApiError], client_for: ClientFactory):
     script = Script(json_response(status, error_body("SOME_CODE")))
     c, sleeps = client_for(script)
     with pytest.raises(cls) as info:
@@ -168,15 +259,16 @@ def test_other_errors_are_not_retried(status: int, cls: type[ApiError]):
     assert len(script.requests) == 1 and sleeps == []
 
 
-def test_429_honours_retry_after_seconds():
-    script = Script(json_response(429, error_body("RATE_LIMITED"), {"Retry-After": "7"}),
-                    json_response(200, snapshot()))
+def test_429_honours_retry_after_seconds(client_for: ClientFactory):
+    script = Script(
+        json_response(429, error_body("RATE_LIMITED"), {"Retry-After": "7"}), json_response(200, snapshot())
+    )
     c, sleeps = client_for(script)
     c.get_job(JOB)
     assert sleeps == [7.0]
 
 
-def test_429_without_retry_after_backs_off_and_gives_up_as_rate_limited():
+def test_429_without_retry_after_backs_off_and_gives_up_as_rate_limited(client_for: ClientFactory):
     script = Script(*[json_response(429, error_body("RATE_LIMITED")) for _ in range(3)])
     c, sleeps = client_for(script, retries=2, backoff=0.1)
     with pytest.raises(RateLimitedError):
@@ -184,14 +276,14 @@ def test_429_without_retry_after_backs_off_and_gives_up_as_rate_limited():
     assert len(script.requests) == 3 and len(sleeps) == 2
 
 
-def test_connection_errors_are_retried():
+def test_connection_errors_are_retried(client_for: ClientFactory):
     script = Script(httpx.ConnectError("refused"), httpx.ReadTimeout("slow"), json_response(200, snapshot()))
     c, sleeps = client_for(script)
     assert c.get_job(JOB).status == "WAITING_USER_SELECTION"
     assert len(script.requests) == 3 and len(sleeps) == 2
 
 
-def test_retries_are_bounded_and_backoff_is_capped():
+def test_retries_are_bounded_and_backoff_is_capped(client_for: ClientFactory):
     script = Script(*[json_response(503, error_body("UNAVAILABLE")) for _ in range(7)])
     c, sleeps = client_for(script, retries=6, backoff=0.5, backoff_max=2.0)
     with pytest.raises(ServerError) as info:
@@ -202,7 +294,7 @@ def test_retries_are_bounded_and_backoff_is_capped():
     assert sleeps[0] <= 0.5 and min(sleeps[3:]) >= 1.0  # grows, then sits at the cap (jitter in [d/2, d])
 
 
-def test_connection_failure_after_retries_raises_connection_failed():
+def test_connection_failure_after_retries_raises_connection_failed(client_for: ClientFactory):
     script = Script(*[httpx.ConnectError("refused") for _ in range(3)])
     c, _ = client_for(script, retries=2)
     with pytest.raises(ConnectionFailed) as info:
@@ -210,7 +302,7 @@ def test_connection_failure_after_retries_raises_connection_failed():
     assert info.value.attempts == 3 and isinstance(info.value.__cause__, httpx.ConnectError)
 
 
-def test_submit_without_key_is_not_resent_once_it_may_have_arrived():
+def test_submit_without_key_is_not_resent_once_it_may_have_arrived(client_for: ClientFactory):
     script = Script(httpx.ReadError("connection reset after upload"))
     c, sleeps = client_for(script)
     with pytest.raises(ConnectionFailed):
@@ -224,19 +316,24 @@ def test_submit_without_key_is_not_resent_once_it_may_have_arrived():
     assert len(script.requests) == 1 and sleeps == []
 
 
-def test_submit_without_key_retries_a_connect_error():
-    script = Script(httpx.ConnectError("refused"),
-                    json_response(202, {"accepted": True, "job_id": JOB, "status": "CREATED", "version": 1}))
+def test_submit_without_key_retries_a_connect_error(client_for: ClientFactory):
+    script = Script(
+        httpx.ConnectError("refused"),
+        json_response(202, {"accepted": True, "job_id": JOB, "status": "CREATED", "version": 1}),
+    )
     c, sleeps = client_for(script)
     res = c.submit(png_bytes())
     assert res.job_id == JOB and res.status_code == 202 and not res.replayed
     assert len(script.requests) == 2 and "Idempotency-Key" not in script.requests[1].headers
 
 
-def test_submit_with_key_is_retried_and_reports_the_replay():
+def test_submit_with_key_is_retried_and_reports_the_replay(client_for: ClientFactory):
     accepted = {"accepted": True, "job_id": JOB, "status": "CREATED", "version": 1}
-    script = Script(httpx.ReadError("reset"), json_response(503, error_body("UNAVAILABLE")),
-                    json_response(200, accepted, {"Idempotent-Replayed": "true"}))
+    script = Script(
+        httpx.ReadError("reset"),
+        json_response(503, error_body("UNAVAILABLE")),
+        json_response(200, accepted, {"Idempotent-Replayed": "true"}),
+    )
     c, sleeps = client_for(script)
     data = png_bytes()
     res = c.submit(data, idempotency_key="default:abc")
@@ -246,7 +343,7 @@ def test_submit_with_key_is_retried_and_reports_the_replay():
     assert all(data in r.content for r in script.requests)  # the whole image re-sent every time
 
 
-def test_submit_sends_the_image_as_multipart_field_image(tmp_path):
+def test_submit_sends_the_image_as_multipart_field_image(tmp_path, client_for: ClientFactory):
     data = png_bytes()
     path = tmp_path / "shoe.png"
     path.write_bytes(data)
@@ -255,57 +352,87 @@ def test_submit_sends_the_image_as_multipart_field_image(tmp_path):
     c, _ = client_for(script)
     c.submit(path)
     c.submit(data)
-    for req, name in zip(script.requests, ("shoe.png", "image.png")):
+    for req, name in zip(script.requests, ("shoe.png", "image.png"), strict=True):
         assert req.method == "POST" and req.url.path == "/api/v1/jobs"
         assert req.headers["Content-Type"].startswith("multipart/form-data")
         assert f'name="image"; filename="{name}"'.encode() in req.content
         assert b"Content-Type: image/png" in req.content and data in req.content
 
 
-def test_intervention_is_retried_with_the_same_body_and_keeps_raw_bytes():
+def test_intervention_is_retried_with_the_same_body_and_keeps_raw_bytes(client_for: ClientFactory):
     raw = json.dumps(intervention_response(), separators=(",", ":")).encode()
-    script = Script(httpx.ReadError("reset"),
-                    httpx.Response(200, content=raw, headers={"Idempotent-Replayed": "true",
-                                                              "Content-Type": "application/json"}))
+    script = Script(
+        httpx.ReadError("reset"),
+        httpx.Response(200, content=raw, headers={"Idempotent-Replayed": "true", "Content-Type": "application/json"}),
+    )
     c, _ = client_for(script)
-    res = c.intervene(JOB, intervention_id="iv_1", pause_token="pause_x", base_version=3,
-                      subjects=[{"box_id": "box_1", "bbox": [10, 10, 100, 120]}])
+    res = c.intervene(
+        JOB,
+        intervention_id="iv_1",
+        pause_token="pause_x",
+        base_version=3,
+        subjects=[{"box_id": "box_1", "bbox": [10, 10, 100, 120]}],
+    )
     assert res.replayed and res.raw == raw and res.next_node_type == "PROCESS_APPROVED_BOX_LIST"
     assert res.diff.kept == ["box_1"]
     bodies = [json.loads(r.content) for r in script.requests]
-    assert bodies[0] == bodies[1] == {"intervention_id": "iv_1", "pause_token": "pause_x", "base_version": 3,
-                                      "subjects": [{"box_id": "box_1", "bbox": [10, 10, 100, 120]}]}
+    assert (
+        bodies[0]
+        == bodies[1]
+        == {
+            "intervention_id": "iv_1",
+            "pause_token": "pause_x",
+            "base_version": 3,
+            "subjects": [{"box_id": "box_1", "bbox": [10, 10, 100, 120]}],
+        }
+    )
     assert script.requests[0].url.path == f"/api/v1/jobs/{JOB}/interventions"
 
 
-def test_cancel_results_download_paths():
+def test_cancel_results_download_paths(client_for: ClientFactory):
     results = {"job_id": JOB, "status": "SUCCEEDED", "reason_code": None, "subjects": []}
-    script = Script(json_response(200, snapshot("CANCELLED")), json_response(200, results),
-                    httpx.Response(200, content=b"PNG1"), httpx.Response(200, content=b"PNG2"))
+    script = Script(
+        json_response(200, snapshot("CANCELLED")),
+        json_response(200, results),
+        httpx.Response(200, content=b"PNG1"),
+        httpx.Response(200, content=b"PNG2"),
+    )
     c, _ = client_for(script)
     assert c.cancel(JOB).status == "CANCELLED"
     assert c.results(JOB).status == "SUCCEEDED"
     assert c.download("/api/v1/artifacts/mask_1.png") == b"PNG1"
     assert c.download("cut out#1.png") == b"PNG2"
     paths = [r.url.raw_path.decode() for r in script.requests]
-    assert paths == [f"/api/v1/jobs/{JOB}/cancel", f"/api/v1/jobs/{JOB}/results", "/api/v1/artifacts/mask_1.png",
-                     "/api/v1/artifacts/cut%20out%231.png"]
+    assert paths == [
+        f"/api/v1/jobs/{JOB}/cancel",
+        f"/api/v1/jobs/{JOB}/results",
+        "/api/v1/artifacts/mask_1.png",
+        "/api/v1/artifacts/cut%20out%231.png",
+    ]
     assert script.requests[0].method == "POST"
 
 
-def test_download_refuses_to_send_the_token_elsewhere():
+def test_download_refuses_to_send_the_token_elsewhere(client_for: ClientFactory):
     c, _ = client_for(Script())
     with pytest.raises(ValueError):
         c.download("http://evil.example/api/v1/artifacts/x.png")
 
 
-def test_list_and_iter_jobs_follow_the_cursor():
+def test_list_and_iter_jobs_follow_the_cursor(client_for: ClientFactory):
     def summary(i: int) -> dict[str, Any]:
-        return {"job_id": f"job_{i}", "status": "CREATED", "version": 1, "created_at": "t", "updated_at": "t",
-                "submitter": "alice"}
+        return {
+            "job_id": f"job_{i}",
+            "status": "CREATED",
+            "version": 1,
+            "created_at": "t",
+            "updated_at": "t",
+            "submitter": "alice",
+        }
 
-    script = Script(json_response(200, {"jobs": [summary(1), summary(2)], "next_cursor": "1.5:job_2"}),
-                    json_response(200, {"jobs": [summary(3)], "next_cursor": None}))
+    script = Script(
+        json_response(200, {"jobs": [summary(1), summary(2)], "next_cursor": "1.5:job_2"}),
+        json_response(200, {"jobs": [summary(3)], "next_cursor": None}),
+    )
     c, _ = client_for(script)
     assert [j.job_id for j in c.iter_jobs("WAITING_USER_SELECTION", page_size=2)] == ["job_1", "job_2", "job_3"]
     q1, q2 = (dict(r.url.params) for r in script.requests)
@@ -313,7 +440,7 @@ def test_list_and_iter_jobs_follow_the_cursor():
     assert q2 == {"status": "WAITING_USER_SELECTION", "limit": "2", "cursor": "1.5:job_2"}
 
 
-def test_readyz_is_not_retried():
+def test_readyz_is_not_retried(client_for: ClientFactory):
     script = Script(json_response(503, {"ready": False, "redis": True}))
     c, sleeps = client_for(script)
     with pytest.raises(ServerError) as info:
@@ -340,7 +467,7 @@ def test_retry_policy_decisions():
     assert p.after_error(0, httpx.UnsupportedProtocol("x"), RetryMode.IDEMPOTENT) is None
     for attempt in range(12):
         d = p.backoff_delay(attempt)
-        full = min(5.0, 0.2 * 2 ** attempt)
+        full = min(5.0, 0.2 * 2**attempt)
         assert full / 2 <= d <= full
 
 
@@ -377,8 +504,14 @@ def test_base_url_normalisation():
 
 
 def frame(eid: int, etype: str, status: str = "DETECTING", **data: Any) -> str:
-    ev = {"id": eid, "type": etype, "job_id": JOB, "version": eid, "at": f"2025-01-01T00:00:{eid:02d}.000Z",
-          "data": {"status": status, **data}}
+    ev = {
+        "id": eid,
+        "type": etype,
+        "job_id": JOB,
+        "version": eid,
+        "at": f"2025-01-01T00:00:{eid:02d}.000Z",
+        "data": {"status": status, **data},
+    }
     return f"id: {eid}\nevent: {etype}\ndata: {json.dumps(ev, separators=(',', ':'))}\n\n"
 
 
@@ -387,6 +520,7 @@ class CutStream(httpx.SyncByteStream, httpx.AsyncByteStream):
 
     def __init__(self, chunks: list[str], error: Exception | None = None, pause: float = 0.0) -> None:
         self.chunks, self.error, self.pause = chunks, error, pause
+        self.closed = False
 
     def __iter__(self):
         for c in self.chunks:
@@ -398,23 +532,49 @@ class CutStream(httpx.SyncByteStream, httpx.AsyncByteStream):
 
     async def __aiter__(self):
         for c in self.chunks:
+            if self.pause:
+                await asyncio.sleep(self.pause)
             yield c.encode()
         if self.error is not None:
             raise self.error
 
+    def close(self) -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
 
 def sse_response(chunks: list[str], error: Exception | None = None, pause: float = 0.0) -> httpx.Response:
-    return httpx.Response(200, headers={"Content-Type": "text/event-stream"},
-                          stream=CutStream(chunks, error, pause))
+    return httpx.Response(200, headers={"Content-Type": "text/event-stream"}, stream=CutStream(chunks, error, pause))
 
 
 def test_decoder_follows_the_event_stream_rules():
     d = SSEDecoder()
-    lines = [": stream open", "", "id: 7", "event: STATUS_CHANGED", "data: {\"a\":", "data: 1}", "retry: 2500",
-             "", ":keep-alive", "", "data:no-space", "ignored-field: x", "\r", "id: 8\r", "event: X", ""]
+    lines = [
+        ": stream open",
+        "",
+        "id: 7",
+        "event: STATUS_CHANGED",
+        'data: {"a":',
+        "data: 1}",
+        "retry: 2500",
+        "",
+        ":keep-alive",
+        "",
+        "data:no-space",
+        "ignored-field: x",
+        "\r",
+        "id: 8\r",
+        "event: X",
+        "",
+    ]
     out = [e for e in (d.decode(line) for line in lines) if e is not None]
     assert [(e.id, e.event, e.data, e.retry) for e in out] == [
-        ("7", "STATUS_CHANGED", '{"a":\n1}', 2500), ("", "message", "no-space", None), ("8", "X", "", None)]
+        ("7", "STATUS_CHANGED", '{"a":\n1}', 2500),
+        ("", "message", "no-space", None),
+        ("8", "X", "", None),
+    ]
 
 
 def test_to_event_reads_the_server_frame_and_drops_id_less_messages():
@@ -424,12 +584,22 @@ def test_to_event_reads_the_server_frame_and_drops_id_less_messages():
     d = SSEDecoder()
     sse = [e for e in (d.decode(line) for line in raw + [""]) if e is not None][0]
     ev = to_event(sse, JOB)
-    assert ev == Event(id=3, type="PAUSE_OPENED", job_id=JOB, version=3, at="2025-01-01T00:00:03.000Z",
-                       data={"status": "WAITING_USER_SELECTION"})
+    assert ev == Event(
+        id=3,
+        type="PAUSE_OPENED",
+        job_id=JOB,
+        version=3,
+        at="2025-01-01T00:00:03.000Z",
+        data={"status": "WAITING_USER_SELECTION"},
+    )
     assert to_event(ServerSentEvent(event="X", data='{"no":"id"}'), JOB) is None
     bare = to_event(ServerSentEvent(event="NODE_STARTED", data='{"status":"DETECTING"}', id="12"), JOB)
-    assert bare is not None and (bare.id, bare.type, bare.job_id, bare.data) == (12, "NODE_STARTED", JOB,
-                                                                                 {"status": "DETECTING"})
+    assert bare is not None and (bare.id, bare.type, bare.job_id, bare.data) == (
+        12,
+        "NODE_STARTED",
+        JOB,
+        {"status": "DETECTING"},
+    )
 
 
 def test_cursor_drops_repeats():
@@ -441,48 +611,72 @@ def test_cursor_drops_repeats():
     assert EventCursor().headers() == {}
 
 
-def test_events_reconnect_with_last_event_id_and_never_repeat():
-    first = sse_response([": stream open\n\n", frame(1, "JOB_CREATED", "CREATED"), frame(2, "STATUS_CHANGED"),
-                          "id: 3\nevent: NODE_STARTED\ndata: {\"id\":3,"], httpx.RemoteProtocolError("cut"))
+def test_events_reconnect_with_last_event_id_and_never_repeat(client_for: ClientFactory):
+    first = sse_response(
+        [
+            ": stream open\n\n",
+            frame(1, "JOB_CREATED", "CREATED"),
+            frame(2, "STATUS_CHANGED"),
+            'id: 3\nevent: NODE_STARTED\ndata: {"id":3,',
+        ],
+        httpx.RemoteProtocolError("cut"),
+    )
     # The server (or a confused proxy) replays id 2 again: the client must drop it.
-    second = sse_response([frame(2, "STATUS_CHANGED"), frame(3, "NODE_STARTED"),
-                           frame(4, "STATUS_CHANGED", "SUCCEEDED"), frame(5, "JOB_FINISHED", "SUCCEEDED")])
+    second = sse_response(
+        [
+            frame(2, "STATUS_CHANGED"),
+            frame(3, "NODE_STARTED"),
+            frame(4, "STATUS_CHANGED", "SUCCEEDED"),
+            frame(5, "JOB_FINISHED", "SUCCEEDED"),
+        ]
+    )
     script = Script(first, second)
     c, sleeps = client_for(script)
     events = list(c.events(JOB))
-    assert [(e.id, e.type) for e in events] == [(1, "JOB_CREATED"), (2, "STATUS_CHANGED"), (3, "NODE_STARTED"),
-                                                (4, "STATUS_CHANGED"), (5, "JOB_FINISHED")]
+    assert [(e.id, e.type) for e in events] == [
+        (1, "JOB_CREATED"),
+        (2, "STATUS_CHANGED"),
+        (3, "NODE_STARTED"),
+        (4, "STATUS_CHANGED"),
+        (5, "JOB_FINISHED"),
+    ]
     r1, r2 = script.requests
     assert "Last-Event-ID" not in r1.headers and r2.headers["Last-Event-ID"] == "2"
     assert r1.headers["Accept"] == "text/event-stream" and r1.url.path == f"/api/v1/jobs/{JOB}/events"
     assert len(sleeps) == 1  # one reconnect, and none after JOB_FINISHED
 
 
-def test_events_start_after_the_given_id_and_reconnect_after_a_clean_close():
-    script = Script(sse_response([frame(11, "NODE_COMPLETED")]),  # closed without JOB_FINISHED
-                    sse_response([frame(11, "NODE_COMPLETED"), frame(12, "JOB_FINISHED", "FAILED")]))
+def test_events_start_after_the_given_id_and_reconnect_after_a_clean_close(client_for: ClientFactory):
+    script = Script(
+        sse_response([frame(11, "NODE_COMPLETED")]),  # closed without JOB_FINISHED
+        sse_response([frame(11, "NODE_COMPLETED"), frame(12, "JOB_FINISHED", "FAILED")]),
+    )
     c, _ = client_for(script)
     assert [e.id for e in c.events(JOB, last_event_id=10)] == [11, 12]
     assert [r.headers.get("Last-Event-ID") for r in script.requests] == ["10", "11"]
 
 
-def test_events_without_stop_on_finish_read_to_the_end_and_do_not_reconnect():
+def test_events_without_stop_on_finish_read_to_the_end_and_do_not_reconnect(client_for: ClientFactory):
     script = Script(sse_response([frame(1, "JOB_FINISHED", "SUCCEEDED"), frame(2, "REPORT_IGNORED", "SUCCEEDED")]))
     c, _ = client_for(script)
     assert [e.type for e in c.events(JOB, stop_on_finish=False)] == ["JOB_FINISHED", "REPORT_IGNORED"]
     assert len(script.requests) == 1
 
 
-def test_events_give_up_after_repeated_failures_without_data():
-    script = Script(httpx.ConnectError("refused"), json_response(503, error_body("UNAVAILABLE")),
-                    sse_response([]), httpx.ConnectError("refused"))
+def test_events_give_up_after_repeated_failures_without_data(client_for: ClientFactory):
+    script = Script(
+        httpx.ConnectError("refused"),
+        json_response(503, error_body("UNAVAILABLE")),
+        sse_response([]),
+        httpx.ConnectError("refused"),
+    )
     c, sleeps = client_for(script, retries=3)
     with pytest.raises(ConnectionFailed):
         list(c.events(JOB))
     assert len(script.requests) == 4 and len(sleeps) == 3
 
 
-def test_events_failure_count_resets_when_data_arrives():
+def test_events_failure_count_resets_when_data_arrives(client_for: ClientFactory):
     chunks = [[frame(i, "STATUS_CHANGED")] for i in range(1, 5)]
     steps: list[Any] = []
     for chunk in chunks:  # each connection delivers one event then breaks: progress, so never give up
@@ -492,7 +686,7 @@ def test_events_failure_count_resets_when_data_arrives():
     assert [e.id for e in c.events(JOB)] == [1, 2, 3, 4, 5]
 
 
-def test_events_http_errors_other_than_retryable_are_raised():
+def test_events_http_errors_other_than_retryable_are_raised(client_for: ClientFactory):
     script = Script(json_response(404, error_body("JOB_NOT_FOUND")))
     c, _ = client_for(script)
     with pytest.raises(NotFoundError):
@@ -500,39 +694,44 @@ def test_events_http_errors_other_than_retryable_are_raised():
     assert len(script.requests) == 1
 
 
-def test_events_reject_a_non_sse_answer():
+def test_events_reject_a_non_sse_answer(client_for: ClientFactory):
     c, _ = client_for(Script(json_response(200, {"not": "sse"})))
     with pytest.raises(ConnectionFailed, match="text/event-stream"):
         list(c.events(JOB))
 
 
-def test_async_events_reconnect_without_duplicates():
+def test_events_reconnect_after_a_read_error_and_drop_the_replayed_history(client_for: ClientFactory):
     first = sse_response([frame(1, "JOB_CREATED", "CREATED"), frame(2, "STATUS_CHANGED")], httpx.ReadError("x"))
-    second = sse_response([frame(1, "JOB_CREATED", "CREATED"), frame(2, "STATUS_CHANGED"),
-                           frame(3, "JOB_FINISHED", "EMPTY_SELECTION")])
+    second = sse_response(
+        [frame(1, "JOB_CREATED", "CREATED"), frame(2, "STATUS_CHANGED"), frame(3, "JOB_FINISHED", "EMPTY_SELECTION")]
+    )
     script = Script(first, second)
+    c, sleeps = client_for(script)
+    assert [e.id for e in c.events(JOB)] == [1, 2, 3]
+    assert script.requests[1].headers["Last-Event-ID"] == "2" and len(sleeps) == 1
 
-    async def run() -> list[int]:
-        async with AsyncHitlClient(BASE, "t", transport=httpx.MockTransport(script.handle_async)) as c:
-            sleeps: list[float] = []
 
-            async def fake_sleep(d: float) -> None:
-                sleeps.append(d)
-
-            c._sleep = fake_sleep
-            return [e.id async for e in c.events(JOB)]
-
-    assert asyncio.run(run()) == [1, 2, 3]
-    assert script.requests[1].headers["Last-Event-ID"] == "2"
+def test_server_retry_field_sets_the_reconnect_delay(client_for: ClientFactory):
+    first = sse_response(["retry: 1500\n\n", frame(1, "STATUS_CHANGED")], httpx.ReadError("x"))
+    script = Script(first, sse_response([frame(2, "JOB_FINISHED", "SUCCEEDED")]))
+    c, sleeps = client_for(script)
+    assert [e.id for e in c.events(JOB)] == [1, 2]
+    assert sleeps == [1.5]
 
 
 # ---------------------------------------------------------------------- wait_for
 
 
-def test_wait_for_follows_the_stream_and_confirms_with_get():
-    stream = sse_response([frame(1, "JOB_CREATED", "CREATED"), frame(2, "PAUSE_OPENED", "WAITING_USER_SELECTION"),
-                           frame(3, "STATUS_CHANGED", "PROCESSING_APPROVED_SUBJECTS"),
-                           frame(4, "STATUS_CHANGED", "SUCCEEDED"), frame(5, "JOB_FINISHED", "SUCCEEDED")])
+def test_wait_for_follows_the_stream_and_confirms_with_get(client_for: ClientFactory):
+    stream = sse_response(
+        [
+            frame(1, "JOB_CREATED", "CREATED"),
+            frame(2, "PAUSE_OPENED", "WAITING_USER_SELECTION"),
+            frame(3, "STATUS_CHANGED", "PROCESSING_APPROVED_SUBJECTS"),
+            frame(4, "STATUS_CHANGED", "SUCCEEDED"),
+            frame(5, "JOB_FINISHED", "SUCCEEDED"),
+        ]
+    )
     script = Script(json_response(200, snapshot("DETECTING")), stream, json_response(200, snapshot("SUCCEEDED")))
     c, _ = client_for(script)
     seen: list[str] = []
@@ -542,26 +741,33 @@ def test_wait_for_follows_the_stream_and_confirms_with_get():
     assert [r.url.path.rsplit("/", 1)[-1] for r in script.requests] == [JOB, "events", JOB]
 
 
-def test_wait_for_a_live_status_ignores_stale_history():
+def test_wait_for_a_live_status_ignores_stale_history(client_for: ClientFactory):
     # The history shows a pause that is already consumed; only the GET decides.
-    stream = sse_response([frame(2, "PAUSE_OPENED", "WAITING_USER_SELECTION"),
-                           frame(3, "STATUS_CHANGED", "VALIDATING_MANUAL_BOXES"),
-                           frame(4, "PAUSE_OPENED", "WAITING_BOX_BATCH_REVISION")])
-    script = Script(json_response(200, snapshot("VALIDATING_MANUAL_BOXES")), stream,
-                    json_response(200, snapshot("VALIDATING_MANUAL_BOXES")),
-                    json_response(200, snapshot("WAITING_BOX_BATCH_REVISION")))
+    stream = sse_response(
+        [
+            frame(2, "PAUSE_OPENED", "WAITING_USER_SELECTION"),
+            frame(3, "STATUS_CHANGED", "VALIDATING_MANUAL_BOXES"),
+            frame(4, "PAUSE_OPENED", "WAITING_BOX_BATCH_REVISION"),
+        ]
+    )
+    script = Script(
+        json_response(200, snapshot("VALIDATING_MANUAL_BOXES")),
+        stream,
+        json_response(200, snapshot("VALIDATING_MANUAL_BOXES")),
+        json_response(200, snapshot("WAITING_BOX_BATCH_REVISION")),
+    )
     c, _ = client_for(script)
     snap = c.wait_for(JOB, {"WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION"}, timeout=10)
     assert snap.status == "WAITING_BOX_BATCH_REVISION"
 
 
-def test_wait_for_returns_at_once_when_already_there():
+def test_wait_for_returns_at_once_when_already_there(client_for: ClientFactory):
     script = Script(json_response(200, snapshot("EMPTY_SELECTION")))
     c, _ = client_for(script)
     assert c.wait_for(JOB).status == "EMPTY_SELECTION" and len(script.requests) == 1
 
 
-def test_wait_for_falls_back_to_polling_when_the_stream_keeps_failing():
+def test_wait_for_falls_back_to_polling_when_the_stream_keeps_failing(client_for: ClientFactory):
     steps: list[Any] = [json_response(200, snapshot("DETECTING"))]
     steps += [json_response(503, error_body("UNAVAILABLE")) for _ in range(3)]
     steps += [json_response(200, snapshot("DETECTING")), json_response(200, snapshot("SUCCEEDED"))]
@@ -571,7 +777,7 @@ def test_wait_for_falls_back_to_polling_when_the_stream_keeps_failing():
     assert [r.url.path.endswith("/events") for r in script.requests] == [False, True, True, True, False, False]
 
 
-def test_wait_for_times_out_on_a_stream_of_keep_alives():
+def test_wait_for_times_out_on_a_stream_of_keep_alives(client_for: ClientFactory):
     keepalives = sse_response([": keep-alive\n\n"] * 200, pause=0.01)
     script = Script(json_response(200, snapshot()), keepalives)
     c, _ = client_for(script)
@@ -582,22 +788,80 @@ def test_wait_for_times_out_on_a_stream_of_keep_alives():
     assert info.value.snapshot is not None and info.value.snapshot.status == "WAITING_USER_SELECTION"
 
 
-def test_wait_for_rejects_names_that_are_no_status():
+def test_wait_for_rejects_names_that_are_no_status(client_for: ClientFactory):
     c, _ = client_for(Script())
     with pytest.raises(ValueError):
         c.wait_for(JOB, {"WAITING"})
 
 
-def test_async_wait_for_and_retry():
-    stream = sse_response([frame(1, "STATUS_CHANGED", "FINALIZING_RESULTS"),
-                           frame(2, "JOB_FINISHED", "PARTIAL_SUCCEEDED")])
-    script = Script(json_response(503, error_body("UNAVAILABLE")), json_response(200, snapshot("DETECTING")),
-                    stream, json_response(200, snapshot("PARTIAL_SUCCEEDED")))
+def test_wait_for_retries_its_first_get(client_for: ClientFactory):
+    stream = sse_response(
+        [frame(1, "STATUS_CHANGED", "FINALIZING_RESULTS"), frame(2, "JOB_FINISHED", "PARTIAL_SUCCEEDED")]
+    )
+    script = Script(
+        json_response(503, error_body("UNAVAILABLE")),
+        json_response(200, snapshot("DETECTING")),
+        stream,
+        json_response(200, snapshot("PARTIAL_SUCCEEDED")),
+    )
+    c, sleeps = client_for(script, backoff=0.001)
+    assert c.wait_for(JOB, timeout=10).status == "PARTIAL_SUCCEEDED"
+    assert len(script.requests) == 4 and len(sleeps) == 1
+
+
+def test_wait_for_closes_the_stream_it_stopped_reading(client_for: ClientFactory):
+    body = CutStream([frame(1, "STATUS_CHANGED", "SUCCEEDED"), ": more to come\n\n"] * 3)
+    stream = httpx.Response(200, headers={"Content-Type": "text/event-stream"}, stream=body)
+    script = Script(json_response(200, snapshot("DETECTING")), stream, json_response(200, snapshot("SUCCEEDED")))
+    c, _ = client_for(script)
+    assert c.wait_for(JOB, timeout=10).status == "SUCCEEDED"
+    assert body.closed
+
+
+def test_sync_wait_for_stops_when_cancelled():
+    import threading
+
+    cancel = threading.Event()
+    cancel.set()
+    script = Script(json_response(200, snapshot("DETECTING")), sse_response([": keep-alive\n\n"]))
+    c = HitlClient(BASE, "t", transport=httpx.MockTransport(script))
+    with pytest.raises(WaitCancelled):
+        c.wait_for(JOB, timeout=10, cancel=cancel)
+
+
+def test_async_submit_reads_a_file(tmp_path):
+    path = tmp_path / "shoe.png"
+    path.write_bytes(png_bytes())
+    accepted = {"accepted": True, "job_id": JOB, "status": "CREATED", "version": 1}
+    script = Script(json_response(202, accepted))
 
     async def run() -> str:
-        async with AsyncHitlClient(BASE, "t", transport=httpx.MockTransport(script.handle_async),
-                                   backoff=0.001) as c:
-            return str((await c.wait_for(JOB, timeout=10)).status)
+        async with AsyncHitlClient(BASE, "t", transport=httpx.MockTransport(script)) as c:
+            return (await c.submit(path, idempotency_key="k:1")).job_id
 
-    assert asyncio.run(run()) == "PARTIAL_SUCCEEDED"
-    assert len(script.requests) == 4
+    assert asyncio.run(run()) == JOB
+    assert b'filename="shoe.png"' in script.requests[0].content
+
+
+# ---------------------------------------------------------------------- the core on its own
+
+
+def test_a_plan_is_driven_by_hand_without_any_client():
+    """The core decides and builds; whoever performs its steps only sends and sleeps."""
+    core = ClientCore(BASE + "/api/v1/", "tok", timeout=5.0, retries=2, backoff=0.1, backoff_max=1.0)
+    plan = core.get_job(JOB)
+    step = next(plan)
+    assert isinstance(step, Send) and not step.stream
+    assert str(step.request.url) == f"{BASE}/api/v1/jobs/{JOB}"
+    assert step.request.headers["Authorization"] == "Bearer tok"
+    rid = step.request.headers["X-Request-ID"]
+    step = plan.send(json_response(503, error_body("UNAVAILABLE")))
+    assert isinstance(step, Sleep) and 0 < step.seconds <= 0.1
+    step = plan.send(None)
+    assert isinstance(step, Send) and step.request.headers["X-Request-ID"] == rid
+    step = plan.throw(httpx.ConnectError("refused"))
+    assert isinstance(step, Sleep)
+    step = plan.send(None)
+    with pytest.raises(StopIteration) as done:
+        plan.send(json_response(200, snapshot("SUCCEEDED")))
+    assert done.value.value.status == "SUCCEEDED"
