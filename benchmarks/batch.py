@@ -32,6 +32,7 @@ concurrency 32.
     .venv/bin/python benchmarks/batch.py --json benchmarks/out/batch.json
     .venv/bin/python benchmarks/batch.py --server uvicorn --jobs 60 --repeat 1 --no-subprocess   # quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,106 +45,32 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import httpx
 
-import httpx  # noqa: E402
-
-from client import HitlClient  # noqa: E402
-from client.batch import run_batch  # noqa: E402
-from serve_app.samples import product_composite  # noqa: E402
+from client import HitlClient
+from client.batch import run_batch
+from harness.hitl_up import HitlUp
+from harness.uvicorn import UvicornServer
+from serve_app.samples import product_composite
 
 TARGET_RATIO = 0.80
 WIDTH, HEIGHT = 160, 120
-HITL = ROOT / ".venv" / "bin" / "hitl"
+HITL = Path(sys.executable).with_name("hitl")
+SERVERS = {
+    "up": "hitl up --no-ui (embedded Redis + local Ray Serve)",
+    "uvicorn": "uvicorn control plane in a child process (own redis-server, classical models in threads)",
+}
 
 
-# ---------------------------------------------------------------------------- servers
-
-
-class UpServer:
-    """A real ``hitl up --no-ui`` child process (embedded Redis, local Ray, Serve)."""
-
-    kind = "hitl up --no-ui (embedded Redis + local Ray Serve)"
-
-    def __init__(self, data_dir: Path, delay_ms: int) -> None:
-        from tests.hitl_proc import HitlUp
-
-        self.proc = HitlUp(data_dir / "up", "--detector-delay-ms", str(delay_ms))
-        self.url = self.proc.api_url
-        self.token = ""
-
-    def start(self) -> None:
-        self.proc.start(timeout=300)
-        self.token = self.proc.token
-
-    def stop(self) -> None:
-        try:
-            self.proc.stop(timeout=60)
-        except Exception:  # noqa: BLE001 - a benchmark must not leave the server running
-            self.proc.kill()
-
-
-class UvicornServer:
-    """The control plane under uvicorn in a child process (so it does not share this process's GIL)."""
-
-    kind = "uvicorn control plane in a child process (own redis-server, classical models in threads)"
-
-    def __init__(self, data_dir: Path, delay_ms: int) -> None:
-        self.data_dir = data_dir / "uvicorn"
-        self.log = data_dir / "uvicorn.log"
-        self.delay_ms = delay_ms
-        self.token = "bench-" + secrets.token_hex(8)
-        self.proc: subprocess.Popen[str] | None = None
-        self.url = ""
-
-    def start(self) -> None:
-        with open(self.log, "w") as log:  # the server's own logging, out of the benchmark's output
-            self.proc = subprocess.Popen(
-                [sys.executable, __file__, "--serve-uvicorn", str(self.data_dir), "--delay-ms", str(self.delay_ms)],
-                stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "BENCH_TOKEN": self.token},
-                start_new_session=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("READY "):
-            self.stop()
-            raise RuntimeError(f"uvicorn server did not start: {line!r}")
-        self.url = line.split()[1]
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
-def serve_uvicorn(data_dir: Path, delay_ms: int) -> None:
-    """Child process of ``UvicornServer``: redis-server + LocalServer; prints READY <url>, runs until killed."""
-    import signal
-
-    from serve_app.redis_server import RedisServer
-    from tests.harness import LocalServer
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    redis = RedisServer(data_dir / "redis").start()
-    server = LocalServer(data_dir, redis.url, tokens=f"bench:admin:{os.environ['BENCH_TOKEN']}",
-                         detector_delay_ms=delay_ms).start()
-    print(f"READY {server.url}", flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        stop.wait()
-    finally:
-        server.stop()
-        redis.stop()
+def make_server(kind: str, tmp: Path, delay_ms: int) -> HitlUp | UvicornServer:
+    if kind == "up":
+        return HitlUp(tmp / "up", "--detector-delay-ms", str(delay_ms), log_path=tmp / "up.log")
+    return UvicornServer(tmp / "uvicorn", dispatchers=1, detector_delay_ms=delay_ms, log_path=tmp / "uvicorn.log")
 
 
 # ---------------------------------------------------------------------------- the runs
@@ -162,13 +89,18 @@ def make_images(folder: Path, first_seed: int, n: int) -> list[Path]:
 
 def run_bare(url: str, token: str, files: list[Path], concurrency: int, prefix: str) -> tuple[float, list[str]]:
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as http:
+
         def post(item: tuple[int, Path]) -> str:
             i, path = item
-            r = http.post("/api/v1/jobs", files={"image": (path.name, path.read_bytes(), "image/png")},
-                          headers={"Idempotency-Key": f"{prefix}:{i}"})
+            r = http.post(
+                "/api/v1/jobs",
+                files={"image": (path.name, path.read_bytes(), "image/png")},
+                headers={"Idempotency-Key": f"{prefix}:{i}"},
+            )
             if r.status_code != 202:
                 raise RuntimeError(f"bare POST /jobs: {r.status_code} {r.text[:200]}")
-            return r.json()["job_id"]
+            job_id: str = r.json()["job_id"]
+            return job_id
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(concurrency) as pool:
@@ -176,24 +108,40 @@ def run_bare(url: str, token: str, files: list[Path], concurrency: int, prefix: 
         return time.perf_counter() - t0, ids
 
 
-def run_cli(url: str, token: str, folder: Path, concurrency: int, batch: str,
-            manifest: Path) -> tuple[float, list[str]]:
+def run_cli(
+    url: str, token: str, folder: Path, concurrency: int, batch: str, manifest: Path
+) -> tuple[float, list[str]]:
     with HitlClient(url, token, timeout=120) as client:
         t0 = time.perf_counter()
-        summary = run_batch(client, [folder], batch=batch, concurrency=concurrency, manifest=manifest,
-                            progress=False)
+        summary = run_batch(client, [folder], batch=batch, concurrency=concurrency, manifest=manifest, progress=False)
         elapsed = time.perf_counter() - t0
     if not summary.ok or any(f.replayed or f.resumed for f in summary.files):
         raise RuntimeError(f"run_batch did not create every job: {summary.counts()} {summary.aborted}")
     return elapsed, [f.job_id for f in summary.files if f.job_id]
 
 
-def run_cli_process(url: str, token: str, folder: Path, concurrency: int, batch: str,
-                    manifest: Path) -> tuple[float, list[str]]:
+def run_cli_process(
+    url: str, token: str, folder: Path, concurrency: int, batch: str, manifest: Path
+) -> tuple[float, list[str]]:
     env = {**os.environ, "HITL_API_URL": url, "HITL_TOKEN": token}
     t0 = time.perf_counter()
-    proc = subprocess.run([str(HITL), "submit", str(folder), "--batch", batch, "--concurrency", str(concurrency),
-                           "--manifest", str(manifest), "--json"], env=env, capture_output=True, timeout=600)
+    proc = subprocess.run(
+        [
+            str(HITL),
+            "submit",
+            str(folder),
+            "--batch",
+            batch,
+            "--concurrency",
+            str(concurrency),
+            "--manifest",
+            str(manifest),
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        timeout=600,
+    )
     elapsed = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"hitl submit exited {proc.returncode}: {proc.stderr.decode()[-500:]}")
@@ -219,34 +167,39 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=100, help="jobs per run (default 100)")
     p.add_argument("--repeat", type=int, default=2, help="runs per (mode, concurrency); the best counts (default 2)")
-    p.add_argument("--drain-s", type=float, default=2.0,
-                   help="after a run, wait at most this long for its jobs to leave detection (default 2)")
+    p.add_argument(
+        "--drain-s",
+        type=float,
+        default=2.0,
+        help="after a run, wait at most this long for its jobs to leave detection (default 2)",
+    )
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="default: 1 8 32")
-    p.add_argument("--server", choices=["up", "uvicorn"], default="up",
-                   help="up: a real `hitl up --no-ui` (default); uvicorn: the control plane under uvicorn")
+    p.add_argument(
+        "--server",
+        choices=["up", "uvicorn"],
+        default="up",
+        help="up: a real `hitl up --no-ui` (default); uvicorn: the control plane under uvicorn",
+    )
     p.add_argument("--delay-ms", type=int, default=80, help="--detector-delay-ms of the server (default 80)")
     p.add_argument("--no-subprocess", action="store_true", help="skip the `hitl submit` child-process runs")
     p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--serve-uvicorn", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.serve_uvicorn:
-        serve_uvicorn(Path(args.serve_uvicorn), args.delay_ms)
-        return 0
 
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="hitl-bench-"))
-    server = (UpServer if args.server == "up" else UvicornServer)(tmp, args.delay_ms)
+    server = make_server(args.server, tmp, args.delay_ms)
     modes = ["bare", "cli"] + ([] if args.no_subprocess else ["cli-proc"])
     nonce = secrets.token_hex(3)
 
     def modes_of(rep: int) -> list[str]:
         """cli-proc (for information, and the slowest to run) only in the first repetition."""
         return modes if rep == 0 else [m for m in modes if m != "cli-proc"]
+
     try:
         # Images while the server starts: one distinct set per (mode, concurrency, repetition), plus a warm-up.
-        boot = threading.Thread(target=server.start, daemon=True)
+        boot_pool = ThreadPoolExecutor(1)
         t0 = time.monotonic()
-        boot.start()
+        boot = boot_pool.submit(server.start)
         seed = 100_000
         sets: dict[tuple[str, int, int], list[Path]] = {}
         warm = make_images(tmp / "img" / "warmup", seed, 20)
@@ -255,16 +208,18 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in modes_of(rep):
                     seed += args.jobs
                     sets[(mode, c, rep)] = make_images(tmp / "img" / f"{mode}-c{c}-r{rep}", seed, args.jobs)
-        boot.join()
-        if not server.token:
-            raise RuntimeError("server did not start")
+        boot.result()  # raises what the start raised
+        boot_pool.shutdown()
+        token = server.token
         startup = time.monotonic() - t0
-        print(f"server: {server.kind} at {server.url} (ready after {startup:.1f}s, images made meanwhile)",
-              flush=True)
+        print(
+            f"server: {SERVERS[args.server]} at {server.api_url} (ready after {startup:.1f}s, images made meanwhile)",
+            flush=True,
+        )
 
         # Warm-up: connections, the first detections, the Serve handles.
-        _, warm_ids = run_bare(server.url, server.token, warm, 4, f"bench-{nonce}-warmup")
-        drain(server.url, server.token, warm_ids, args.drain_s)
+        _, warm_ids = run_bare(server.api_url, token, warm, 4, f"bench-{nonce}-warmup")
+        drain(server.api_url, token, warm_ids, args.drain_s)
 
         rows: list[dict[str, Any]] = []
         k = 0
@@ -278,20 +233,28 @@ def main(argv: list[str] | None = None) -> int:
                     files = sets[(mode, c, rep)]
                     batch = f"bench-{nonce}-{mode}-c{c}-r{rep}"
                     if mode == "bare":
-                        elapsed, ids = run_bare(server.url, server.token, files, c, batch)
+                        elapsed, ids = run_bare(server.api_url, token, files, c, batch)
                     elif mode == "cli":
-                        elapsed, ids = run_cli(server.url, server.token, files[0].parent, c, batch,
-                                               tmp / f"{batch}.jsonl")
+                        elapsed, ids = run_cli(server.api_url, token, files[0].parent, c, batch, tmp / f"{batch}.jsonl")
                     else:
-                        elapsed, ids = run_cli_process(server.url, server.token, files[0].parent, c, batch,
-                                                       tmp / f"{batch}.jsonl")
+                        elapsed, ids = run_cli_process(
+                            server.api_url, token, files[0].parent, c, batch, tmp / f"{batch}.jsonl"
+                        )
                     if len(set(ids)) != len(files):
                         raise RuntimeError(f"{mode} c={c}: {len(set(ids))} jobs for {len(files)} files")
-                    waited = drain(server.url, server.token, ids, args.drain_s)
-                    samples[mode].append({"seconds": round(elapsed, 3), "jobs": len(ids),
-                                          "jobs_per_s": round(len(ids) / elapsed, 1), "drain_s": round(waited, 2)})
-                    print(f"  c={c:<3} {mode:<8} {len(ids)} jobs in {elapsed:6.2f}s = "
-                          f"{len(ids) / elapsed:7.1f} jobs/s", flush=True)
+                    waited = drain(server.api_url, token, ids, args.drain_s)
+                    samples[mode].append(
+                        {
+                            "seconds": round(elapsed, 3),
+                            "jobs": len(ids),
+                            "jobs_per_s": round(len(ids) / elapsed, 1),
+                            "drain_s": round(waited, 2),
+                        }
+                    )
+                    print(
+                        f"  c={c:<3} {mode:<8} {len(ids)} jobs in {elapsed:6.2f}s = {len(ids) / elapsed:7.1f} jobs/s",
+                        flush=True,
+                    )
             row: dict[str, Any] = {"concurrency": c, "samples": samples}
             for mode in modes:
                 row[mode] = max(x["jobs_per_s"] for x in samples[mode])  # best of the repetitions
@@ -315,18 +278,28 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     top = max(rows, key=lambda r: r["concurrency"])
     met = top["cli_over_bare"] >= TARGET_RATIO
-    print(f"\ntarget: cli >= {TARGET_RATIO:.0%} of bare at concurrency {top['concurrency']}: "
-          f"{top['cli_over_bare']:.0%} -> {'met' if met else 'NOT met'}")
+    print(
+        f"\ntarget: cli >= {TARGET_RATIO:.0%} of bare at concurrency {top['concurrency']}: "
+        f"{top['cli_over_bare']:.0%} -> {'met' if met else 'NOT met'}"
+    )
     result = {
         "benchmark": "batch submission throughput",
-        "server": server.kind, "detector_delay_ms": args.delay_ms, "jobs_per_run": args.jobs,
-        "repeat": args.repeat, "rate": "best of the repetitions, jobs/s (wall clock of the whole run)",
+        "server": SERVERS[args.server],
+        "detector_delay_ms": args.delay_ms,
+        "jobs_per_run": args.jobs,
+        "repeat": args.repeat,
+        "rate": "best of the repetitions, jobs/s (wall clock of the whole run)",
         "image": f"{WIDTH}x{HEIGHT} PNG product composite",
         "cli_path": "client.batch.run_batch in-process (cli); `.venv/bin/hitl submit` child process (cli-proc)",
         "bare_path": "httpx.Client + ThreadPoolExecutor, POST /api/v1/jobs with Idempotency-Key",
-        "server_startup_s": round(startup, 1), "rows": rows,
-        "target": {"ratio": TARGET_RATIO, "concurrency": top["concurrency"], "cli_over_bare": top["cli_over_bare"],
-                   "met": met},
+        "server_startup_s": round(startup, 1),
+        "rows": rows,
+        "target": {
+            "ratio": TARGET_RATIO,
+            "concurrency": top["concurrency"],
+            "cli_over_bare": top["cli_over_bare"],
+            "met": met,
+        },
         "median_cli_over_bare": round(statistics.median(r["cli_over_bare"] for r in rows), 3),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "wall_s": round(time.monotonic() - started, 1),

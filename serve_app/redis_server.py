@@ -1,5 +1,6 @@
-"""Start and stop real ``redis-server`` processes: the embedded default of ``hitl up``
-and the fixtures of the tests (single server with AOF, or a 3-master cluster)."""
+"""Start and stop a real ``redis-server``: the embedded default of ``hitl up`` (one server with AOF),
+also what the tests and benchmarks start (``harness.redis`` joins three into a cluster)."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,16 @@ import redis
 # hundred bytes, so this keeps a waiting job well under 4 KiB.
 # A job's event stream is a handful of entries: Redis 7.0 preallocates a stream node
 # to stream-node-max-bytes (4096 by default), so a smaller node saves ~3 KiB per job.
-TUNING = ["--hash-max-listpack-value", "4096", "--hash-max-listpack-entries", "256",
-          "--stream-node-max-bytes", "1024", "--zset-max-listpack-entries", "1024"]
+TUNING = [
+    "--hash-max-listpack-value",
+    "4096",
+    "--hash-max-listpack-entries",
+    "256",
+    "--stream-node-max-bytes",
+    "1024",
+    "--zset-max-listpack-entries",
+    "1024",
+]
 
 
 def free_port(max_port: int = 65535) -> int:
@@ -26,7 +35,7 @@ def free_port(max_port: int = 65535) -> int:
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+            port: int = s.getsockname()[1]
         if port <= max_port:
             return port
 
@@ -44,11 +53,18 @@ def free_cluster_port() -> int:
         return port
 
 
+def find_binary(name: str) -> str | None:
+    """``name`` on PATH, else in /usr/bin (where Debian puts it, also when PATH is minimal)."""
+    return shutil.which(name) or (f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}") else None)
+
+
 def redis_binary() -> str:
-    path = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+    path = find_binary("redis-server")
     if not path:
-        raise RuntimeError("redis-server not found: run `make setup` (Debian: apt-get install redis-server), "
-                           "or point REDIS_URL at an existing Redis")
+        raise RuntimeError(
+            "redis-server not found: run `make setup` (Debian: apt-get install redis-server), "
+            "or point REDIS_URL at an existing Redis"
+        )
     return path
 
 
@@ -61,25 +77,49 @@ class RedisServer:
     host: str = "127.0.0.1"
     cluster: bool = False
     extra: list[str] = field(default_factory=list)
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
-    def start(self, timeout: float = 15.0) -> "RedisServer":
+    def start(self, timeout: float = 15.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_cluster_port() if self.cluster else free_port()
-        args = [redis_binary(), "--port", str(self.port), "--bind", self.host, "--dir", str(self.data_dir),
-                "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--protected-mode", "yes",
-                "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"), *TUNING]
+        args = [
+            redis_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--dir",
+            str(self.data_dir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
+            *TUNING,
+        ]
         if self.cluster:
-            args += ["--cluster-enabled", "yes", "--cluster-config-file", str(self.data_dir / "nodes.conf"),
-                     "--cluster-node-timeout", "5000"]
+            args += [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(self.data_dir / "nodes.conf"),
+                "--cluster-node-timeout",
+                "5000",
+            ]
         args += self.extra
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
         client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)
         while True:
@@ -92,7 +132,7 @@ class RedisServer:
                 pass
             except redis.exceptions.ConnectionError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server exited; see {self.data_dir / 'redis.log'}")
+                    raise RuntimeError(f"redis-server exited; see {self.data_dir / 'redis.log'}") from None
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"redis-server on port {self.port} did not start in {timeout}s")
@@ -109,44 +149,3 @@ class RedisServer:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
-
-
-@dataclass
-class RedisCluster:
-    """Three masters on loopback, joined with ``redis-cli --cluster create``."""
-
-    base_dir: Path
-    nodes: list[RedisServer] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
-
-    def start(self) -> "RedisCluster":
-        try:
-            return self._start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start(self) -> "RedisCluster":
-        for i in range(3):
-            self.nodes.append(RedisServer(self.base_dir / f"node{i}", cluster=True).start())
-        cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
-        subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
-                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
-        deadline = time.monotonic() + 30
-        for node in self.nodes:
-            client = redis.Redis(port=node.port, decode_responses=True)
-            try:
-                while "cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("redis cluster did not become ok")
-                    time.sleep(0.1)
-            finally:
-                client.close()
-        return self
-
-    def stop(self) -> None:
-        for n in self.nodes:
-            n.stop()

@@ -1,8 +1,8 @@
 """Raw-HTTP helpers for the control-plane tests (deliberately not the project's client)."""
+
 from __future__ import annotations
 
 import io
-import json
 import time
 import uuid
 from typing import Any
@@ -10,14 +10,10 @@ from typing import Any
 import httpx
 from PIL import Image
 
+from harness.sse import read_events
+from harness.tokens import auth
 from serve_app.samples import product_composite
 from statecore.states import TERMINAL
-
-from .conftest import TOKENS
-
-
-def auth(name: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {TOKENS[name]}"}
 
 
 def png(width: int = 64, height: int = 48, colour: tuple[int, int, int] = (200, 30, 30)) -> bytes:
@@ -30,8 +26,9 @@ def blank_with_product(seed: int = 0) -> bytes:
     return product_composite(seed=seed, n=2)[0]
 
 
-def submit(c: httpx.Client, data: bytes, who: str = "sub1", key: str | None = None,
-           filename: str = "img.png") -> httpx.Response:
+def submit(
+    c: httpx.Client, data: bytes, who: str = "sub1", key: str | None = None, filename: str = "img.png"
+) -> httpx.Response:
     headers = auth(who)
     if key:
         headers["Idempotency-Key"] = key
@@ -44,8 +41,9 @@ def get(c: httpx.Client, job_id: str, who: str = "rev1") -> dict[str, Any]:
     return r.json()
 
 
-def wait_status(c: httpx.Client, job_id: str, statuses: set[str] | None = None, timeout: float = 60,
-                who: str = "rev1") -> dict[str, Any]:
+def wait_status(
+    c: httpx.Client, job_id: str, statuses: set[str] | None = None, timeout: float = 60, who: str = "rev1"
+) -> dict[str, Any]:
     want = statuses or {s.value for s in TERMINAL}
     deadline = time.monotonic() + timeout
     while True:
@@ -57,11 +55,22 @@ def wait_status(c: httpx.Client, job_id: str, statuses: set[str] | None = None, 
         time.sleep(0.05)
 
 
-def intervene(c: httpx.Client, job_id: str, snap: dict[str, Any], subjects: list[dict[str, Any]],
-              who: str = "rev1", iid: str | None = None, **over: Any) -> httpx.Response:
+def intervene(
+    c: httpx.Client,
+    job_id: str,
+    snap: dict[str, Any],
+    subjects: list[dict[str, Any]],
+    who: str = "rev1",
+    iid: str | None = None,
+    **over: Any,
+) -> httpx.Response:
     pause = snap["active_pause"] or {}
-    body = {"intervention_id": iid or f"iv_{uuid.uuid4().hex[:12]}", "pause_token": pause.get("pause_token", "x"),
-            "base_version": snap["version"], "subjects": subjects}
+    body = {
+        "intervention_id": iid or f"iv_{uuid.uuid4().hex[:12]}",
+        "pause_token": pause.get("pause_token", "x"),
+        "base_version": snap["version"],
+        "subjects": subjects,
+    }
     body.update(over)
     return c.post(f"/api/v1/jobs/{job_id}/interventions", json=body, headers=auth(who))
 
@@ -70,29 +79,17 @@ def keep_all(snap: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in snap["box_list"]]
 
 
-def sse_events(c: httpx.Client, job_id: str, *, last_event_id: int | None = None, until: str | None = None,
-               limit: int = 1000, who: str = "rev1", timeout: float = 30) -> list[dict[str, Any]]:
-    """Read SSE frames until an event of type ``until`` (or the stream's end)."""
-    headers = auth(who)
-    if last_event_id is not None:
-        headers["Last-Event-ID"] = str(last_event_id)
-    out: list[dict[str, Any]] = []
-    with c.stream("GET", f"/api/v1/jobs/{job_id}/events", headers=headers, timeout=timeout) as r:
-        assert r.status_code == 200
-        assert r.headers["content-type"].startswith("text/event-stream")
-        frame: dict[str, str] = {}
-        for line in r.iter_lines():
-            if line == "":
-                if "data" in frame:
-                    ev = json.loads(frame["data"])
-                    assert str(ev["id"]) == frame["id"] and ev["type"] == frame["event"]
-                    out.append(ev)
-                    if ev["type"] == until or len(out) >= limit:
-                        return out
-                frame = {}
-                continue
-            if line.startswith(":"):
-                continue
-            k, _, v = line.partition(":")
-            frame[k] = v.lstrip(" ")
-    return out
+def sse_events(
+    c: httpx.Client,
+    job_id: str,
+    *,
+    last_event_id: int | None = None,
+    until: str | None = None,
+    limit: int = 1000,
+    who: str = "rev1",
+    timeout: float = 30,
+) -> list[dict[str, Any]]:
+    """The job's events until one of type ``until`` (or the stream's end), as ``who`` sees them."""
+    return read_events(
+        c, job_id, headers=auth(who), last_event_id=last_event_id, until=until, limit=limit, timeout=timeout
+    )

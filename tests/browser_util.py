@@ -6,21 +6,22 @@ point in image pixels maps to a point on the page through the canvas' bounding b
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
-import pytest
+
+from harness.ci import missing
+from harness.sse import read_events
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("HITL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SHOTS = os.environ.get("HITL_SCREENSHOTS", "") == "1"
 SHOT_DIR = ROOT / "docs" / "screenshots"
 VIEWPORT = {"width": 1400, "height": 1100}
@@ -33,14 +34,10 @@ def require_chromium() -> str:
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        if IN_CI:
-            pytest.fail("the playwright package is required under CI (make setup installs it)")
-        pytest.skip("playwright not installed")
+        missing("the playwright package")
     if os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK):
         return CHROMIUM
-    if IN_CI:
-        pytest.fail(f"Chromium is required under CI for the browser tests: {CHROMIUM} not found")
-    pytest.skip(f"Chromium not installed ({CHROMIUM})")
+    missing(f"Chromium ({CHROMIUM})")
 
 
 def screenshot(page: Any, name: str, *, full_page: bool = False) -> None:
@@ -93,16 +90,7 @@ class Api:
 
     def events(self, job_id: str, until: str = "JOB_FINISHED", timeout: float = 60) -> list[dict[str, Any]]:
         """The job's SSE history (then live events) up to and including the first ``until`` event."""
-        out: list[dict[str, Any]] = []
-        with self.c.stream("GET", f"/api/v1/jobs/{job_id}/events",
-                           timeout=httpx.Timeout(10, read=timeout)) as r:
-            assert r.status_code == 200, r.read()
-            for line in r.iter_lines():
-                if line.startswith("data:"):
-                    out.append(json.loads(line[5:]))
-                    if out[-1]["type"] == until:
-                        break
-        return out
+        return read_events(self.c, job_id, until=until, timeout=httpx.Timeout(10, read=timeout))
 
     def close(self) -> None:
         self.c.close()
@@ -219,18 +207,3 @@ class Reviewer:
     def pause_token_shown(self) -> str | None:
         m = re.search(r"pause_[0-9a-zA-Z]+", self.page.inner_text("#stage-text"))
         return m.group(0) if m else None
-
-
-def embedded_redis_url(proc_tree: list[Any]) -> str:
-    """The URL of the redis-server that a `hitl up` started (redis rewrites its title to host:port)."""
-    for p in proc_tree:
-        try:
-            cmd = " ".join(p.cmdline())
-        except Exception:  # noqa: BLE001 - a process that went away
-            continue
-        if "redis-server" not in cmd:
-            continue
-        m = re.search(r"--port (\d+)", cmd) or re.search(r"127\.0\.0\.1:(\d+)", cmd)
-        if m:
-            return f"redis://127.0.0.1:{m.group(1)}/0"
-    raise AssertionError("no embedded redis-server under hitl up")

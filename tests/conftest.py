@@ -1,28 +1,20 @@
-"""Fixtures that start the real parts: redis-server (AOF, free port), a 3-master
-Redis Cluster, and the statecore Store on top. Never a fake: the Lua is the product.
+"""Fixtures that start the real parts: redis-server (AOF, free port), a 3-master Redis Cluster, the
+statecore Store on top, and the control plane under uvicorn. Never a fake: the Lua is the product.
 
-Locally a missing redis-server skips; under CI it fails the run."""
+Locally a missing redis-server skips; under CI it fails the run (``harness.ci``)."""
+
 from __future__ import annotations
-
-import os
-import shutil
 
 import pytest
 import pytest_asyncio
 
-from serve_app.redis_server import RedisCluster, RedisServer
+from harness.ci import require_binary
+from harness.redis import RedisCluster
+from harness.tokens import TOKENS_SPEC
+from harness.uvicorn import LocalServer
+from serve_app.redis_server import RedisServer
 from statecore.models import ImageRef
 from statecore.store import Store, StoreConfig
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def require_binary(name: str) -> None:
-    if shutil.which(name) or os.path.exists(f"/usr/bin/{name}"):
-        return
-    if IN_CI:
-        pytest.fail(f"{name} is required under CI (make setup installs it)")
-    pytest.skip(f"{name} not installed")
 
 
 @pytest.fixture(scope="session")
@@ -71,26 +63,11 @@ def image() -> ImageRef:
     return ImageRef(sha256="a" * 64, width=640, height=480, url="/api/v1/artifacts/img_" + "a" * 16 + ".png")
 
 
-# ---------------------------------------------------------------------------- control plane (uvicorn)
-
-TOKENS = {
-    "admin": "tok-admin", "rev1": "tok-rev1", "rev2": "tok-rev2", "sub1": "tok-sub1", "sub2": "tok-sub2",
-    "exec": "tok-exec",
-}
-TOKENS_SPEC = ("admin:admin:tok-admin,rev1:reviewer:tok-rev1,rev2:reviewer:tok-rev2,"
-               "sub1:submitter:tok-sub1,sub2:submitter:tok-sub2,exec:executor:tok-exec")
-
-
 @pytest.fixture(scope="session")
 def api_server(tmp_path_factory: pytest.TempPathFactory):
     """The FastAPI control plane under uvicorn in this process, with a dispatcher running the
-    classical backends in threads and its own real redis-server."""
+    classical backends in threads and its own real redis-server; the identities of ``harness.tokens``."""
     require_binary("redis-server")
-    from tests.harness import LocalServer
-
-    data = tmp_path_factory.mktemp("api")
-    redis = RedisServer(data / "redis").start()
-    server = LocalServer(data, redis.url, tokens=TOKENS_SPEC, max_upload_bytes=3_000_000).start()
+    server = LocalServer(tmp_path_factory.mktemp("api"), tokens=TOKENS_SPEC, max_upload_bytes=3_000_000).start()
     yield server
     server.stop()
-    redis.stop()

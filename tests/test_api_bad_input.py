@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.tokens import TOKENS
+
 from .api_util import auth, blank_with_product, submit, wait_status
-from .conftest import TOKENS
 
 ADMIN = TOKENS["admin"].encode()
 

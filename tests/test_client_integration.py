@@ -40,10 +40,9 @@ from PIL import Image
 from client import (ApiError, AsyncHitlClient, ConflictError, ConnectionFailed, HitlClient, ServerError,
                     new_intervention_id)
 from client.commands import main as hitl_main
+from harness.tokens import TOKENS
 from serve_app.samples import product_composite
 from statecore.models import JobSnapshot
-
-from .conftest import TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
 HITL = ROOT / ".venv" / "bin" / "hitl"

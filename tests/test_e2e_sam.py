@@ -1,6 +1,7 @@
 """One job through `hitl up --detector sam-auto --segmenter sam` on a tiny, randomly initialised
 Segment Anything checkpoint (no download): the real loading code, the Serve deployments and the
 whole review flow to a terminal state. Plumbing, not quality: random weights propose random boxes."""
+
 from __future__ import annotations
 
 import time
@@ -11,9 +12,8 @@ import pytest
 import torch
 
 from deployments.backends import sam as S
+from harness.hitl_up import HitlUp
 from serve_app.samples import product_composite
-
-from .hitl_proc import HitlUp
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -22,8 +22,17 @@ def test_one_job_through_sam_backends(tmp_path):
     torch.manual_seed(0)
     ckpt = tmp_path / "sam_tiny.pth"
     torch.save(S.build_sam_vit_tiny().state_dict(), ckpt)
-    up = HitlUp(tmp_path / "data", "--detector", "sam-auto", "--segmenter", "sam", "--sam-checkpoint", str(ckpt),
-                "--sam-model-type", "vit_tiny").start()
+    up = HitlUp(
+        tmp_path / "data",
+        "--detector",
+        "sam-auto",
+        "--segmenter",
+        "sam",
+        "--sam-checkpoint",
+        str(ckpt),
+        "--sam-model-type",
+        "vit_tiny",
+    ).start()
     try:
         c = httpx.Client(base_url=up.api_url, timeout=120, headers={"Authorization": f"Bearer {up.token}"})
         ready = c.get("/readyz").json()
@@ -42,9 +51,15 @@ def test_one_job_through_sam_backends(tmp_path):
                 time.sleep(0.2)
 
         def submit(snap: dict, subjects: list[dict]) -> dict:
-            r = c.post(f"/api/v1/jobs/{job}/interventions", json={
-                "intervention_id": f"iv_{uuid.uuid4().hex[:10]}", "pause_token": snap["active_pause"]["pause_token"],
-                "base_version": snap["version"], "subjects": subjects})
+            r = c.post(
+                f"/api/v1/jobs/{job}/interventions",
+                json={
+                    "intervention_id": f"iv_{uuid.uuid4().hex[:10]}",
+                    "pause_token": snap["active_pause"]["pause_token"],
+                    "base_version": snap["version"],
+                    "subjects": subjects,
+                },
+            )
             assert r.status_code == 200, r.text
             return r.json()
 
@@ -59,7 +74,9 @@ def test_one_job_through_sam_backends(tmp_path):
         assert submit(snap, subjects)["next_node_type"] == "VALIDATE_MANUAL_BOX_LIST"
         snap = wait({"WAITING_BOX_BATCH_REVISION", "SUCCEEDED", "PARTIAL_SUCCEEDED"})
         if snap["status"] == "WAITING_BOX_BATCH_REVISION":
-            reasons = [b["validation"] for b in snap["box_list"] if b["box_id"] in snap["active_pause"]["box_ids_to_revise"]]
+            reasons = [
+                b["validation"] for b in snap["box_list"] if b["box_id"] in snap["active_pause"]["box_ids_to_revise"]
+            ]
             assert all(v and v["score"] is not None for v in reasons)
             submit(snap, [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in snap["box_list"]])
         done = wait({"SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED"})
@@ -78,11 +95,13 @@ def test_one_job_through_sam_backends(tmp_path):
         cache: dict[tuple[str, str], float] = {}
         for line in c.get("/metrics").text.splitlines():
             if line.startswith("hitl_embedding_cache{"):
-                labels, value = line[len("hitl_embedding_cache{"):].split("} ")
+                labels, value = line[len("hitl_embedding_cache{") :].split("} ")
                 d = dict(kv.split("=") for kv in labels.split(","))
                 cache[(d["deployment"].strip('"'), d["kind"].strip('"'))] = float(value)
         assert cache[("Detector", "misses")] >= 1
-        reused = sum(cache.get((dep, k), 0) for dep in ("BoxValidator", "Segmenter") for k in ("memory_hits", "store_hits"))
+        reused = sum(
+            cache.get((dep, k), 0) for dep in ("BoxValidator", "Segmenter") for k in ("memory_hits", "store_hits")
+        )
         assert reused >= 1 and cache.get(("Segmenter", "misses"), 0) == 0, cache
     finally:
         up.stop()

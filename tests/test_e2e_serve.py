@@ -1,10 +1,12 @@
 """End to end through a real `hitl up`: embedded redis-server, local Ray, Ray Serve, classical models.
 
-Seed 000's verification list, where it needs the whole stack: durability across a
-SIGKILL of the whole process tree, cancel racing a (slow) detection, SSE through
-the Events deployment, the two-round naming flow to cut-outs, a clean SIGTERM.
+What needs the whole stack: durability across a SIGKILL of the whole process tree
+(docs/protocol.md § Pause), cancel racing a (slow) detection, SSE through the Events
+deployment (docs/protocol.md § Events), the two-round naming flow to cut-outs
+(docs/protocol.md § Second round), a clean SIGTERM.
 The HTTP contract in detail is in test_api_protocol.py (same app, under uvicorn).
 """
+
 from __future__ import annotations
 
 import io
@@ -15,9 +17,9 @@ import httpx
 import pytest
 from PIL import Image
 
+from harness.hitl_up import HitlUp
+from harness.sse import read_events
 from serve_app.samples import product_composite
-
-from .hitl_proc import HitlUp
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -46,24 +48,18 @@ class Api:
             time.sleep(0.1)
 
     def intervene(self, snap: dict, subjects: list[dict], iid: str | None = None) -> httpx.Response:
-        return self.c.post(f"/api/v1/jobs/{snap['job_id']}/interventions", json={
-            "intervention_id": iid or f"iv_{uuid.uuid4().hex[:10]}",
-            "pause_token": snap["active_pause"]["pause_token"] if snap["active_pause"] else "pause_x",
-            "base_version": snap["version"], "subjects": subjects})
+        return self.c.post(
+            f"/api/v1/jobs/{snap['job_id']}/interventions",
+            json={
+                "intervention_id": iid or f"iv_{uuid.uuid4().hex[:10]}",
+                "pause_token": snap["active_pause"]["pause_token"] if snap["active_pause"] else "pause_x",
+                "base_version": snap["version"],
+                "subjects": subjects,
+            },
+        )
 
     def events(self, job_id: str, last_event_id: int | None = None, until: str = "JOB_FINISHED") -> list[dict]:
-        import json
-
-        headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
-        out: list[dict] = []
-        with self.c.stream("GET", f"/api/v1/jobs/{job_id}/events", headers=headers) as r:
-            assert r.status_code == 200
-            for line in r.iter_lines():
-                if line.startswith("data:"):
-                    out.append(json.loads(line[5:]))
-                    if out[-1]["type"] == until:
-                        break
-        return out
+        return read_events(self.c, job_id, last_event_id=last_event_id, until=until)
 
     def close(self) -> None:
         self.c.close()

@@ -2,6 +2,7 @@
 the everysec fsync) and started again on the same data directory shows the same
 pause, token, version and pending outbox; a dispatcher that dies holding a
 command loses nothing and applies nothing twice."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,13 +11,13 @@ import time
 import pytest
 import redis.exceptions
 
+from harness.ci import require_binary
 from serve_app.redis_server import RedisServer
 from statecore import keys
 from statecore.models import NodeReport
 from statecore.states import JobStatus as S
 from statecore.store import Store, StoreConfig
 
-from .conftest import require_binary
 from .helpers import THREE_BOXES, create, iv, keep, waiting_job
 
 
@@ -38,9 +39,12 @@ async def _outbox_state(store: Store, job_ids: list[str]) -> dict:
         stream = keys.outbox(p)
         groups = {g["name"]: (g["pending"], g["last-delivered-id"]) for g in await store.r.xinfo_groups(stream)}
         pending = await store.r.xpending_range(stream, keys.OUTBOX_GROUP, "-", "+", 100)
-        out[stream] = {"len": await store.r.xlen(stream), "groups": groups,
-                       "pending": sorted((p["message_id"], p["consumer"]) for p in pending),
-                       "entries": await store.r.xrange(stream)}
+        out[stream] = {
+            "len": await store.r.xlen(stream),
+            "groups": groups,
+            "pending": sorted((p["message_id"], p["consumer"]) for p in pending),
+            "entries": await store.r.xrange(stream),
+        }
     return out
 
 
@@ -62,8 +66,9 @@ async def test_restart_keeps_pause_token_version_and_outbox(own_server, image, k
     req_before = iv(st, keep(st, 0, 1), iid="iv_before_crash")
     first = await store.intervene(processing, req_before, "rev")
     read = await store.outbox_read("d1", count=100, block_ms=0)
-    assert sorted((e.command.job_id, e.command.node_type) for e in read) == sorted([
-        (waiting, "DETECT_SUBJECTS"), (processing, "DETECT_SUBJECTS"), (processing, "PROCESS_APPROVED_BOX_LIST")])
+    assert sorted((e.command.job_id, e.command.node_type) for e in read) == sorted(
+        [(waiting, "DETECT_SUBJECTS"), (processing, "DETECT_SUBJECTS"), (processing, "PROCESS_APPROVED_BOX_LIST")]
+    )
     for e in read:  # the detections were applied: ack those, keep the PROCESS command pending
         if e.command.node_type == "DETECT_SUBJECTS":
             await store.outbox_ack(e)
@@ -100,10 +105,12 @@ async def test_restart_keeps_pause_token_version_and_outbox(own_server, image, k
         # The pending command is still d1's and can be taken over; the undelivered one is still new.
         reclaimed = await store.outbox_reclaim("d2", min_idle_ms=0)
         assert [(e.command.job_id, e.command.node_type) for e in reclaimed] == [
-            (processing, "PROCESS_APPROVED_BOX_LIST")]
+            (processing, "PROCESS_APPROVED_BOX_LIST")
+        ]
         fresh = await store.outbox_read("d2", count=100, block_ms=0)
-        assert sorted((e.command.job_id, e.command.node_type) for e in fresh) == sorted([
-            (detecting, "DETECT_SUBJECTS"), (waiting, "PROCESS_APPROVED_BOX_LIST")])
+        assert sorted((e.command.job_id, e.command.node_type) for e in fresh) == sorted(
+            [(detecting, "DETECT_SUBJECTS"), (waiting, "PROCESS_APPROVED_BOX_LIST")]
+        )
         await store.close()
     finally:
         again.stop()
@@ -128,8 +135,13 @@ async def test_dead_dispatcher_command_is_reclaimed_and_applied_once(own_server,
     assert await store.node_started(taken.command)
     st = await store.get(job_id)
     assert st.current_node.attempt == 2 and st.current_node.status == "RUNNING"
-    rep = NodeReport(node_instance_id=taken.command.node_instance_id, node_type="DETECT_SUBJECTS", job_id=job_id,
-                     outcome="SUCCEEDED", output={"boxes": THREE_BOXES})
+    rep = NodeReport(
+        node_instance_id=taken.command.node_instance_id,
+        node_type="DETECT_SUBJECTS",
+        job_id=job_id,
+        outcome="SUCCEEDED",
+        output={"boxes": THREE_BOXES},
+    )
     late = rep.model_copy(update={"output": {"boxes": THREE_BOXES[:1]}})  # d1 comes back with its own result
     results = await asyncio.gather(store.apply_report(rep), store.apply_report(late))
     assert sorted(results) == ["DUPLICATE", "OK"]

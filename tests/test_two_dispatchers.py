@@ -1,34 +1,32 @@
 """Two dispatchers on one consumer group (as with two API replicas): every node runs and is
 applied exactly once, whichever dispatcher takes it."""
+
 from __future__ import annotations
 
 import httpx
 
-from serve_app.redis_server import RedisServer
+from harness.sse import read_events
+from harness.tokens import TOKENS_SPEC, auth
+from harness.uvicorn import LocalServer
 from serve_app.samples import product_composite
 
 from .api_util import intervene, keep_all, submit, wait_status
-from .conftest import TOKENS_SPEC
-from .harness import LocalServer
 
 
 def test_two_dispatchers_apply_each_node_once(tmp_path):
-    redis = RedisServer(tmp_path / "redis").start()
-    server = LocalServer(tmp_path, redis.url, tokens=TOKENS_SPEC, dispatchers=2).start()
+    server = LocalServer(tmp_path, tokens=TOKENS_SPEC, dispatchers=2).start()
     try:
         with httpx.Client(base_url=server.url, timeout=60) as c:
-            ids = [submit(c, product_composite(seed=40 + i, width=240, height=180)[0]).json()["job_id"]
-                   for i in range(8)]
+            ids = [
+                submit(c, product_composite(seed=40 + i, width=240, height=180)[0]).json()["job_id"] for i in range(8)
+            ]
             for job_id in ids:
                 snap = wait_status(c, job_id, {"WAITING_USER_SELECTION"})
                 assert intervene(c, job_id, snap, keep_all(snap)).status_code == 200
             for job_id in ids:
                 assert wait_status(c, job_id)["status"] == "SUCCEEDED"
-                events = c.get(f"/api/v1/jobs/{job_id}/events", headers={"Authorization": "Bearer tok-rev1"})
-                types = [line.split(":", 1)[1].strip() for line in events.text.splitlines()
-                         if line.startswith("event:")]
+                types = [e["type"] for e in read_events(c, job_id, headers=auth("rev1"))]
                 assert types.count("NODE_COMPLETED") == 3  # detect, process, finalize
                 assert types.count("NODE_STARTED") == 3 and "REPORT_IGNORED" not in types
     finally:
         server.stop()
-        redis.stop()
