@@ -7,6 +7,7 @@ one) lets a rerun skip finished files and only wait for the ones already
 submitted. Submission and waiting run on separate worker pools, so files keep
 going in while earlier ones sit in review.
 """
+
 from __future__ import annotations
 
 import enum
@@ -25,15 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                           TimeElapsedColumn)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from statecore.media import SNIFF_BYTES, sniff
 from statecore.models import JobResults
 from statecore.states import WAITING
 
 from .api import TERMINAL_STATUSES, HitlClient, WaitCancelled
 from .errors import ApiError, AuthError, ConnectionFailed, NotFoundError, WaitTimeout
-from statecore.media import SNIFF_BYTES, sniff
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,13 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 # Progress buckets, in display order.
 QUEUED, SUBMITTED, WAITING_REVIEW, PROCESSING, DONE, FAILED = (
-    "queued", "submitted", "waiting for review", "processing", "done", "failed")
+    "queued",
+    "submitted",
+    "waiting for review",
+    "processing",
+    "done",
+    "failed",
+)
 CATEGORIES = (QUEUED, SUBMITTED, WAITING_REVIEW, PROCESSING, DONE, FAILED)
 _PROCESSING = frozenset({"VALIDATING_MANUAL_BOXES", "PROCESSING_APPROVED_SUBJECTS", "FINALIZING_RESULTS"})
 
@@ -90,8 +96,9 @@ class WalkResult:
     skipped: list[Skipped] = field(default_factory=list)
 
 
-def walk_inputs(inputs: Iterable[str | os.PathLike[str]], *,
-                exclude: Iterable[str | os.PathLike[str]] = ()) -> WalkResult:
+def walk_inputs(
+    inputs: Iterable[str | os.PathLike[str]], *, exclude: Iterable[str | os.PathLike[str]] = ()
+) -> WalkResult:
     """Expand files and directories (recursively, in sorted order) into image files.
 
     Files are recognised by their first bytes, not their names. Anything that is
@@ -254,11 +261,18 @@ class FileOutcome:
 
     def record(self, batch: str) -> dict[str, Any]:
         """The manifest line for this file as it stands now."""
-        return {"path": str(self.path.resolve()), "sha256": self.sha256, "batch": batch,
-                "idempotency_key": self.idempotency_key, "job_id": self.job_id, "status": self.status,
-                "final_status": self.final_status, "error": self.error,
-                "out_dir": str(self.out_dir) if self.out_dir else None,
-                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        return {
+            "path": str(self.path.resolve()),
+            "sha256": self.sha256,
+            "batch": batch,
+            "idempotency_key": self.idempotency_key,
+            "job_id": self.job_id,
+            "status": self.status,
+            "final_status": self.final_status,
+            "error": self.error,
+            "out_dir": str(self.out_dir) if self.out_dir else None,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -297,11 +311,18 @@ class BatchSummary:
         return 0 if self.ok else 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batch": self.batch, "waited": self.waited, "ok": self.ok, "exit_code": self.exit_code,
-                "counts": self.counts(), "aborted": self.aborted, "interrupted": self.interrupted,
-                "manifest": str(self.manifest) if self.manifest else None,
-                "files": [f.to_dict() for f in self.files],
-                "skipped": [{"path": str(s.path), "reason": s.reason} for s in self.skipped]}
+        return {
+            "batch": self.batch,
+            "waited": self.waited,
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "counts": self.counts(),
+            "aborted": self.aborted,
+            "interrupted": self.interrupted,
+            "manifest": str(self.manifest) if self.manifest else None,
+            "files": [f.to_dict() for f in self.files],
+            "skipped": [{"path": str(s.path), "reason": s.reason} for s in self.skipped],
+        }
 
 
 # ---------------------------------------------------------------------- downloading
@@ -376,11 +397,20 @@ def _error_text(exc: Exception) -> str:
     return str(exc)
 
 
-def run_batch(client: HitlClient, inputs: Iterable[str | os.PathLike[str]], *, batch: str = DEFAULT_BATCH,
-              concurrency: int = 4, wait: bool = False, out: str | os.PathLike[str] | None = None,
-              manifest: str | os.PathLike[str] | None = None, timeout: float | None = None,
-              wait_concurrency: int | None = None, progress: bool = True,
-              console: Console | None = None) -> BatchSummary:
+def run_batch(
+    client: HitlClient,
+    inputs: Iterable[str | os.PathLike[str]],
+    *,
+    batch: str = DEFAULT_BATCH,
+    concurrency: int = 4,
+    wait: bool = False,
+    out: str | os.PathLike[str] | None = None,
+    manifest: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+    wait_concurrency: int | None = None,
+    progress: bool = True,
+    console: Console | None = None,
+) -> BatchSummary:
     """Submit every image under ``inputs`` once; with ``wait`` follow each job to its end and, with
     ``out``, download its masks and cut-outs to ``<out>/<file-stem>/`` (``out`` is never walked).
 
@@ -422,8 +452,7 @@ def run_batch(client: HitlClient, inputs: Iterable[str | os.PathLike[str]], *, b
         else:
             assert rec is not None
             final = rec.get("final_status") if rec.get("final_status") in TERMINAL_STATUSES else None
-            tracker.update(o, job_id=rec["job_id"], status=final or rec.get("status"), final_status=final,
-                           resumed=True)
+            tracker.update(o, job_id=rec["job_id"], status=final or rec.get("status"), final_status=final, resumed=True)
         if action is Action.DONE or not wait:
             tracker.finish(o)
         else:
@@ -431,8 +460,12 @@ def run_batch(client: HitlClient, inputs: Iterable[str | os.PathLike[str]], *, b
 
     def wait_one(o: FileOutcome) -> None:
         assert o.job_id is not None
-        snap = client.wait_for(o.job_id, timeout=max(0.0, deadline - time.monotonic()),
-                               on_status=lambda s: tracker.update(o, status=s), cancel=cancel)
+        snap = client.wait_for(
+            o.job_id,
+            timeout=max(0.0, deadline - time.monotonic()),
+            on_status=lambda s: tracker.update(o, status=s),
+            cancel=cancel,
+        )
         status = str(snap.status)
         if status in TERMINAL_STATUSES:
             if o.out_dir is not None:
@@ -475,16 +508,25 @@ def run_batch(client: HitlClient, inputs: Iterable[str | os.PathLike[str]], *, b
                 tracker.finish(o)
 
     console = console or Console(stderr=True)
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, disable=not progress) as bar:
         tracker = _Tracker(outcomes, bar)
-        threads = [threading.Thread(target=worker, args=(submit_q, submit_one), daemon=True,
-                                    name=f"hitl-submit-{i}") for i in range(max(1, min(concurrency, len(outcomes))))]
+        threads = [
+            threading.Thread(target=worker, args=(submit_q, submit_one), daemon=True, name=f"hitl-submit-{i}")
+            for i in range(max(1, min(concurrency, len(outcomes))))
+        ]
         if wait:
             n_wait = wait_concurrency or max(concurrency, 32)
-            threads += [threading.Thread(target=worker, args=(wait_q, wait_one), daemon=True,
-                                         name=f"hitl-wait-{i}") for i in range(max(1, min(n_wait, len(outcomes))))]
+            threads += [
+                threading.Thread(target=worker, args=(wait_q, wait_one), daemon=True, name=f"hitl-wait-{i}")
+                for i in range(max(1, min(n_wait, len(outcomes))))
+            ]
         for o in outcomes:
             submit_q.put(o)
         for t in threads:

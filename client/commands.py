@@ -1,17 +1,18 @@
-"""The client half of the ``hitl`` command line (SPEC §8): submit, status, watch, results, jobs.
+"""The client half of the ``hitl`` command line: submit, status, watch, results, jobs.
 
-``add_client_commands(subparsers)`` registers them on the main ``hitl`` parser;
-each sets ``func`` to a function ``(args) -> exit code``. ``main(argv)`` runs
-them on their own. Tables are for people; ``--json`` is for scripts (stdout
-carries only JSON then, errors included, as ``{"error": {...}}``).
+``add_client_commands(subparsers)`` registers them on the one ``hitl`` parser
+(``serve_app.cli``); each sets ``func`` to a function ``(args) -> exit code``.
+Tables are for people; ``--json`` is for scripts (stdout carries only JSON
+then, errors included, as ``{"error": {...}}``).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+import textwrap
+from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,21 @@ from .api import TERMINAL_STATUSES, HitlClient
 from .batch import CATEGORIES, DEFAULT_BATCH, ENDED_WELL, BatchSummary, check_batch_name, download_outputs, run_batch
 from .config import ClientConfig, resolve_config
 from .errors import ApiError, AuthError, ConnectionFailed, HitlClientError, WaitTimeout
+from .times import age_seconds
 
 Handler = Callable[[argparse.Namespace], int]
 
 EXIT_OK, EXIT_FAIL, EXIT_INTERRUPTED = 0, 1, 130
-_STYLE = {"SUCCEEDED": "green", "PARTIAL_SUCCEEDED": "green", "EMPTY_SELECTION": "cyan",
-          "FAILED": "red", "TIMED_OUT": "red", "CANCELLED": "yellow",
-          "WAITING_USER_SELECTION": "magenta", "WAITING_BOX_BATCH_REVISION": "magenta"}
+_STYLE = {
+    "SUCCEEDED": "green",
+    "PARTIAL_SUCCEEDED": "green",
+    "EMPTY_SELECTION": "cyan",
+    "FAILED": "red",
+    "TIMED_OUT": "red",
+    "CANCELLED": "yellow",
+    "WAITING_USER_SELECTION": "magenta",
+    "WAITING_BOX_BATCH_REVISION": "magenta",
+}
 
 CONNECTION_HELP = """\
 The server is --api-url, else $HITL_API_URL, else http://127.0.0.1:8000. The token
@@ -66,84 +75,158 @@ def _common() -> argparse.ArgumentParser:
     conn = parent.add_argument_group("connection")
     conn.add_argument("--api-url", metavar="URL", help="server URL (default: $HITL_API_URL or http://127.0.0.1:8000)")
     conn.add_argument("--token", help="API token (default: $HITL_TOKEN, else <data-dir>/api-token)")
-    conn.add_argument("--data-dir", metavar="DIR",
-                      help="data directory whose api-token file is used (default: $HITL_DATA_DIR or .hitl)")
+    conn.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="data directory whose api-token file is used (default: $HITL_DATA_DIR or .hitl)",
+    )
     parent.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
     return parent
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps each paragraph of a description or epilog to the terminal; keeps indented lines (examples) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for para in text.split("\n\n"):
+            lines = para.splitlines()
+            if any(line.startswith(" ") for line in lines[1:]) or para.startswith(" "):
+                paragraphs.append("\n".join(indent + line for line in lines))
+            else:
+                paragraphs.append(
+                    textwrap.fill(
+                        " ".join(lines), width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+                    )
+                )
+        return "\n\n".join(paragraphs)
+
+
+def _command(
+    subparsers: Any, name: str, func: Handler, *, help: str, description: str, epilog: str = "", job: bool = False
+) -> argparse.ArgumentParser:
+    """A client subcommand: the connection options, the connection help, and ``func`` to run it."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        parents=[_common()],
+        formatter_class=HelpFormatter,
+        help=help,
+        description=description,
+        epilog=f"{epilog}\n\n{CONNECTION_HELP}" if epilog else CONNECTION_HELP,
+    )
+    if job:
+        p.add_argument("job_id", metavar="JOB", help="the job's id (job_…), as submit and jobs print it")
+    p.set_defaults(func=func)
+    return p
+
+
 def add_client_commands(subparsers: Any) -> None:
     """Register submit, status, watch, results and jobs on ``subparsers`` (from ``add_subparsers``)."""
-    common = [_common()]
-    fmt = argparse.RawDescriptionHelpFormatter
-
-    p = subparsers.add_parser(
-        "submit", parents=common, formatter_class=fmt, help="submit images (files or directories) for review",
+    p = _command(
+        subparsers,
+        "submit",
+        cmd_submit,
+        help="submit images (files or directories) for review",
         description="Submit images for review. Directories are walked recursively; files are recognised by "
-                    "content (PNG, JPEG, WebP) and anything else is reported by name and skipped.\n\n"
-                    "Each file's Idempotency-Key is <batch>:<sha256 of its bytes>, so rerunning the same command "
-                    "never creates a second job. A manifest (JSONL) records every step; a rerun skips finished "
-                    "files and only waits for the ones already submitted, so an interrupted run is resumed by "
-                    "running the same command again.",
+        "content (PNG, JPEG, WebP) and anything else is reported by name and skipped.\n\n"
+        "Each file's Idempotency-Key is <batch>:<sha256 of its bytes>, so rerunning the same command "
+        "never creates a second job. A manifest (JSONL) records every step; a rerun skips finished "
+        "files and only waits for the ones already submitted, so an interrupted run is resumed by "
+        "running the same command again.",
         epilog="exit status: 0 only when every file was accepted (and, with --wait, ended SUCCEEDED, "
-               "PARTIAL_SUCCEEDED or EMPTY_SELECTION); 1 otherwise; 130 when interrupted.\n\n"
-               "examples:\n  hitl submit photos/ --wait --out cutouts/\n"
-               "  hitl submit a.png b.jpg --batch spring-sale --json\n\n" + CONNECTION_HELP)
+        "PARTIAL_SUCCEEDED or EMPTY_SELECTION); 1 otherwise; 130 when interrupted.\n\n"
+        "examples:\n  hitl submit photos/ --wait --out cutouts/\n"
+        "  hitl submit a.png b.jpg --batch spring-sale --json",
+    )
     p.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR", help="image files or directories of images")
-    p.add_argument("--batch", type=_batch_name, default=DEFAULT_BATCH,
-                   help=f"batch name, part of every Idempotency-Key; the same file in another batch is a new job "
-                        f"(default: {DEFAULT_BATCH})")
-    p.add_argument("--concurrency", type=_positive_int, default=4, metavar="N",
-                   help="files uploaded in parallel (default: 4)")
-    p.add_argument("--wait", action="store_true",
-                   help="follow every job to its end (through SSE) before exiting")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help="with --wait: write masks, cut-outs and results.json to DIR/<file-stem>/")
-    p.add_argument("--manifest", type=Path, metavar="PATH",
-                   help="manifest JSONL (default: DIR/manifest.jsonl with --out, else <data-dir>/batches/<batch>.jsonl)")
-    p.add_argument("--timeout", type=_positive_float, metavar="S",
-                   help="with --wait: stop waiting after S seconds in all; unfinished jobs are picked up by a rerun "
-                        "(default: no limit)")
+    p.add_argument(
+        "--batch",
+        type=_batch_name,
+        default=DEFAULT_BATCH,
+        help=f"batch name, part of every Idempotency-Key; the same file in another batch is a new job "
+        f"(default: {DEFAULT_BATCH})",
+    )
+    p.add_argument(
+        "--concurrency", type=_positive_int, default=4, metavar="N", help="files uploaded in parallel (default: 4)"
+    )
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow every job to its end (through its event stream) before exiting; jobs that wait "
+        "for a reviewer keep the command waiting",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="with --wait: write masks, cut-outs and results.json to DIR/<file-stem>/",
+    )
+    p.add_argument(
+        "--manifest",
+        type=Path,
+        metavar="PATH",
+        help="manifest JSONL (default: DIR/manifest.jsonl with --out, else <data-dir>/batches/<batch>.jsonl)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        metavar="S",
+        help="with --wait: stop waiting after S seconds in all; unfinished jobs are picked up by a rerun "
+        "(default: no limit)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_submit)
 
-    p = subparsers.add_parser("status", parents=common, formatter_class=fmt, help="show one job",
-                              description="Show a job: status, version, the active pause and the boxes.",
-                              epilog=CONNECTION_HELP)
-    p.add_argument("job_id", metavar="JOB")
-    p.set_defaults(func=cmd_status)
+    _command(
+        subparsers,
+        "status",
+        cmd_status,
+        job=True,
+        help="show one job",
+        description="Show a job: status, version, the active pause (what a reviewer is asked) and the boxes.",
+    )
 
-    p = subparsers.add_parser(
-        "watch", parents=common, formatter_class=fmt, help="follow a job's events live",
+    p = _command(
+        subparsers,
+        "watch",
+        cmd_watch,
+        job=True,
+        help="follow a job's events live",
         description="Print the job's events as they happen (its history first), one line each, until the job "
-                    "finishes. The stream reconnects by itself without repeating events.",
-        epilog="exit status: 0 when the job ended SUCCEEDED, PARTIAL_SUCCEEDED or EMPTY_SELECTION, 1 otherwise.\n\n"
-               + CONNECTION_HELP)
-    p.add_argument("job_id", metavar="JOB")
+        "finishes. The stream reconnects by itself without repeating events.",
+        epilog="exit status: 0 when the job ended SUCCEEDED, PARTIAL_SUCCEEDED or EMPTY_SELECTION, 1 otherwise.",
+    )
     p.add_argument("--last-event-id", type=int, metavar="ID", help="start after this event id (skip the history)")
-    p.set_defaults(func=cmd_watch)
 
-    p = subparsers.add_parser(
-        "results", parents=common, formatter_class=fmt, help="show a finished job's results and download them",
+    p = _command(
+        subparsers,
+        "results",
+        cmd_results,
+        job=True,
+        help="show a finished job's results and download them",
         description="Show a finished job's subjects; with --out, download mask_<box_id>.png, "
-                    "cutout_<box_id>.png and results.json into DIR.",
-        epilog=CONNECTION_HELP)
-    p.add_argument("job_id", metavar="JOB")
+        "cutout_<box_id>.png and results.json into DIR. Results exist once the job has ended.",
+    )
     p.add_argument("--out", type=Path, metavar="DIR", help="download the masks and cut-outs into DIR")
     p.add_argument("--wait", action="store_true", help="wait for the job to finish first")
-    p.add_argument("--timeout", type=_positive_float, default=3600.0, metavar="S",
-                   help="with --wait: give up after S seconds (default: 3600)")
-    p.set_defaults(func=cmd_results)
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=3600.0,
+        metavar="S",
+        help="with --wait: give up after S seconds (default: 3600)",
+    )
 
-    p = subparsers.add_parser(
-        "jobs", parents=common, formatter_class=fmt, help="list jobs, or the review queue",
+    p = _command(
+        subparsers,
+        "jobs",
+        cmd_jobs,
+        help="list jobs, or the review queue",
         description="List the jobs you may see, newest first. With --status WAITING_USER_SELECTION (or "
-                    "WAITING_BOX_BATCH_REVISION) it is the review queue, oldest pause first.",
-        epilog=CONNECTION_HELP)
-    p.add_argument("--status", metavar="S", help="only jobs in status S")
+        "WAITING_BOX_BATCH_REVISION) it is the review queue, oldest pause first.",
+    )
+    p.add_argument("--status", metavar="S", help="only jobs in status S, e.g. WAITING_USER_SELECTION, SUCCEEDED")
     p.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs (default: 50)")
-    p.add_argument("--cursor", help="continue after a previous page (its next_cursor)")
-    p.set_defaults(func=cmd_jobs)
+    p.add_argument("--cursor", help="continue after a previous page (the next_cursor it printed)")
 
 
 # ---------------------------------------------------------------------- plumbing
@@ -188,8 +271,11 @@ def _client_command(fn: Callable[[argparse.Namespace, HitlClient], int]) -> Hand
 def _report_error(args: argparse.Namespace, cfg: ClientConfig, exc: HitlClientError) -> None:
     hint = ""
     if isinstance(exc, AuthError) and exc.status_code == 401:
-        hint = (f"token from {cfg.token_source}" if cfg.token_source
-                else "no token found: pass --token, set HITL_TOKEN, or point --data-dir at the server's data dir")
+        hint = (
+            f"token from {cfg.token_source}"
+            if cfg.token_source
+            else "no token found: pass --token, set HITL_TOKEN, or point --data-dir at the server's data dir"
+        )
     elif isinstance(exc, ConnectionFailed):
         hint = f"is the server running at {cfg.api_url}? (--api-url / HITL_API_URL)"
     if args.json:
@@ -208,20 +294,11 @@ def _report_error(args: argparse.Namespace, cfg: ClientConfig, exc: HitlClientEr
         console.print(hint)
 
 
-def _parse_time(iso: str | None) -> datetime | None:
-    if not iso:
-        return None
-    try:
-        return datetime.fromisoformat(iso.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def _age(iso: str | None) -> str:
-    when = _parse_time(iso)
-    if when is None:
+    seconds = age_seconds(iso)
+    if seconds is None:
         return "-"
-    secs = max(0, int((datetime.now(timezone.utc) - when).total_seconds()))
+    secs = int(seconds)
     if secs < 120:
         return f"{secs}s"
     if secs < 7200:
@@ -252,9 +329,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
         err.print("[yellow]note:[/yellow] --out takes effect with --wait (cut-outs exist once a job has ended)")
     try:
         with HitlClient.from_config(cfg) as client:
-            summary = run_batch(client, args.inputs, batch=args.batch, concurrency=args.concurrency, wait=args.wait,
-                                out=args.out, manifest=manifest, timeout=args.timeout,
-                                progress=not (args.json or args.no_progress) and err.is_terminal, console=err)
+            summary = run_batch(
+                client,
+                args.inputs,
+                batch=args.batch,
+                concurrency=args.concurrency,
+                wait=args.wait,
+                out=args.out,
+                manifest=manifest,
+                timeout=args.timeout,
+                progress=not (args.json or args.no_progress) and err.is_terminal,
+                console=err,
+            )
     except KeyboardInterrupt:
         err.print("interrupted: run the same command again to resume")
         return EXIT_INTERRUPTED
@@ -285,8 +371,7 @@ def _print_submit_summary(summary: BatchSummary, err: Console) -> None:
                 notes.append(f.error)
             elif f.out_dir and f.final_status:
                 notes.append(f"→ {f.out_dir}")
-            table.add_row(str(f.path), f.job_id or "-", _styled(f.final_status or f.status or None),
-                          "; ".join(notes))
+            table.add_row(str(f.path), f.job_id or "-", _styled(f.final_status or f.status or None), "; ".join(notes))
         out.print(table)
     counts = summary.counts()
     line = ", ".join(f"{counts[c]} {c}" for c in CATEGORIES if c in counts) or "no images"
@@ -334,8 +419,10 @@ def print_snapshot(snap: JobSnapshot, console: Console) -> None:
         info.add_row("node", f"{n.node_type} {n.status} (attempt {n.attempt}, {n.node_instance_id})")
     if snap.active_pause:
         p = snap.active_pause
-        pause = f"{p.stage} round {p.round}, token {p.pause_token}, base version {p.base_version}, " \
-                f"waiting {_age(p.created_at)}"
+        pause = (
+            f"{p.stage} round {p.round}, token {p.pause_token}, base version {p.base_version}, "
+            f"waiting {_age(p.created_at)}"
+        )
         if p.box_ids_to_revise:
             pause += f", to revise: {', '.join(p.box_ids_to_revise)}"
         info.add_row("pause", pause)
@@ -350,10 +437,16 @@ def print_snapshot(snap: JobSnapshot, console: Console) -> None:
             table.add_column(col)
         for b in boxes.values():
             v = b.validation
-            table.add_row(b.box_id, b.label or "-", f"{b.score:.2f}" if b.score is not None else "-",
-                          "[" + ", ".join(f"{x:g}" for x in b.bbox) + "]", b.source, b.target_policy,
-                          f"{v.status} {v.score:.2f}" if v and v.score is not None else (v.status if v else "-"),
-                          "yes" if b.box_id in approved else "")
+            table.add_row(
+                b.box_id,
+                b.label or "-",
+                f"{b.score:.2f}" if b.score is not None else "-",
+                "[" + ", ".join(f"{x:g}" for x in b.bbox) + "]",
+                b.source,
+                b.target_policy,
+                f"{v.status} {v.score:.2f}" if v and v.score is not None else (v.status if v else "-"),
+                "yes" if b.box_id in approved else "",
+            )
         console.print(table)
 
 
@@ -367,8 +460,10 @@ def format_event(event: Event) -> str:
     detail = ""
     if event.type == "PAUSE_OPENED":
         pause = data.get("active_pause") or {}
-        detail = (f"pause {pause.get('pause_token', '?')} {pause.get('stage', '')} round {pause.get('round', '?')}, "
-                  f"{len(data.get('box_list') or [])} boxes")
+        detail = (
+            f"pause {pause.get('pause_token', '?')} {pause.get('stage', '')} round {pause.get('round', '?')}, "
+            f"{len(data.get('box_list') or [])} boxes"
+        )
     elif data:
         detail = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
         if len(detail) > 160:
@@ -390,8 +485,9 @@ def cmd_watch(args: argparse.Namespace, client: HitlClient) -> int:
         if args.json:
             _print_json(event.model_dump(mode="json"))
         else:
-            console.print(Text(format_event(event), style=_STYLE.get(str(event.data.get("status")), "")),
-                          soft_wrap=True)
+            console.print(
+                Text(format_event(event), style=_STYLE.get(str(event.data.get("status")), "")), soft_wrap=True
+            )
         if event.type == "JOB_FINISHED":
             final = str(event.data.get("status") or "")
     if final is None or final not in TERMINAL_STATUSES:
@@ -434,8 +530,15 @@ def print_results(res: JobResults, console: Console) -> None:
     for col in ("box", "label", "status", "bbox", "reason", "mask", "cut-out"):
         table.add_column(col, overflow="fold")
     for s in res.subjects:
-        table.add_row(s.box_id, s.label or "-", _styled(s.status), "[" + ", ".join(f"{x:g}" for x in s.bbox) + "]",
-                      s.reason or "", s.mask_url or "-", s.cutout_url or "-")
+        table.add_row(
+            s.box_id,
+            s.label or "-",
+            _styled(s.status),
+            "[" + ", ".join(f"{x:g}" for x in s.bbox) + "]",
+            s.reason or "",
+            s.mask_url or "-",
+            s.cutout_url or "-",
+        )
     console.print(table)
 
 
@@ -454,29 +557,18 @@ def cmd_jobs(args: argparse.Namespace, client: HitlClient) -> int:
     for col in ("version", "created", "stage", "waiting", "boxes", "submitter"):
         table.add_column(col)
     for j in page.jobs:
-        table.add_row(j.job_id, _styled(str(j.status)), str(j.version), j.created_at, j.stage or "",
-                      _age(j.pause_created_at) if j.pause_created_at else "", str(j.box_count), j.submitter)
+        table.add_row(
+            j.job_id,
+            _styled(str(j.status)),
+            str(j.version),
+            j.created_at,
+            j.stage or "",
+            _age(j.pause_created_at) if j.pause_created_at else "",
+            str(j.box_count),
+            j.submitter,
+        )
     console = Console(highlight=False)
     console.print(table)
     if page.next_cursor:
         console.print(f"more: --cursor {page.next_cursor}")
     return EXIT_OK
-
-
-# ---------------------------------------------------------------------- standalone entry
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hitl", description="Client commands of hitl-review.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_client_commands(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,10 +1,11 @@
-"""Where the server is and which token to send (SPEC §8).
+"""Where the server is and which token to send (docs/protocol.md § Identity for the token itself).
 
 URL: ``--api-url``, else ``HITL_API_URL``, else ``http://127.0.0.1:8000``.
 Token: ``--token``, else ``HITL_TOKEN``, else the local admin token that a
 loopback server writes to ``<data-dir>/api-token``; the data directory is
 ``--data-dir``, else ``HITL_DATA_DIR``, else ``.hitl``. Empty values count as unset.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,9 +46,12 @@ def read_token_file(path: Path) -> str | None:
     return None
 
 
-def resolve_config(api_url: str | None = None, token: str | None = None,
-                   data_dir: str | os.PathLike[str] | None = None,
-                   env: Mapping[str, str] | None = None) -> ClientConfig:
+def resolve_config(
+    api_url: str | None = None,
+    token: str | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ClientConfig:
     env = os.environ if env is None else env
     url = _pick(api_url, env.get("HITL_API_URL")) or DEFAULT_API_URL
     ddir = Path(_pick(data_dir, env.get("HITL_DATA_DIR")) or DEFAULT_DATA_DIR).expanduser()

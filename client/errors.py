@@ -1,14 +1,15 @@
 """Errors raised by the client.
 
 ``ApiError`` is an HTTP answer the server gave (status >= 400), mapped from the
-SPEC error body ``{"code", "message", ...}``; every 409 carries the job's current
+error body ``{"code", "message", ...}`` (docs/protocol.md § Error codes); every 409 carries the job's current
 ``snapshot`` so a caller can redraw without another request. ``ConnectionFailed``
 means no answer came at all (after the retries the policy allowed).
 """
+
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -45,9 +46,17 @@ class WaitTimeout(HitlClientError, TimeoutError):
 class ApiError(HitlClientError):
     """An error answer of the HTTP API."""
 
-    def __init__(self, status_code: int, code: str, message: str, *, body: Any = None,
-                 snapshot: dict[str, Any] | None = None, request_id: str | None = None,
-                 retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        status_code: int,
+        code: str,
+        message: str,
+        *,
+        body: Any = None,
+        snapshot: dict[str, Any] | None = None,
+        request_id: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(f"{status_code} {code}: {message}")
         self.status_code = status_code
         self.code = code
@@ -126,14 +135,14 @@ def parse_retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def error_from_response(response: httpx.Response) -> ApiError:
     """Map an error response to the matching ``ApiError`` subclass.
 
-    A SPEC body gives ``code``/``message``/``snapshot``; FastAPI's own
+    The API's error body gives ``code``/``message``/``snapshot``; FastAPI's own
     ``{"detail": …}`` and non-JSON bodies (a proxy's 502 page) still give a usable error.
     """
     status = response.status_code
@@ -144,7 +153,7 @@ def error_from_response(response: httpx.Response) -> ApiError:
         body = text
     code, message, snapshot = f"HTTP_{status}", (response.reason_phrase or "error"), None
     if isinstance(body, dict) and isinstance(body.get("detail"), dict) and "code" in body["detail"]:
-        body = body["detail"]  # a SPEC body wrapped by FastAPI's HTTPException(detail=…)
+        body = body["detail"]  # an API error body wrapped by FastAPI's HTTPException(detail=…)
     if isinstance(body, dict):
         if isinstance(body.get("code"), str):
             code = body["code"]
@@ -160,7 +169,11 @@ def error_from_response(response: httpx.Response) -> ApiError:
     elif isinstance(body, str) and body.strip():
         message = body.strip()[:500]
     return _class_for(status)(
-        status, code, message, body=body, snapshot=snapshot,
+        status,
+        code,
+        message,
+        body=body,
+        snapshot=snapshot,
         request_id=_request_id(response),
         retry_after=parse_retry_after(response.headers.get("Retry-After")),
     )

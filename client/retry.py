@@ -3,7 +3,7 @@
 Three kinds of request:
 
 * ``IDEMPOTENT``: GETs, POST /jobs with an Idempotency-Key, interventions (they
-  carry ``intervention_id``), cancel (idempotent by SPEC). Sending them twice is
+  carry ``intervention_id``), cancel (idempotent, docs/protocol.md § Routes). Sending them twice is
   harmless, so connection errors, 502/503/504 and 429 are retried.
 * ``CONNECT_ONLY``: POST /jobs without an Idempotency-Key. Once the request may
   have reached the server a second send could create a second job, so only
@@ -12,6 +12,7 @@ Three kinds of request:
 
 No other 4xx is ever retried; a 409 in particular is the server's final word.
 """
+
 from __future__ import annotations
 
 import enum
@@ -56,8 +57,9 @@ class RetryPolicy:
             return None
         return self.backoff_delay(attempt)
 
-    def after_status(self, attempt: int, status: int, mode: RetryMode,
-                     retry_after: float | None = None) -> float | None:
+    def after_status(
+        self, attempt: int, status: int, mode: RetryMode, retry_after: float | None = None
+    ) -> float | None:
         """Delay before retrying after an HTTP error status, or None to give up."""
         if attempt >= self.retries or mode is not RetryMode.IDEMPOTENT or status not in RETRY_STATUSES:
             return None

@@ -5,6 +5,7 @@ lines are decoded here because its ``iter_sse`` swallows comment lines, and the
 server's keep-alive comments (one at least every 15 s) are what lets a waiter
 look at its deadline while a job sits in review for hours.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ class SSEDecoder:
             if not self._event and not self._data and self._id is None and self._retry is None:
                 return None
             # Each message keeps only its own id: the client tracks the last one itself.
-            sse = ServerSentEvent(event=self._event or "message", data="\n".join(self._data),
-                                  id=self._id, retry=self._retry)
+            sse = ServerSentEvent(
+                event=self._event or "message", data="\n".join(self._data), id=self._id, retry=self._retry
+            )
             self._event, self._data, self._id, self._retry = "", [], None, None
             return sse
         if line.startswith(":"):
@@ -79,13 +81,20 @@ def to_event(sse: ServerSentEvent, job_id: str) -> Event | None:
         return None
     if {"type", "job_id", "version", "at"} <= payload.keys():
         try:
-            return Event.model_validate({**payload, "id": event_id,
-                                         "type": sse.event if sse.event != "message" else payload["type"]})
+            return Event.model_validate(
+                {**payload, "id": event_id, "type": sse.event if sse.event != "message" else payload["type"]}
+            )
         except ValidationError:
             pass
     data = payload.get("data") if isinstance(payload.get("data"), dict) else payload
-    return Event(id=event_id, type=payload.get("type") or sse.event, job_id=payload.get("job_id") or job_id,
-                 version=int(payload.get("version") or 0), at=str(payload.get("at") or ""), data=data)
+    return Event(
+        id=event_id,
+        type=payload.get("type") or sse.event,
+        job_id=payload.get("job_id") or job_id,
+        version=int(payload.get("version") or 0),
+        at=str(payload.get("at") or ""),
+        data=data,
+    )
 
 
 class EventCursor:

@@ -1,11 +1,30 @@
-"""The `hitl` command: `up` and `demo` run the system; the client commands
-(`submit`, `status`, `watch`, `results`, `jobs`) talk to a running one."""
+"""The ``hitl`` command, built by one parser here.
+
+``up`` and ``demo`` run the system on this machine; ``submit``, ``status``,
+``watch``, ``results`` and ``jobs`` (``client.commands``) talk to a running one.
+This module imports only the client's light dependencies at import time, so
+``hitl submit`` works from the base install (``pip install hitl-review``); the
+server (Redis, Ray Serve, the models, the UI) is imported when ``up`` or
+``demo`` actually runs and needs ``pip install 'hitl-review[demo]'``.
+"""
+
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+
+from client.commands import HelpFormatter, add_client_commands
+
+DESCRIPTION = """\
+hitl-review: human-in-the-loop review for image cut-out. A detector proposes boxes, a person approves, \
+moves, relabels or draws them in the reviewer UI, and the approved subjects are segmented into masks and \
+cut-outs.
+
+Server side: `hitl up` starts everything on this machine (`hitl demo` also submits sample images). Client \
+side: `hitl submit` sends images and `status`, `watch`, `results` and `jobs` follow them; they only need \
+the server's URL and a token. Run `hitl COMMAND --help` for a command's options."""
 
 EPILOG = """\
 examples:
@@ -15,93 +34,192 @@ examples:
   hitl submit photos/ --wait --out cutouts/
   hitl status JOB_ID ; hitl watch JOB_ID ; hitl results JOB_ID --out DIR
 
-environment: REDIS_URL (external Redis or redis+cluster://...), HITL_TOKENS (name:role:token,...),
-             HITL_API_URL, HITL_TOKEN, HITL_DATA_DIR, RAY_ADDRESS
-"""
+environment:
+  REDIS_URL      an external Redis (redis://… or redis+cluster://…) instead of the embedded one
+  HITL_TOKENS    name:role:token,… (roles: submitter, reviewer, admin, executor); needed off loopback
+  HITL_API_URL   the server client commands talk to (default http://127.0.0.1:8000)
+  HITL_TOKEN     the token client commands send
+  HITL_DATA_DIR  the data directory (default .hitl)
+  RAY_ADDRESS    an existing Ray cluster to join
+
+installing: the client commands need only `pip install hitl-review`; `up` and `demo` need the server, \
+the models and the UI: `pip install 'hitl-review[demo]'`."""
+
+SERVER_EXTRA_HINT = "`hitl {command}` needs the server's packages: pip install 'hitl-review[demo]' (missing: {name})"
 
 
 def _add_up_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("serving")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; anything "
-                   "else requires HITL_TOKENS)")
-    g.add_argument("--api-port", type=int, default=8000, help="HTTP API port (default 8000)")
-    g.add_argument("--ui-port", type=int, default=7860, help="reviewer UI port (default 7860)")
-    g.add_argument("--no-ui", action="store_true", help="do not start the Gradio reviewer UI")
-    g.add_argument("--data-dir", default=None, help="state, artifacts and logs (default .hitl or HITL_DATA_DIR)")
-    g.add_argument("--redis-url", default=None, help="use this Redis instead of the embedded one (REDIS_URL)")
-    g.add_argument("--ray-address", default=None, help="join an existing Ray cluster (RAY_ADDRESS)")
-    g.add_argument("--dashboard", action="store_true", help="start the Ray dashboard (http://127.0.0.1:8265)")
-    g.add_argument("--api-replicas", type=int, default=None, help="API/dispatcher replicas (default 1)")
-    g.add_argument("--config", default=None, help="YAML/TOML file with per-deployment autoscaling settings")
+    g.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the API and the UI listen on (default 127.0.0.1; any other address requires "
+        "HITL_TOKENS, since the local admin token is only created for loopback)",
+    )
+    g.add_argument("--api-port", type=int, default=8000, metavar="PORT", help="HTTP API port (default 8000)")
+    g.add_argument("--ui-port", type=int, default=7860, metavar="PORT", help="reviewer UI port (default 7860)")
+    g.add_argument("--no-ui", action="store_true", help="do not start the Gradio reviewer UI (API only)")
+    g.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="where the embedded Redis, artifacts, logs and the local api-token live; a second `hitl "
+        "up` on the same directory finds every job where it was (default $HITL_DATA_DIR or .hitl)",
+    )
+    g.add_argument(
+        "--redis-url",
+        default=None,
+        metavar="URL",
+        help="use this Redis (or Valkey, or redis+cluster://…) instead of starting the embedded one "
+        "(default $REDIS_URL)",
+    )
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="join an existing Ray cluster instead of starting a local one (default $RAY_ADDRESS)",
+    )
+    g.add_argument("--dashboard", action="store_true", help="also start the Ray dashboard (http://127.0.0.1:8265)")
+    g.add_argument(
+        "--api-replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replicas of the API/dispatcher deployment (default 1)",
+    )
+    g.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="YAML or TOML file with per-deployment replica and autoscaling settings (see docs/config)",
+    )
     g.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     m = p.add_argument_group("models")
-    m.add_argument("--detector", default="classical", choices=["classical", "sam-auto", "torchvision"],
-                   help="detector backend (default classical: OpenCV, no weights)")
-    m.add_argument("--segmenter", default="classical", choices=["classical", "sam"],
-                   help="segmenter backend (default classical: GrabCut)")
-    m.add_argument("--validator", default=None, choices=["classical", "sam"],
-                   help="box validator backend (default: sam with --segmenter sam, else classical)")
-    m.add_argument("--sam-checkpoint", default=None, help="Segment Anything checkpoint file (.pth)")
-    m.add_argument("--sam-model-type", default="vit_b", help="vit_b | vit_l | vit_h (default vit_b)")
-    m.add_argument("--detector-weights", default=None, help="torchvision detector weights file (.pth)")
-    m.add_argument("--detector-arch", default="fasterrcnn_resnet50_fpn",
-                   help="torchvision.models.detection architecture for --detector torchvision")
-    m.add_argument("--detector-delay-ms", type=int, default=0,
-                   help="simulated model latency added to detection (demos, load tests)")
+    m.add_argument(
+        "--detector",
+        default="classical",
+        choices=["classical", "sam-auto", "torchvision"],
+        help="what proposes boxes: classical (OpenCV, no weights), sam-auto (Segment Anything's "
+        "automatic masks, needs --sam-checkpoint) or torchvision (needs --detector-weights); "
+        "default classical",
+    )
+    m.add_argument(
+        "--segmenter",
+        default="classical",
+        choices=["classical", "sam"],
+        help="what cuts out approved boxes: classical (GrabCut) or sam (needs --sam-checkpoint); default classical",
+    )
+    m.add_argument(
+        "--validator",
+        default=None,
+        choices=["classical", "sam"],
+        help="what scores hand-drawn boxes (default: sam with --segmenter sam, else classical)",
+    )
+    m.add_argument(
+        "--sam-checkpoint",
+        default=None,
+        metavar="FILE",
+        help="Segment Anything checkpoint (.pth); nothing is downloaded",
+    )
+    m.add_argument(
+        "--sam-model-type",
+        default="vit_b",
+        metavar="TYPE",
+        help="the checkpoint's architecture: vit_b, vit_l or vit_h (default vit_b)",
+    )
+    m.add_argument(
+        "--detector-weights",
+        default=None,
+        metavar="FILE",
+        help="torchvision detector weights (.pth) for --detector torchvision",
+    )
+    m.add_argument(
+        "--detector-arch",
+        default="fasterrcnn_resnet50_fpn",
+        metavar="NAME",
+        help="torchvision.models.detection architecture of those weights (default fasterrcnn_resnet50_fpn)",
+    )
+    m.add_argument(
+        "--detector-delay-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="simulated model latency added to each detection, for demos and load tests (default 0)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hitl", description="hitl-review: human-in-the-loop review for image cut-out.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The whole ``hitl`` command line: server commands here, client commands from ``client.commands``."""
+    parser = argparse.ArgumentParser(prog="hitl", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    up = sub.add_parser("up", help="start Redis, Ray Serve, the API and the reviewer UI on this machine",
-                        description="Start everything on one machine; prints `READY api=<url> ui=<url>` when "
-                        "serving. SIGTERM or Ctrl-C stops it cleanly.")
+    up = sub.add_parser(
+        "up",
+        formatter_class=HelpFormatter,
+        help="start Redis, Ray Serve, the API and the reviewer UI on this machine",
+        description="Start everything on one machine: the embedded Redis (unless --redis-url), Ray (local, or "
+        "--ray-address), the API and the reviewer UI (unless --no-ui). When it is serving it prints "
+        "one line `READY api=<url> ui=<url>`. SIGTERM or Ctrl-C stops it cleanly; jobs, pauses and "
+        "results survive a restart on the same --data-dir.",
+        epilog="Without HITL_TOKENS on a loopback address, a local admin token is written to "
+        "<data-dir>/api-token (mode 0600); the UI and the client commands pick it up from there.",
+    )
     _add_up_options(up)
-    demo = sub.add_parser("demo", help="`hitl up` plus sample images submitted for review",
-                          description="Start everything and submit sample images (product composites and "
-                          "scikit-image photographs) so reviews are waiting in the UI.")
+    up.set_defaults(func=_run_up)
+    demo = sub.add_parser(
+        "demo",
+        formatter_class=HelpFormatter,
+        help="`hitl up` plus sample images submitted for review",
+        description="Start everything as `hitl up` does, then submit sample images (product composites and "
+        "scikit-image photographs, nothing downloaded) so that reviews are waiting in the UI. "
+        "Rerunning it submits nothing twice.",
+    )
     _add_up_options(demo)
-    try:
-        from client.commands import add_client_commands
-    except ImportError:  # the client package is optional for serving
-        add_client_commands = None
-    if add_client_commands is not None:
-        add_client_commands(sub)
+    demo.set_defaults(func=_run_up)
+    add_client_commands(sub)
     return parser
 
 
-def _demo_submitter(data_dir: Path) -> Any:
+def _run_up(args: argparse.Namespace) -> int:
+    """``hitl up`` / ``hitl demo``: the server is imported only now."""
+    try:
+        from .launcher import settings_from_args, up
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").partition(".")[0]
+        if top in {"serve_app", "statecore", "deployments", "ui", "client"}:
+            raise
+        print(SERVER_EXTRA_HINT.format(command=args.command, name=exc.name), file=sys.stderr)
+        return 2
+    settings = settings_from_args(args)
+    on_ready = _demo_submitter(settings.data_dir.resolve()) if args.command == "demo" else None
+    return up(settings, ui=not args.no_ui, dashboard=args.dashboard, on_ready=on_ready, verbose=args.verbose)
+
+
+def _demo_submitter(data_dir: Path) -> Callable[[str, str | None], None]:
     def submit(api_url: str, token: str | None) -> None:
         from client import HitlClient
 
         from .samples import write_samples
 
         paths = write_samples(data_dir / "samples")
-        c = HitlClient(api_url, token)
-        for p in paths:
-            r = c.submit(p, idempotency_key=f"demo:{p.name}")
-            print(f"demo: submitted {p.name} as {r.job_id}" + (" (already there)" if r.replayed else ""),
-                  flush=True)
+        with HitlClient(api_url, token) as c:
+            for p in paths:
+                r = c.submit(p, idempotency_key=f"demo:{p.name}")
+                print(
+                    f"demo: submitted {p.name} as {r.job_id}" + (" (already there)" if r.replayed else ""), flush=True
+                )
         print("demo: open the UI address above and review the waiting jobs", flush=True)
 
     return submit
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("up", "demo"):
-        from .launcher import settings_from_args, up
-
-        settings = settings_from_args(args)
-        on_ready = _demo_submitter(settings.data_dir.resolve()) if args.command == "demo" else None
-        return up(settings, ui=not args.no_ui, dashboard=args.dashboard, on_ready=on_ready, verbose=args.verbose)
     if args.command is None:
         parser.print_help()
         return 2
-    return int(args.func(args))
+    code: int = args.func(args)
+    return code
 
 
 if __name__ == "__main__":

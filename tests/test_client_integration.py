@@ -16,13 +16,14 @@ the client and the server and does it to real bytes.
 * A 503 (with Retry-After: 0) is retried, a 409 is not and carries GET's snapshot.
 * ``hitl status / jobs / results / watch`` print what the API says.
 """
+
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
 import os
-import asyncio
 import select
 import signal
 import socket
@@ -37,10 +38,17 @@ import httpx
 import pytest
 from PIL import Image
 
-from client import (ApiError, AsyncHitlClient, ConflictError, ConnectionFailed, HitlClient, ServerError,
-                    new_intervention_id)
-from client.commands import main as hitl_main
+from client import (
+    ApiError,
+    AsyncHitlClient,
+    ConflictError,
+    ConnectionFailed,
+    HitlClient,
+    ServerError,
+    new_intervention_id,
+)
 from harness.tokens import TOKENS
+from serve_app.cli import main as hitl_main
 from serve_app.samples import product_composite
 from statecore.models import JobSnapshot
 
@@ -77,8 +85,9 @@ def job_ids_of(base_url: str, who: str) -> set[str]:
         params: dict[str, Any] = {"limit": 100}
         if cursor:
             params["cursor"] = cursor
-        r = httpx.get(f"{base_url}/api/v1/jobs", params=params,
-                      headers={"Authorization": f"Bearer {TOKENS[who]}"}, timeout=30)
+        r = httpx.get(
+            f"{base_url}/api/v1/jobs", params=params, headers={"Authorization": f"Bearer {TOKENS[who]}"}, timeout=30
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         ids.update(j["job_id"] for j in body["jobs"])
@@ -104,8 +113,9 @@ class AutoReviewer:
     approves every pause of the jobs ``accept`` picks, keeping all boxes. With ``delay_s`` it
     lets a pause sit that long before answering (so a stream has something to wait for)."""
 
-    def __init__(self, base_url: str, accept: Callable[[JobSnapshot], bool], *, delay_s: float = 0.0,
-                 who: str = "rev1") -> None:
+    def __init__(
+        self, base_url: str, accept: Callable[[JobSnapshot], bool], *, delay_s: float = 0.0, who: str = "rev1"
+    ) -> None:
         self.client = HitlClient(base_url, TOKENS[who], backoff=0.05)
         self.accept = accept
         self.delay_s = delay_s
@@ -150,8 +160,13 @@ class AutoReviewer:
             seen = self._first_seen.setdefault(pause.pause_token, time.monotonic())
             if time.monotonic() - seen < self.delay_s:
                 continue
-            self.client.intervene(snap.job_id, intervention_id=new_intervention_id(), pause_token=pause.pause_token,
-                                  base_version=snap.version, subjects=snap.box_list)
+            self.client.intervene(
+                snap.job_id,
+                intervention_id=new_intervention_id(),
+                pause_token=pause.pause_token,
+                base_version=snap.version,
+                subjects=snap.box_list,
+            )
             self.approved.setdefault(snap.job_id, []).append(pause.pause_token)
 
 
@@ -178,16 +193,20 @@ class _RequestLog:
             end = self.buf.find(b"\r\n\r\n")
             if end < 0:
                 return done
-            head, self.buf = self.buf[:end].decode("latin-1"), self.buf[end + 4:]
+            head, self.buf = self.buf[:end].decode("latin-1"), self.buf[end + 4 :]
             line, *lines = head.split("\r\n")
             method, target, _ = line.split(" ", 2)
             headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)}
-            self.pending, self.body_left = {"method": method, "path": target, "headers": headers}, \
-                int(headers.get("content-length") or 0)
+            self.pending, self.body_left = (
+                {"method": method, "path": target, "headers": headers},
+                int(headers.get("content-length") or 0),
+            )
 
 
-REJECT_503 = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 0\r\nContent-Type: text/plain\r\n"
-              b"Content-Length: 20\r\nConnection: close\r\n\r\nupstream unavailable")
+REJECT_503 = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 0\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 20\r\nConnection: close\r\n\r\nupstream unavailable"
+)
 
 
 class LoopbackProxy:
@@ -200,8 +219,15 @@ class LoopbackProxy:
     ``requests`` lists every request that arrived (method, path, headers, connection number).
     """
 
-    def __init__(self, upstream: str, *, reject_first: int = 0, cut_bytes: Callable[[int], int] | None = None,
-                 cut_after_s: float | None = None, response_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        reject_first: int = 0,
+        cut_bytes: Callable[[int], int] | None = None,
+        cut_after_s: float | None = None,
+        response_delay_s: float = 0.0,
+    ) -> None:
         url = httpx.URL(upstream)
         self.upstream = (url.host, url.port)
         self.reject_left = reject_first
@@ -242,7 +268,7 @@ class LoopbackProxy:
         while not self._closed:
             try:
                 conn, _ = self._server.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -344,7 +370,7 @@ def collect(iterator: Iterator[Any], timeout: float) -> list[Any]:
     def drain() -> None:
         try:
             items.extend(iterator)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:
             errors.append(exc)
 
     worker = threading.Thread(target=drain, daemon=True)
@@ -387,8 +413,13 @@ def finished_job(api_server) -> dict[str, Any]:
         job_id = sub.submit(data, idempotency_key="it-finished:4000", filename="finished.png").job_id
         waiting = adm.wait_for(job_id, ["WAITING_USER_SELECTION"], timeout=30)
         assert waiting.active_pause is not None and waiting.box_list
-        adm.intervene(job_id, intervention_id=new_intervention_id(), pause_token=waiting.active_pause.pause_token,
-                      base_version=waiting.version, subjects=waiting.box_list)
+        adm.intervene(
+            job_id,
+            intervention_id=new_intervention_id(),
+            pause_token=waiting.active_pause.pause_token,
+            base_version=waiting.version,
+            subjects=waiting.box_list,
+        )
         final = adm.wait_for(job_id, timeout=60)
     assert final.status == "SUCCEEDED", final
     return {"job_id": job_id, "waiting": waiting, "final": final}
@@ -434,8 +465,9 @@ def test_submit_dir_wait_out_with_reviewer_and_broken_files(api_server, cli_env,
         assert results["job_id"] == rec["job_id"] and results["status"] == "SUCCEEDED"
         assert results["subjects"] and all(s["status"] == "SUCCEEDED" for s in results["subjects"])
         files = {f.name for f in (out / path.stem).iterdir()}
-        assert files == {"results.json"} | {f"{kind}_{s['box_id']}.png" for s in results["subjects"]
-                                            for kind in ("mask", "cutout")}, files
+        assert files == {"results.json"} | {
+            f"{kind}_{s['box_id']}.png" for s in results["subjects"] for kind in ("mask", "cutout")
+        }, files
         subject = results["subjects"][0]
         with Image.open(out / path.stem / f"mask_{subject['box_id']}.png") as mask:
             assert mask.format == "PNG" and mask.size == (WIDTH, HEIGHT)
@@ -545,9 +577,11 @@ def test_events_resume_after_dropped_connections_without_gap_or_duplicate(api_se
     with HitlClient(api_server.url, TOKENS["sub1"]) as sub:
         job_id = sub.submit(data, idempotency_key="it-sse:3000").job_id
 
-    with LoopbackProxy(api_server.url, cut_bytes=_cut_after, cut_after_s=0.5) as proxy, \
-            HitlClient(proxy.url, TOKENS["rev1"], backoff=0.05) as through_proxy, \
-            AutoReviewer(api_server.url, lambda s: s.image.sha256 == sha, delay_s=1.2) as reviewer:
+    with (
+        LoopbackProxy(api_server.url, cut_bytes=_cut_after, cut_after_s=0.5) as proxy,
+        HitlClient(proxy.url, TOKENS["rev1"], backoff=0.05) as through_proxy,
+        AutoReviewer(api_server.url, lambda s: s.image.sha256 == sha, delay_s=1.2) as reviewer,
+    ):
         events = collect(through_proxy.events(job_id), timeout=30)
         event_requests = [r for r in proxy.requests if r["path"].endswith("/events")]
     assert not reviewer.errors and job_id in reviewer.approved
@@ -585,8 +619,10 @@ def test_503_is_retried_409_is_not(api_server, finished_job):
     direct = raw_get(api_server.url, f"/api/v1/jobs/{job_id}").json()
 
     # GET: the gateway's 503 (Retry-After: 0) is retried at once, under the same X-Request-ID.
-    with LoopbackProxy(api_server.url, reject_first=1) as proxy, \
-            HitlClient(proxy.url, TOKENS["admin"], backoff=0.01) as client:
+    with (
+        LoopbackProxy(api_server.url, reject_first=1) as proxy,
+        HitlClient(proxy.url, TOKENS["admin"], backoff=0.01) as client,
+    ):
         snap = client.get_job(job_id)
         assert snap.model_dump(mode="json") == JobSnapshot.model_validate(direct).model_dump(mode="json")
     assert [r["path"] for r in proxy.requests] == [f"/api/v1/jobs/{job_id}"] * 2
@@ -594,16 +630,20 @@ def test_503_is_retried_409_is_not(api_server, finished_job):
 
     # POST /jobs with an Idempotency-Key: retried, one job.
     data, _ = product_composite(seed=4001, width=WIDTH, height=HEIGHT, n=1)
-    with LoopbackProxy(api_server.url, reject_first=1) as proxy, \
-            HitlClient(proxy.url, TOKENS["sub1"], backoff=0.01) as client:
+    with (
+        LoopbackProxy(api_server.url, reject_first=1) as proxy,
+        HitlClient(proxy.url, TOKENS["sub1"], backoff=0.01) as client,
+    ):
         res = client.submit(data, idempotency_key="it-503:4001")
         assert res.status_code == 202 and not res.replayed
         assert client.submit(data, idempotency_key="it-503:4001").job_id == res.job_id
     assert [r["method"] for r in proxy.requests] == ["POST"] * 3
 
     # POST /jobs without a key: a 503 might have come after the job was made, so it is not sent twice.
-    with LoopbackProxy(api_server.url, reject_first=1) as proxy, \
-            HitlClient(proxy.url, TOKENS["sub1"], backoff=0.01) as client:
+    with (
+        LoopbackProxy(api_server.url, reject_first=1) as proxy,
+        HitlClient(proxy.url, TOKENS["sub1"], backoff=0.01) as client,
+    ):
         with pytest.raises(ServerError) as err:
             client.submit(data)
     assert err.value.status_code == 503 and len(proxy.requests) == 1
@@ -612,9 +652,13 @@ def test_503_is_retried_409_is_not(api_server, finished_job):
     waiting = finished_job["waiting"]
     with LoopbackProxy(api_server.url) as proxy, HitlClient(proxy.url, TOKENS["rev2"], backoff=0.01) as client:
         with pytest.raises(ConflictError) as conflict:
-            client.intervene(job_id, intervention_id=new_intervention_id(),
-                             pause_token=waiting.active_pause.pause_token, base_version=waiting.version,
-                             subjects=waiting.box_list)
+            client.intervene(
+                job_id,
+                intervention_id=new_intervention_id(),
+                pause_token=waiting.active_pause.pause_token,
+                base_version=waiting.version,
+                subjects=waiting.box_list,
+            )
     assert [r["path"] for r in proxy.requests] == [f"/api/v1/jobs/{job_id}/interventions"]
     assert conflict.value.code == "VERSION_CONFLICT" and conflict.value.status_code == 409
     assert conflict.value.snapshot == raw_get(api_server.url, f"/api/v1/jobs/{job_id}").json() == direct
@@ -639,8 +683,9 @@ def test_read_commands_against_the_server(api_server, finished_job, cli_env, cap
 
     code, out, _ = run_cli(["jobs", "--json", "--limit", "500"], capsys)
     listed = json.loads(out)
-    raw = httpx.get(f"{api_server.url}/api/v1/jobs", params={"limit": 500}, headers={"Authorization": "Bearer "
-                                                                                    + TOKENS["sub1"]}).json()
+    raw = httpx.get(
+        f"{api_server.url}/api/v1/jobs", params={"limit": 500}, headers={"Authorization": "Bearer " + TOKENS["sub1"]}
+    ).json()
     assert code == 0
     assert [j["job_id"] for j in listed["jobs"]] == [j["job_id"] for j in raw["jobs"]]
     assert {j["submitter"] for j in listed["jobs"]} == {"sub1"}  # a submitter lists only its own jobs
