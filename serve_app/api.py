@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from fastapi import FastAPI, File, Header, Query, Request, UploadFile
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -30,7 +30,7 @@ from statecore.store import Reply, Store, StoreConfig
 from . import metrics
 from .auth import Authenticator, Identity
 from .config import Settings
-from .uploads import check_image
+from .uploads import check_image, read_upload
 
 log = logging.getLogger("hitl.api")
 
@@ -53,6 +53,12 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
 EVENT_ID_RE = re.compile(r"^[0-9]{1,15}$")  # ASCII digits: str.isdigit() also takes "²" and "٣"
 PUBLIC = re.compile(r"^/(healthz|readyz|metrics|docs|redoc|openapi\.json)(/.*)?$")
 
+
+# The upload is parsed by serve_app.uploads (streamed under the byte limit), not by FastAPI, so the
+# schema of its body is spelled out here for /docs and the schema-driven fuzzer.
+UPLOAD_OPENAPI: dict[str, Any] = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["image"],
+    "properties": {"image": {"type": "string", "format": "binary", "description": "PNG, JPEG or WebP"}}}}}}}
 
 EventSource = Callable[[str, int], AsyncIterator[str]]
 
@@ -169,23 +175,22 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
 
     # ------------------------------------------------------------------ jobs
 
-    @app.post(f"{API}/jobs", status_code=202, response_model=CreateJobResponse,
+    @app.post(f"{API}/jobs", status_code=202, response_model=CreateJobResponse, openapi_extra=UPLOAD_OPENAPI,
               responses={200: {"model": CreateJobResponse}, 400: {}, 409: {}, 413: {}})
-    async def create_job(request: Request, image: UploadFile = File(..., description="PNG, JPEG or WebP"),
+    async def create_job(request: Request,
                          idempotency_key: str | None = Header(default=None, max_length=200)) -> Response:
         s = rt().settings
-        if image.size is not None and image.size > s.max_upload_bytes:
-            raise errors.PayloadTooLarge(f"upload is {image.size} bytes; the limit is {s.max_upload_bytes}")
-        data = await image.read(s.max_upload_bytes + 1)
-        checked = check_image(data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels, filename=image.filename)
+        upload = await read_upload(request, field="image", max_bytes=s.max_upload_bytes)
+        checked = await asyncio.to_thread(check_image, upload.data, max_bytes=s.max_upload_bytes,
+                                          max_pixels=s.max_pixels, filename=upload.filename)
         name = await asyncio.to_thread(rt().artifacts.put, "image", checked.data, checked.ext)
         ref = ImageRef(sha256=checked.sha256, width=checked.width, height=checked.height,
                        url=ArtifactStore.url(name))
         reply = await rt().store.create_job(identity(request).name, ref, idempotency_key or None)
         if not reply.replayed:
             metrics.JOBS_CREATED.inc()
-            log.info("job created job=%s submitter=%s image=%dx%d", reply.job_id, identity(request).name,
-                     checked.width, checked.height)
+            log.info("job created job=%s submitter=%s image=%dx%d%s", reply.job_id, identity(request).name,
+                     checked.width, checked.height, " (uprighted by its EXIF orientation)" if checked.rotated else "")
         return replayable(reply)
 
     @app.get(f"{API}/jobs", response_model=JobList)
