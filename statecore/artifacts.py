@@ -6,8 +6,11 @@ Names are ``<kind>_<sha256[:32]>.<ext>`` so the same bytes are stored once.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import re
+import tempfile
 
 import fsspec
 
@@ -18,6 +21,7 @@ class ArtifactStore:
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/")
         self.fs, self.path = fsspec.core.url_to_fs(self.root)
+        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
         self.fs.makedirs(self.path, exist_ok=True)
 
     def _full(self, name: str) -> str:
@@ -32,22 +36,34 @@ class ArtifactStore:
     def put(self, kind: str, data: bytes, ext: str) -> str:
         """Store ``data`` once under its content hash and return its name."""
         name = self.name_for(kind, data, ext)
-        full = self._full(name)
-        if not self.fs.exists(full):
-            tmp = f"{full}.tmp"
-            with self.fs.open(tmp, "wb") as f:
-                f.write(data)
-            self.fs.mv(tmp, full)
+        if not self.fs.exists(self._full(name)):
+            self._write(name, data)
         return name
 
     def put_named(self, name: str, data: bytes) -> str:
         """Store under a caller-chosen valid name (e.g. an embedding keyed by image hash)."""
-        full = self._full(name)
-        tmp = f"{full}.tmp"
-        with self.fs.open(tmp, "wb") as f:
-            f.write(data)
-        self.fs.mv(tmp, full)
+        self._write(name, data)
         return name
+
+    def _write(self, name: str, data: bytes) -> None:
+        """All or nothing, safe against concurrent writers of the same name.
+
+        On a local disk: a temporary file with a unique name beside the target, then an atomic
+        rename, so a reader sees the old file, the new file or none, never a part. An object
+        store (S3, GCS) makes a single PUT visible atomically by itself."""
+        full = self._full(name)
+        if not self.local:
+            self.fs.pipe_file(full, data)
+            return
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, full)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
     def exists(self, name: str) -> bool:
         try:
