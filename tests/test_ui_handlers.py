@@ -3,14 +3,23 @@ then the callbacks, called with their components and no browser."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
+import threading
+from collections.abc import AsyncGenerator, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 from PIL import Image
 
+from client import HitlClient, new_intervention_id
+from harness.tokens import TOKENS
+from serve_app.samples import product_composite
 from statecore.models import (
+    BBox,
     Box,
     CurrentNode,
     ImageRef,
@@ -32,10 +41,15 @@ from ui.annotator import (
     reapplied_value,
     subjects_from_annotator,
 )
+from ui.callbacks import Callbacks, show
+from ui.images import ImageStore
+from ui.layout import Components, layout
 from ui.panel import (
     MANUAL_COLOR,
     MODEL_COLOR,
     PROBLEM_COLOR,
+    ROUND1_TEXT,
+    Panel,
     annotator_value,
     backends_text,
     panel_from_snapshot,
@@ -52,15 +66,23 @@ IMAGE = ImageRef(sha256="ab" * 32, width=W, height=H, url="/api/v1/artifacts/img
 WAITING_ACTIONS = ["SUBMIT_BOX_LIST", "DRAW_MANUAL_BOX"]
 
 
-def model_box(i: int, bbox=(10.0, 20.0, 110.0, 120.0), label="shoe", score=0.92) -> Box:
+def model_box(
+    i: int, bbox: BBox = (10.0, 20.0, 110.0, 120.0), label: str | None = "shoe", score: float | None = 0.92
+) -> Box:
     return Box(box_id=f"box_{i}", bbox=bbox, label=label, score=score, source="model")
 
 
-def manual_box(i: int, bbox, label, validation: Validation | None = None) -> Box:
+def manual_box(i: int, bbox: BBox, label: str | None, validation: Validation | None = None) -> Box:
     return Box(box_id=f"box_{i}", bbox=bbox, label=label, score=None, source="manual", validation=validation)
 
 
-def pause(token="pause_1", stage="WAITING_USER_SELECTION", round_=1, base_version=3, revise=()) -> Pause:
+def pause(
+    token: str = "pause_1",
+    stage: str = "WAITING_USER_SELECTION",
+    round_: int = 1,
+    base_version: int = 3,
+    revise: Sequence[str] = (),
+) -> Pause:
     return Pause(
         pause_token=token,
         status="WAITING",
@@ -74,14 +96,14 @@ def pause(token="pause_1", stage="WAITING_USER_SELECTION", round_=1, base_versio
 
 
 def snapshot(
-    status="WAITING_USER_SELECTION",
-    boxes=(),
-    active=None,
-    actions=WAITING_ACTIONS,
-    version=3,
-    job_id="job_1",
-    node=None,
-    approved=(),
+    status: str = "WAITING_USER_SELECTION",
+    boxes: Sequence[Box] = (),
+    active: Pause | None = None,
+    actions: Sequence[str] = WAITING_ACTIONS,
+    version: int = 3,
+    job_id: str = "job_1",
+    node: CurrentNode | None = None,
+    approved: Sequence[Box] = (),
 ) -> JobSnapshot:
     return JobSnapshot(
         job_id=job_id,
@@ -125,8 +147,9 @@ def round2() -> JobSnapshot:
     )
 
 
-def as_raw(value: dict, scale: float = 1.0) -> dict:
+def as_raw(value: dict[str, Any] | None, scale: float = 1.0) -> dict[str, Any]:
     """What the browser sends back: canvas units plus each box's scaleFactor, colours as CSS text."""
+    assert value is not None
     boxes = []
     for b in value["boxes"]:
         r, g, bl = b["color"]
@@ -144,7 +167,7 @@ def as_raw(value: dict, scale: float = 1.0) -> dict:
     return {"image": {"path": "/tmp/x.png"}, "boxes": boxes, "orientation": 0}
 
 
-def drawn(xmin, ymin, xmax, ymax, label="", scale=1.0) -> dict:
+def drawn(xmin: float, ymin: float, xmax: float, ymax: float, label: str = "", scale: float = 1.0) -> dict[str, Any]:
     return {
         "label": label,
         "xmin": xmin * scale,
@@ -159,8 +182,8 @@ def drawn(xmin, ymin, xmax, ymax, label="", scale=1.0) -> dict:
 # --------------------------------------------------------------------------- snapshot -> panel
 
 
-def test_round1_panel_shows_every_box_with_label_score_and_source():
-    panel = panel_from_snapshot(round1())
+def test_round1_panel_shows_every_box_with_label_score_and_source() -> None:
+    panel = shown(panel_from_snapshot(round1()))
     assert panel is not None and panel.round == 1
     assert stage_text(panel) == "Confirm the detected subjects"
     value = annotator_value(panel, "/tmp/img.png")
@@ -178,8 +201,8 @@ def test_round1_panel_shows_every_box_with_label_score_and_source():
     }
 
 
-def test_round2_panel_highlights_problem_boxes_with_the_reason():
-    panel = panel_from_snapshot(round2())
+def test_round2_panel_highlights_problem_boxes_with_the_reason() -> None:
+    panel = shown(panel_from_snapshot(round2()))
     assert panel is not None and panel.round == 2
     assert stage_text(panel) == "These boxes did not pass naming — redraw or remove them"
     value = annotator_value(panel, "/tmp/img.png")
@@ -193,7 +216,7 @@ def test_round2_panel_highlights_problem_boxes_with_the_reason():
     assert notes.index("Did not pass naming") < notes.index("#1 shoe")
 
 
-def test_no_submit_panel_outside_an_active_pause():
+def test_no_submit_panel_outside_an_active_pause() -> None:
     detecting = snapshot(
         status="DETECTING",
         active=None,
@@ -227,8 +250,8 @@ def test_no_submit_panel_outside_an_active_pause():
 # --------------------------------------------------------------------------- annotator -> subjects
 
 
-def test_subjects_keep_move_delete_and_add():
-    panel = panel_from_snapshot(round1())
+def test_subjects_keep_move_delete_and_add() -> None:
+    panel = shown(panel_from_snapshot(round1()))
     scale = 0.5  # the image is shown at half size in the browser
     raw = as_raw(annotator_value(panel, "/tmp/img.png"), scale)
     raw["boxes"][0]["xmin"] += 0.2  # unmoved within a pixel: keeps its exact coordinates
@@ -246,36 +269,36 @@ def test_subjects_keep_move_delete_and_add():
     assert edits.deleted == ["box_3"] and list(edits.moved) == ["box_2"] and len(edits.added) == 1
 
 
-def test_preprocessed_values_work_too():
-    panel = panel_from_snapshot(round1())
+def test_preprocessed_values_work_too() -> None:
+    panel = shown(panel_from_snapshot(round1()))
     value = annotator_value(panel, "/tmp/img.png")
     value["boxes"] = value["boxes"][:1]
     subjects, err = subjects_from_annotator(panel, value)
     assert err is None and subjects == [{"box_id": "box_1", "bbox": [10.0, 20.0, 110.0, 120.0], "label": "shoe"}]
 
 
-def test_empty_list_is_allowed_and_means_cut_nothing():
-    panel = panel_from_snapshot(round1())
+def test_empty_list_is_allowed_and_means_cut_nothing() -> None:
+    panel = shown(panel_from_snapshot(round1()))
     assert subjects_from_annotator(panel, {"boxes": [], "orientation": 0}) == ([], None)
 
 
-def test_manual_box_without_label_is_an_inline_error():
-    panel = panel_from_snapshot(round1())
+def test_manual_box_without_label_is_an_inline_error() -> None:
+    panel = shown(panel_from_snapshot(round1()))
     raw = as_raw(annotator_value(panel, "/tmp/img.png"))
     raw["boxes"].insert(0, drawn(5, 5, 60, 60))
     subjects, err = subjects_from_annotator(panel, raw)
-    assert subjects == [] and "needs a label" in err and "new box 1" in err
+    assert subjects == [] and err is not None and "needs a label" in err and "new box 1" in err
 
 
-def test_rotated_image_cannot_be_submitted():
-    panel = panel_from_snapshot(round1())
+def test_rotated_image_cannot_be_submitted() -> None:
+    panel = shown(panel_from_snapshot(round1()))
     raw = as_raw(annotator_value(panel, "/tmp/img.png"))
     raw["orientation"] = 1
-    assert "orientation" in subjects_from_annotator(panel, raw)[1]
+    assert "orientation" in (subjects_from_annotator(panel, raw)[1] or "")
 
 
-def test_label_entry_for_a_new_box_then_relabel_an_existing_one():
-    panel = panel_from_snapshot(round2())
+def test_label_entry_for_a_new_box_then_relabel_an_existing_one() -> None:
+    panel = shown(panel_from_snapshot(round2()))
     raw = as_raw(annotator_value(panel, "/tmp/img.png"))
     raw["boxes"].insert(0, drawn(100, 100, 150, 160))  # older drawn box
     raw["boxes"].insert(0, drawn(300, 200, 350, 260))  # newest drawn box: first, as the annotator puts it
@@ -283,12 +306,12 @@ def test_label_entry_for_a_new_box_then_relabel_an_existing_one():
     assert choices[0][1] == AUTO_TARGET and ("New box 2: (no label)", "new:2") in choices
 
     value, relabels, err = apply_label(panel, raw, {}, AUTO_TARGET, "  cap ", "/tmp/img.png")
-    assert err is None and relabels == {}
+    assert err is None and relabels == {} and value is not None
     assert [b["label"] for b in value["boxes"][:2]] == ["new: cap", ""]
     value, relabels, err = apply_label(panel, as_raw(value), relabels, "new:1", "scarf", "/tmp/img.png")
     assert err is None
     value, relabels, err = apply_label(panel, as_raw(value), relabels, "box:box_5", "glove", "/tmp/img.png")
-    assert err is None and relabels == {"box_5": "glove"}
+    assert err is None and relabels == {"box_5": "glove"} and value is not None
     assert any(b["label"].startswith("#3 glove") and "relabelled" in b["label"] for b in value["boxes"])
 
     subjects, err = subjects_from_annotator(panel, as_raw(value), relabels)
@@ -304,15 +327,21 @@ def test_label_entry_for_a_new_box_then_relabel_an_existing_one():
 # --------------------------------------------------------------------------- 409s
 
 
+def shown(panel: Panel | None) -> Panel:
+    """The panel, which the test expects to be there."""
+    assert panel is not None
+    return panel
+
+
 def opened(snap: JobSnapshot) -> ReviewerState:
     st = ReviewerState(token="t", signed_in=True)
     st.open(snap)
     return st
 
 
-def test_version_conflict_redraws_offers_edits_and_takes_a_new_intervention_id():
+def test_version_conflict_redraws_offers_edits_and_takes_a_new_intervention_id() -> None:
     st = opened(round1())
-    panel = st.panel
+    panel = shown(st.panel)
     raw = as_raw(annotator_value(panel, "/tmp/img.png"))
     raw["boxes"][0].update(xmin=15, xmax=115)  # move box_1
     del raw["boxes"][2]  # delete box_3
@@ -328,22 +357,23 @@ def test_version_conflict_redraws_offers_edits_and_takes_a_new_intervention_id()
     )
     outcome = st.record_conflict("VERSION_CONFLICT", newer.model_dump(mode="json"), edits)
     assert outcome.banner.startswith("Your view was out of date")
-    assert outcome.redraw and st.panel.pause_token == "pause_9" and st.version == 5
+    assert outcome.redraw and shown(st.panel).pause_token == "pause_9" and st.version == 5
     assert st.intervention_id and st.intervention_id != first_id
     assert st.submission_id() == st.intervention_id
+    assert outcome.offer is not None
     assert outcome.offer.deleted == ["box_3"] and outcome.offer.moved == {}
     assert outcome.offer.added == [((300.0, 200.0, 350.0, 260.0), "cap")]
     assert outcome.dropped == ["move box_1"]
     assert "Re-apply my edits" in outcome.banner
 
-    value, relabels = reapplied_value(st.panel, outcome.offer, "/tmp/img.png")
+    value, relabels = reapplied_value(shown(st.panel), outcome.offer, "/tmp/img.png")
     labels = [b["label"] for b in value["boxes"]]
     assert labels[0] == "new: cap" and not any("hand" in lbl for lbl in labels)
-    subjects, err = subjects_from_annotator(st.panel, value, relabels)
+    subjects, err = subjects_from_annotator(shown(st.panel), value, relabels)
     assert err is None and [s.get("box_id") for s in subjects] == ["box_2", None]
 
 
-def test_pause_conflicts_in_plain_words():
+def test_pause_conflicts_in_plain_words() -> None:
     st = opened(round1())
     other = snapshot(status="VALIDATING_MANUAL_BOXES", version=4, active=None, actions=[], boxes=round1().box_list)
     out = st.record_conflict("PAUSE_TOKEN_MISMATCH", other.model_dump(mode="json"), Edits(deleted=["box_1"]))
@@ -377,37 +407,38 @@ def test_pause_conflicts_in_plain_words():
     assert conflict_banner("IDEMPOTENCY_CONFLICT").startswith("This review was already submitted")
 
 
-def test_double_submit_sends_the_same_intervention_id_and_shows_one_result():
+def test_double_submit_sends_the_same_intervention_id_and_shows_one_result() -> None:
     st = opened(round1())
     first = st.submission_id()
     assert st.submission_id() == first  # second click while the first is in flight (or a retry)
     msg1 = st.record_success("pause_1", "PROCESSING_APPROVED_SUBJECTS", 4, "PROCESS_APPROVED_BOX_LIST", 3, 0, 0)
     msg2 = st.record_success("pause_1", "PROCESSING_APPROVED_SUBJECTS", 4, "PROCESS_APPROVED_BOX_LIST", 3, 0, 0)
     assert msg1 == msg2 and list(st.results) == ["pause_1"] and st.last_result == msg1
-    assert st.panel is None and st.snapshot.status == "PROCESSING_APPROVED_SUBJECTS"
+    assert st.panel is None and st.snapshot is not None and st.snapshot.status == "PROCESSING_APPROVED_SUBJECTS"
     assert st.intervention_id is None
     st.open(round2())
     assert st.submission_id() != first
 
 
-def test_events_from_others_close_the_panel_with_a_banner_but_own_submission_does_not():
+def test_events_from_others_close_the_panel_with_a_banner_but_own_submission_does_not() -> None:
     st = opened(round1())
     after = snapshot(status="VALIDATING_MANUAL_BOXES", version=4, active=None, actions=[])
     change = st.apply_snapshot(after)
     assert change.redraw and change.banner == "Another reviewer submitted first."
     assert not st.apply_snapshot(round1()).applied  # older than what is shown
     change = st.apply_snapshot(round2())  # the other reviewer's boxes failed naming: round 2 opens
-    assert change.redraw and change.banner.startswith("Another reviewer submitted the previous round.")
+    assert change.redraw and change.banner is not None
+    assert change.banner.startswith("Another reviewer submitted the previous round.")
 
     st = opened(round1())
     st.record_success("pause_1", "VALIDATING_MANUAL_BOXES", 4, "VALIDATE_MANUAL_BOX_LIST", 2, 1, 0)
     change = st.apply_snapshot(after)
     assert change.applied and change.banner is None
     change = st.apply_snapshot(round2())  # the round-2 pause opens
-    assert change.redraw and change.banner == "" and st.panel.round == 2  # clears the old message
+    assert change.redraw and change.banner == "" and shown(st.panel).round == 2  # clears the old message
 
 
-def test_the_end_of_the_job_replaces_the_submission_message():
+def test_the_end_of_the_job_replaces_the_submission_message() -> None:
     st = opened(round1())
     st.record_success("pause_1", "PROCESSING_APPROVED_SUBJECTS", 4, "PROCESS_APPROVED_BOX_LIST", 3, 0, 0)
     running = snapshot(status="PROCESSING_APPROVED_SUBJECTS", version=4, active=None, actions=[])
@@ -418,7 +449,7 @@ def test_the_end_of_the_job_replaces_the_submission_message():
     assert st.apply_snapshot(snapshot(status="SUCCEEDED", version=7, active=None, actions=[])).banner is None
 
 
-def test_reopening_the_same_pause_keeps_the_pending_intervention_id():
+def test_reopening_the_same_pause_keeps_the_pending_intervention_id() -> None:
     st = opened(round1())
     iv = st.submission_id()
     st.open(round1())  # a reload of the same review: a retry must not count twice
@@ -430,7 +461,9 @@ def test_reopening_the_same_pause_keeps_the_pending_intervention_id():
 # --------------------------------------------------------------------------- queue
 
 
-def summary(job_id: str, paused_at: str | None, stage: str | None = "WAITING_USER_SELECTION", boxes=2):
+def summary(
+    job_id: str, paused_at: str | None, stage: str | None = "WAITING_USER_SELECTION", boxes: int = 2
+) -> JobSummary:
     return JobSummary(
         job_id=job_id,
         status=stage or "DETECTING",
@@ -444,7 +477,7 @@ def summary(job_id: str, paused_at: str | None, stage: str | None = "WAITING_USE
     )
 
 
-def test_queue_rows_oldest_pause_first():
+def test_queue_rows_oldest_pause_first() -> None:
     jobs = [
         summary("job_b", "2026-05-21T10:00:00Z"),
         summary("job_a", "2026-05-21T09:58:55Z", "WAITING_BOX_BATCH_REVISION", 1),
@@ -466,13 +499,19 @@ def test_queue_rows_oldest_pause_first():
 # --------------------------------------------------------------------------- results
 
 
+def rgb(img: Image.Image, xy: tuple[int, int]) -> tuple[int, ...]:
+    pixel = img.getpixel(xy)
+    assert isinstance(pixel, tuple)
+    return pixel
+
+
 def png(img: Image.Image) -> bytes:
     buf = io.BytesIO()
     img.save(buf, "PNG")
     return buf.getvalue()
 
 
-def test_results_view_cutouts_on_checkerboard_and_mask_overlays(tmp_path: Path):
+def test_results_view_cutouts_on_checkerboard_and_mask_overlays(tmp_path: Path) -> None:
     cutout = Image.new("RGBA", (40, 30), (0, 0, 0, 0))
     cutout.paste((10, 200, 10, 255), (10, 10, 30, 20))
     mask = Image.new("L", (W, H), 0)
@@ -504,13 +543,13 @@ def test_results_view_cutouts_on_checkerboard_and_mask_overlays(tmp_path: Path):
     assert preview.mode == "RGB" and preview.getpixel((0, 0)) in {(204, 204, 204), (255, 255, 255)}
     assert preview.getpixel((15, 15)) == (10, 200, 10)
     overlay = Image.open(view.overlays[0][0])
-    inside, outside = overlay.getpixel((50, 50)), overlay.getpixel((300, 250))
+    inside, outside = rgb(overlay, (50, 50)), rgb(overlay, (300, 250))
     assert inside != (255, 255, 255) and sum(inside) > sum(outside) and outside == (89, 89, 89)
     assert sorted(Path(f).name for f in view.files) == ["shoe_box_1_cutout.png", "shoe_box_1_mask.png"]
     assert Path(view.files[0]).read_bytes() in artifacts.values()
 
 
-def test_backends_line():
+def test_backends_line() -> None:
     assert (
         backends_text({"backends": {"detector": "classical", "segmenter": "sam"}})
         == "Model backends: detector = `classical`, segmenter = `sam`"
@@ -521,7 +560,7 @@ def test_backends_line():
 # --------------------------------------------------------------------------- app
 
 
-def test_build_app_builds_blocks_without_a_server():
+def test_build_app_builds_blocks_without_a_server() -> None:
     from ui.app import build_app
 
     demo = build_app("http://127.0.0.1:9", token="x")
@@ -545,16 +584,16 @@ def test_build_app_builds_blocks_without_a_server():
     assert isinstance(build_app("http://127.0.0.1:9", require_login=True), gr.Blocks)
 
 
-def test_a_stale_view_is_read_against_the_panel_it_showed():
+def test_a_stale_view_is_read_against_the_panel_it_showed() -> None:
     st = opened(round1())
-    name = panel_image_name(st.panel, ".png")
+    name = panel_image_name(shown(st.panel), ".png")
     assert name == f"{IMAGE.sha256}__pause_1.png"
-    stale = as_raw(annotator_value(st.panel, f"/tmp/{name}"))
+    stale = as_raw(annotator_value(shown(st.panel), f"/tmp/{name}"))
     stale["image"] = {"path": f"/tmp/gradio/0f3a/{name}", "orig_name": name}  # as the browser sends it back
     stale["boxes"].insert(0, drawn(60, 80, 220, 300, "new: red block"))
     st.apply_snapshot(round2())  # the follower already moved to round 2 when the click is handled
-    panel = st.panel_for(stale)
-    assert panel.pause_token == "pause_1" and st.panel.pause_token == "pause_2"
+    panel = shown(st.panel_for(stale))
+    assert panel.pause_token == "pause_1" and shown(st.panel).pause_token == "pause_2"
     subjects, err = subjects_from_annotator(panel, stale)
     # read against round 1: nothing of round 2 (box_4, box_5) is taken as deleted or kept
     assert err is None and [s.get("box_id") for s in subjects] == ["box_1", "box_2", "box_3", None]
@@ -565,6 +604,166 @@ def test_a_stale_view_is_read_against_the_panel_it_showed():
         submitted=panel,
     )
     assert out.banner.startswith("Your view was out of date: another reviewer submitted first.")
+    assert out.offer is not None
     assert out.offer.added == [((60.0, 80.0, 220.0, 300.0), "red block")] and out.offer.deleted == []
     assert st.panel_for(None) is st.panel and st.panel_for({"image": "/tmp/x.png"}) is st.panel
     assert st.panel_for({"image": f"/tmp/{IMAGE.sha256}__pause_unknown.png"}) is None
+
+
+# --------------------------------------------------------------------------- callbacks, no browser
+
+
+def make_callbacks(api_url: str, root: Path) -> tuple[Components, Callbacks]:
+    """The page's components and handlers, as ``build_app`` makes them, without serving anything."""
+    with gr.Blocks():
+        comps = layout(token=None, require_login=False)
+    return comps, Callbacks(comps, api_url, ImageStore(root))
+
+
+def visible(update: Any) -> bool:
+    return bool(update["visible"])
+
+
+def test_callbacks_draw_label_and_refuse_an_unlabelled_box_without_a_server(tmp_path: Path) -> None:
+    comps, cb = make_callbacks("http://127.0.0.1:9", tmp_path / "ui")
+    st = opened(round1())
+    cb.store.image_dir.mkdir(parents=True)
+    Image.new("RGB", (W, H), (250, 250, 250)).save(cb.store.image_dir / f"{IMAGE.sha256}.png")
+    assert cb.store.ensure(st, cb.clients.get(st.token)) == st.image_path  # already here: no download
+
+    out = cb.view(st, redraw=True, banner="", error="")
+    assert "Confirm the detected subjects" in out[comps.stage_md] and "pause_1" in out[comps.stage_md]
+    assert visible(out[comps.review_col]) and visible(out[comps.cancel_btn])
+    assert not visible(out[comps.results_col]) and not visible(out[comps.reapply_btn])
+    value = out[comps.annotator]
+    assert Path(value["image"]).name == f"{IMAGE.sha256}__pause_1.png" and Path(value["image"]).exists()
+    assert "#1 shoe" in out[comps.notes_md] and out[comps.current_job] == "job_1"
+
+    raw = as_raw(value)
+    raw["boxes"].insert(0, drawn(300, 200, 350, 260))
+    out = cb.on_annotator_change(st, raw, AUTO_TARGET)
+    assert "1 new box still needs a label" in out[comps.notes_md]
+    assert ("New box 1: (no label)", "new:1") in out[comps.label_target]["choices"]
+    out = cb.on_submit(st, raw)
+    assert "needs a label" in out[comps.review_error] and st.intervention_id is None  # nothing was sent
+
+    out = cb.on_apply_label(st, raw, AUTO_TARGET, "cap")
+    assert out[comps.annotator]["boxes"][0]["label"] == "new: cap" and out[comps.label_text] == ""
+    assert cb.on_apply_label(st, raw, AUTO_TARGET, " ")[comps.review_error] == "Type a label first."
+
+    # a 409 offers the edits again; re-applying puts them on the canvas of the new panel
+    edits = edits_between(shown(st.panel), read_annotator(shown(st.panel), as_raw(out[comps.annotator])))
+    st.record_conflict("VERSION_CONFLICT", round1().model_copy(update={"version": 4}), edits)
+    out = cb.view(st, redraw=True)
+    assert visible(out[comps.reapply_btn])
+    out = cb.on_reapply(st)
+    assert out[comps.annotator]["boxes"][0]["label"] == "new: cap" and not visible(out[comps.reapply_btn])
+    assert out[comps.banner_md].startswith("Your edits were re-applied")
+
+
+def test_callbacks_with_nothing_open(tmp_path: Path) -> None:
+    comps, cb = make_callbacks("http://127.0.0.1:9", tmp_path / "ui")
+    st = ReviewerState(token="t", signed_in=True)
+    assert cb.on_submit(st, None)[comps.banner_md] == "Nothing is waiting for review on this job."
+    assert comps.banner_md in cb.on_cancel(st)  # skipped: no job to cancel
+    assert cb.open_job(st, "  ")[comps.banner_md] == "No job id."
+    assert cb.on_tick(ReviewerState())[comps.queue_note] is not None  # not signed in: the queue is skipped
+    out = cb.view(st)
+    assert out[comps.job_md].startswith("No job open") and not visible(out[comps.review_col])
+    assert show((comps.cut_confirm, True))()[comps.cut_confirm]["visible"] is True
+
+
+# --------------------------------------------------------------------------- callbacks against the control plane
+
+
+async def updates(
+    follower: AsyncGenerator[dict[Any, Any], None], until: Callable[[dict[Any, Any]], bool], timeout: float = 60
+) -> list[dict[Any, Any]]:
+    """What a follower yields, up to the first update ``until`` accepts (or its end)."""
+    out: list[dict[Any, Any]] = []
+    async with contextlib.aclosing(follower), asyncio.timeout(timeout):
+        async for u in follower:
+            out.append(u)
+            if until(u):
+                break
+    return out
+
+
+def waiting_job(api_url: str, seed: int) -> str:
+    with HitlClient(api_url, TOKENS["sub1"]) as sub:
+        job = sub.submit(product_composite(seed, 320, 240, n=2)[0]).job_id
+        sub.wait_for(job, ["WAITING_USER_SELECTION"], timeout=60)
+    return job
+
+
+def test_callbacks_open_submit_and_follow_the_job_to_its_results(api_server: Any, tmp_path: Path) -> None:
+    comps, cb = make_callbacks(api_server.url, tmp_path / "ui")
+    job = waiting_job(api_server.url, 31)
+    st = ReviewerState(token=TOKENS["rev1"], signed_in=True)
+
+    queue = cb.on_tick(st)
+    assert job in list(queue[comps.queue_table]["Job"]) and "waiting" in queue[comps.queue_note]
+    out = cb.on_queue_select(st, gr.SelectData(None, {"index": [0, 0], "value": job, "row_value": [job]}))
+    assert job in out[comps.job_md] and visible(out[comps.review_col])
+    assert ROUND1_TEXT in out[comps.stage_md]
+    assert Path(st.image_path or "").exists()
+
+    out = cb.on_submit(st, out[comps.annotator])  # every detected box, as shown
+    assert out[comps.banner_md].startswith("Submitted — kept 2, added 0, deleted 0.")
+    assert not visible(out[comps.review_col])
+
+    done = asyncio.run(updates(cb.follow(st, None), until=lambda u: comps.results_md in u))  # type: ignore[arg-type]
+    last = done[-1]
+    assert last[comps.banner_md] == "The job ended: SUCCEEDED." and "SUCCEEDED" in last[comps.status_md]
+    assert "2 of 2 subjects cut out" in last[comps.results_md] and len(last[comps.results_gallery]) == 2
+    assert not visible(last[comps.cancel_btn])
+
+
+def test_follower_tells_when_another_reviewer_submits_first(api_server: Any, tmp_path: Path) -> None:
+    comps, cb = make_callbacks(api_server.url, tmp_path / "ui")
+    job = waiting_job(api_server.url, 32)
+    st = ReviewerState(token=TOKENS["rev1"], signed_in=True)
+    assert visible(cb.open_job(st, job)[comps.review_col])
+    pause = st.panel
+    assert pause is not None
+
+    def other_reviewer_cuts_nothing() -> None:
+        with HitlClient(api_server.url, TOKENS["rev2"]) as rev2:
+            rev2.intervene(
+                job,
+                intervention_id=new_intervention_id(),
+                pause_token=pause.pause_token,
+                base_version=pause.base_version,
+                subjects=[],
+            )
+
+    timer = threading.Timer(1.5, other_reviewer_cuts_nothing)  # while the follower streams
+    timer.start()
+    try:
+        got = asyncio.run(updates(cb.follow(st, None), until=lambda u: False))  # type: ignore[arg-type]
+    finally:
+        timer.cancel()
+    assert got, "the follower saw nothing"
+    first = got[0]
+    assert first[comps.banner_md] == "Another reviewer submitted first." and not visible(first[comps.review_col])
+    assert "EMPTY_SELECTION" in got[-1][comps.status_md] and "chose to cut nothing" in got[-1][comps.results_md]
+    # one follower per opened job: a second call for the same opening returns at once
+    assert asyncio.run(updates(cb.follow(st, None), until=lambda u: False, timeout=5)) == []  # type: ignore[arg-type]
+
+
+def test_closing_the_tab_stops_its_followers(api_server: Any, tmp_path: Path) -> None:
+    comps, cb = make_callbacks(api_server.url, tmp_path / "ui")
+    job = waiting_job(api_server.url, 33)
+    st = ReviewerState(token=TOKENS["rev1"], signed_in=True)
+    cb.open_job(st, job)
+    tab = gr.Request(session_hash="tab-1")
+
+    async def follow_then_close() -> list[dict[Any, Any]]:
+        follower = asyncio.ensure_future(updates(cb.follow(st, tab), until=lambda u: False, timeout=30))
+        await asyncio.sleep(1.0)
+        cb.on_unload(tab)
+        return await follower
+
+    assert asyncio.run(follow_then_close()) == []  # ended by the unload, well before its timeout
+    with HitlClient(api_server.url, TOKENS["admin"]) as admin:
+        admin.cancel(job)

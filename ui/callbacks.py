@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import gradio as gr
@@ -254,7 +254,7 @@ class Callbacks:
 
     # ------------------------------------------------------------------ following the open job
 
-    async def follow(self, st: ReviewerState, request: gr.Request) -> AsyncIterator[Update]:
+    async def follow(self, st: ReviewerState, request: gr.Request) -> AsyncGenerator[Update, None]:
         """Live updates of the open job (``ui.pump``); one follower per opened job and session."""
         with st.lock:
             job_id, gen = st.job_id, st.follow_gen

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 from client import AsyncHitlClient
@@ -86,7 +86,7 @@ class Renderer(Protocol):
 
 async def follow_job(
     st: ReviewerState, job_id: str, gen: int, client: AsyncHitlClient, render: Renderer, stop: threading.Event
-) -> AsyncIterator[dict[Any, Any]]:
+) -> AsyncGenerator[dict[Any, Any], None]:
     """Component updates for job ``job_id`` while the session still shows it (open generation ``gen``).
 
     Every event newer than the shown snapshot triggers one GET, and the view
