@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch and torchvision as a matching pair first, so nothing pulls another build.
 	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
-	$(PIP) install -q -e '.[dev]'
+	# Everything: the client (base), server, ui, models and demo extras, and the dev tools.
+	$(PIP) install -q -e '.[demo,dev]'
 	@touch $(STAMP)
 
 demo: setup
