@@ -50,6 +50,18 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("GET", re.compile(rf"^{API}/artifacts/[^/]+$"), _READ),
     ("GET", re.compile(rf"^{API}/whoami$"), ("submitter", "reviewer", "executor")),
 ]
+
+
+def roles_for(method: str, path: str) -> tuple[str, ...]:
+    """The roles that may call ``method path`` (admin may call them all). Fails closed: a route
+    missing from ROUTE_ROLES (or a path no route serves) is refused for every role, so a new
+    route cannot ship reachable by any valid token by mistake."""
+    for m, pattern, roles in ROUTE_ROLES:
+        if m == method and pattern.match(path):
+            return roles
+    return ()
+
+
 EVENT_ID_RE = re.compile(r"^[0-9]{1,15}$")  # ASCII digits: str.isdigit() also takes "²" and "٣"
 PUBLIC = re.compile(r"^/(healthz|readyz|metrics|docs|redoc|openapi\.json)(/.*)?$")
 
@@ -95,11 +107,7 @@ class AuthMiddleware:
         authorization = next((v for k, v in scope.get("headers", []) if k.lower() == b"authorization"), None)
         try:
             ident = self.runtime_of().auth.identify(authorization)
-            method, path = scope["method"], scope["path"]
-            for m, pattern, roles in ROUTE_ROLES:
-                if m == method and pattern.match(path):
-                    Authenticator.require(ident, *roles)
-                    break
+            Authenticator.require(ident, *roles_for(scope["method"], scope["path"]))
         except errors.HitlError as e:
             await _error(e, {"WWW-Authenticate": "Bearer"} if e.status == 401 else None)(scope, receive, send)
             return

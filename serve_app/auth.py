@@ -87,6 +87,9 @@ class Authenticator:
 
     @staticmethod
     def require(ident: Identity, *roles: str) -> Identity:
+        """``ident`` when its role is one of ``roles`` (or admin); no roles at all refuses everyone."""
+        if not roles:
+            raise Forbidden("no role may call this route")
         if not ident.can(*roles):
             raise Forbidden(f"role {ident.role!r} may not do this (needs {' or '.join(roles)})")
         return ident
