@@ -43,7 +43,7 @@ class Inspector:
             result = await self.store.apply_report(NodeReport(
                 node_instance_id=node.node_instance_id, node_type=node.node_type, job_id=job_id,
                 outcome="TIMED_OUT", error_code="NODE_DEADLINE_EXCEEDED",
-                error_message=f"{node.node_type} passed its deadline (attempt {node.attempt})"))
+                error_message=f"{node.node_type} passed its deadline (attempt {node.attempt})"), by_inspector=True)
             if result == "OK":
                 counts["timed_out"] += 1
                 metrics.INSPECTOR_TIMEOUTS.labels(node.node_type).inc()

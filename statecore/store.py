@@ -217,13 +217,18 @@ class Store:
         """Mark the node RUNNING (attempt + 1). False when the node is no longer current: skip it."""
         return await self._report(cmd.job_id, cmd.node_instance_id, cmd.node_type, final=False) == "OK"
 
-    async def apply_report(self, report: NodeReport) -> str:
-        """Apply a node's result at most once: ``OK``, ``DUPLICATE`` or ``IGNORED``."""
+    async def apply_report(self, report: NodeReport, *, by_inspector: bool = False) -> str:
+        """Apply a node's result at most once: ``OK``, ``DUPLICATE`` or ``IGNORED``.
+
+        ``by_inspector``: the report is the inspector's verdict that the node passed its deadline.
+        It is recorded apart from the model's own report, so when the model answers after all,
+        its report is ``IGNORED`` with a ``REPORT_IGNORED`` event (reason ``NODE_TIMED_OUT``),
+        and only a replay of either report is a silent ``DUPLICATE``."""
         return await self._report(report.job_id, report.node_instance_id, report.node_type, final=True,
-                                  report=report)
+                                  report=report, by_inspector=by_inspector)
 
     async def _report(self, job_id: str, nid: str, node_type: str, *, final: bool,
-                      report: NodeReport | None = None) -> str:
+                      report: NodeReport | None = None, by_inspector: bool = False) -> str:
         jk = keys.job(job_id)
         for _ in range(STALE_RETRIES):
             meta = await self._meta(job_id)
@@ -247,7 +252,7 @@ class Store:
             res = await self._scripts["apply_report"](
                 keys=self._keys(state, jk),
                 args=self._args(job_id, now) + [nid, str(state.version), plan_json, "1" if final else "0",
-                                                node_type])
+                                                node_type, "1" if by_inspector else "0"])
             if res[0] == "STALE":
                 continue
             if res[0] == "JOB_NOT_FOUND":

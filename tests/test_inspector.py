@@ -28,8 +28,16 @@ async def test_overdue_node_is_timed_out_once_and_late_report_ignored(redis_serv
 
         late = NodeReport(node_instance_id=stale_node.node_instance_id, node_type=stale_node.node_type,
                           job_id=job_id, outcome="SUCCEEDED", output={"boxes": THREE_BOXES})
+        # The model's own report, arriving after the timeout, is ignored with an event (not a silent
+        # DUPLICATE: it is the first time this report is seen); its replay is the duplicate.
+        assert await fast.apply_report(late) == "IGNORED"
+        events = await fast.events_after(job_id)
+        types = [e.type for e in events]
+        assert types[-2:] == ["JOB_FINISHED", "REPORT_IGNORED"] and "PAUSE_OPENED" not in types
+        assert events[-1].data["reason"] == "NODE_TIMED_OUT"
+        assert events[-1].data["node_instance_id"] == stale_node.node_instance_id
         assert await fast.apply_report(late) == "DUPLICATE"
-        types = [e.type for e in await fast.events_after(job_id)]
-        assert types[-1] == "JOB_FINISHED" and "PAUSE_OPENED" not in types
+        assert len(await fast.events_after(job_id)) == len(events)
+        assert (await fast.get(job_id)).status == "TIMED_OUT"
     finally:
         await fast.close()

@@ -4,20 +4,28 @@
 -- ARGV[4] node_instance_id  ARGV[5] version the plan was computed from  ARGV[6] plan JSON
 -- ARGV[7] '1' = final report (recorded in the reports set), '0' = node started
 -- ARGV[8] node_type
+-- ARGV[9] '1' = the inspector reports the node's deadline passed (recorded as timeout:<nid>, so the
+--         model's own late report is still told apart from a replay: it is ignored with an event)
 -- Returns {'OK', version} | {'DUPLICATE'} | {'IGNORED', reason} | {'JOB_NOT_FOUND'} | {'STALE'}
 if redis.call('EXISTS', K_META) == 0 then return {'JOB_NOT_FOUND'} end
-local nid, final = ARGV[4], ARGV[7] == '1'
+local nid, final, by_inspector = ARGV[4], ARGV[7] == '1', ARGV[9] == '1'
+local timeout_mark = 'timeout:' .. nid
+local mark = by_inspector and timeout_mark or nid
 if redis.call('SISMEMBER', K_REPORTS, nid) == 1 then return {'DUPLICATE'} end
+local timed_out = redis.call('SISMEMBER', K_REPORTS, timeout_mark) == 1
+if timed_out and by_inspector then return {'DUPLICATE'} end
 local m = redis.call('HMGET', K_META, 'status', 'version', 'node_id', 'terminal')
 local reason = nil
-if m[4] == '1' then
+if timed_out then
+  reason = 'NODE_TIMED_OUT'
+elseif m[4] == '1' then
   reason = 'JOB_TERMINAL'
 elseif m[3] ~= nid then
   reason = 'NODE_SUPERSEDED'
 end
 if reason then
   if final then
-    redis.call('SADD', K_REPORTS, nid)
+    redis.call('SADD', K_REPORTS, mark)
     keep_ttl_like_meta(K_REPORTS)
     local data = cjson.encode({node_instance_id = nid, node_type = ARGV[8], reason = reason, status = m[1]})
     append_event('REPORT_IGNORED', m[1], data, m[2])
@@ -25,6 +33,6 @@ if reason then
   return {'IGNORED', reason}
 end
 if m[2] ~= ARGV[5] then return {'STALE'} end
-if final then redis.call('SADD', K_REPORTS, nid) end
+if final then redis.call('SADD', K_REPORTS, mark) end
 local version = apply_plan(ARGV[6])
 return {'OK', version}
