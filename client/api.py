@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, Self, TypeVar, cast
 
 import httpx
 
@@ -61,24 +61,33 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+TransportT = TypeVar("TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
 
 
-class _Client:
-    """Constructor arguments and configuration shared by both clients."""
+class _Client(Generic[TransportT]):
+    """The constructor and configuration of both clients; each subclass opens its own ``httpx`` client."""
 
     def __init__(
         self,
-        base_url: str,
-        token: str | None,
+        base_url: str = DEFAULT_API_URL,
+        token: str | None = None,
         *,
-        timeout: float,
-        retries: int,
-        backoff: float,
-        backoff_max: float,
+        timeout: float = 30.0,
+        retries: int = 5,
+        backoff: float = 0.2,
+        backoff_max: float = 5.0,
+        transport: TransportT | None = None,
     ) -> None:
-        self._core = ClientCore(
-            base_url, token, timeout=timeout, retries=retries, backoff=backoff, backoff_max=backoff_max
-        )
+        policy = RetryPolicy(retries=retries, backoff=backoff, backoff_max=backoff_max)
+        self._core = ClientCore(base_url, token, timeout=timeout, policy=policy)
+        self._connect(transport)
+
+    def _connect(self, transport: TransportT | None) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, config: ClientConfig, **kwargs: Any) -> Self:
+        return cls(config.api_url, config.token, **kwargs)
 
     @property
     def base_url(self) -> str:
@@ -93,27 +102,12 @@ class _Client:
         return self._core.policy
 
 
-class HitlClient(_Client):
+class HitlClient(_Client[httpx.BaseTransport]):
     """Blocking client (``httpx.Client``). Thread-safe: the batch CLI shares one across worker threads."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_API_URL,
-        token: str | None = None,
-        *,
-        timeout: float = 30.0,
-        retries: int = 5,
-        backoff: float = 0.2,
-        backoff_max: float = 5.0,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        super().__init__(base_url, token, timeout=timeout, retries=retries, backoff=backoff, backoff_max=backoff_max)
+    def _connect(self, transport: httpx.BaseTransport | None) -> None:
         self._http = httpx.Client(transport=transport)
         self._sleep: Callable[[float], None] = time.sleep
-
-    @classmethod
-    def from_config(cls, config: ClientConfig, **kwargs: Any) -> HitlClient:
-        return cls(config.api_url, config.token, **kwargs)
 
     def close(self) -> None:
         self._http.close()
@@ -244,27 +238,12 @@ class HitlClient(_Client):
         return self._run(self._core.wait_for(job_id, statuses, timeout, on_status, cancelled))
 
 
-class AsyncHitlClient(_Client):
+class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
     """The same methods as ``HitlClient``, on ``httpx.AsyncClient``; ``events`` is an async iterator."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_API_URL,
-        token: str | None = None,
-        *,
-        timeout: float = 30.0,
-        retries: int = 5,
-        backoff: float = 0.2,
-        backoff_max: float = 5.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(base_url, token, timeout=timeout, retries=retries, backoff=backoff, backoff_max=backoff_max)
+    def _connect(self, transport: httpx.AsyncBaseTransport | None) -> None:
         self._http = httpx.AsyncClient(transport=transport)
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-
-    @classmethod
-    def from_config(cls, config: ClientConfig, **kwargs: Any) -> AsyncHitlClient:
-        return cls(config.api_url, config.token, **kwargs)
 
     async def aclose(self) -> None:
         await self._http.aclose()

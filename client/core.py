@@ -281,20 +281,11 @@ class _Waiter:
 class ClientCore:
     """Configuration, request building and every operation as a plan."""
 
-    def __init__(
-        self,
-        base_url: str,
-        token: str | None,
-        *,
-        timeout: float,
-        retries: int,
-        backoff: float,
-        backoff_max: float,
-    ) -> None:
+    def __init__(self, base_url: str, token: str | None, *, timeout: float, policy: RetryPolicy) -> None:
         self.base_url = normalize_base_url(base_url)
         self.token = token
         self.timeout = timeout
-        self.policy = RetryPolicy(retries=retries, backoff=backoff, backoff_max=backoff_max)
+        self.policy = policy
 
     # ------------------------------------------------------------------ requests
 

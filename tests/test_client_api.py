@@ -848,7 +848,9 @@ def test_async_submit_reads_a_file(tmp_path):
 
 def test_a_plan_is_driven_by_hand_without_any_client():
     """The core decides and builds; whoever performs its steps only sends and sleeps."""
-    core = ClientCore(BASE + "/api/v1/", "tok", timeout=5.0, retries=2, backoff=0.1, backoff_max=1.0)
+    core = ClientCore(
+        BASE + "/api/v1/", "tok", timeout=5.0, policy=RetryPolicy(retries=2, backoff=0.1, backoff_max=1.0)
+    )
     plan = core.get_job(JOB)
     step = next(plan)
     assert isinstance(step, Send) and not step.stream
