@@ -46,7 +46,7 @@ class Dispatcher:
         self.reclaim_idle_ms = reclaim_idle_ms
         self.reclaim_every_s = reclaim_every_s
         self.inspect_every_s = inspect_every_s
-        self.inspector = Inspector(store)
+        self.inspector = Inspector(store, consumer=self.consumer)
         self._tasks: set[asyncio.Task[None]] = set()
         self._held: set[tuple[str, str]] = set()  # (stream, entry id): ids repeat across partitions
 
@@ -59,6 +59,7 @@ class Dispatcher:
                 if time.monotonic() - last_inspect > self.inspect_every_s:
                     last_inspect = time.monotonic()
                     await self.inspector.sweep()
+                    await self.inspector.housekeeping()
                 if time.monotonic() - last_reclaim > self.reclaim_every_s:
                     last_reclaim = time.monotonic()
                     for entry in await self.store.outbox_reclaim(self.consumer, self.reclaim_idle_ms):

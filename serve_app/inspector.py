@@ -22,9 +22,22 @@ log = logging.getLogger("hitl.inspector")
 
 
 class Inspector:
-    def __init__(self, store: Store, grace_s: float = 5.0) -> None:
+    def __init__(self, store: Store, grace_s: float = 5.0, *, consumer: str | None = None,
+                 consumer_idle_ms: int = 3_600_000) -> None:
         self.store = store
         self.grace_s = grace_s
+        self.consumer = consumer
+        self.consumer_idle_ms = consumer_idle_ms
+
+    async def housekeeping(self) -> dict[str, int]:
+        """Keep what has no TTL bounded: the listing index past retention, and the outbox consumer
+        names that dispatchers of earlier processes left behind (each restart adds one per stream)."""
+        counts = {"index_pruned": await self.store.prune_expired(), "consumers_deleted": 0}
+        if self.consumer is not None:
+            counts["consumers_deleted"] = await self.store.prune_consumers(self.consumer, self.consumer_idle_ms)
+        if any(counts.values()):
+            log.info("housekeeping: %s", counts)
+        return counts
 
     async def sweep(self) -> dict[str, int]:
         """One pass; returns counts (overdue seen, timed out, already moved on)."""

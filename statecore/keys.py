@@ -65,6 +65,11 @@ def jobs(p: int) -> str:
     return f"{tag(p)}:jobs"
 
 
+def expiring(p: int) -> str:
+    """ZSET job_id -> when (ms) a finished job's records expire: drives pruning of ``jobs``."""
+    return f"{tag(p)}:expiring"
+
+
 def events_channel_pattern(p: int) -> str:
     """PSUBSCRIBE pattern matching the wake-up channels of partition ``p``'s jobs."""
     return f"{tag(p)}:job:*:events"
@@ -100,10 +105,14 @@ class JobKeys:
     def jobs(self) -> str:
         return jobs(self.p)
 
+    @property
+    def expiring(self) -> str:
+        return expiring(self.p)
+
     def for_script(self) -> list[str]:
         """The KEYS every state-changing script receives, in this order."""
         return [self.meta, self.pauses, self.events, self.idem, self.reports,
-                self.outbox, self.waiting, self.running, self.jobs]
+                self.outbox, self.waiting, self.running, self.jobs, self.expiring]
 
 
 def job(job_id: str) -> JobKeys:

@@ -365,6 +365,37 @@ class Store:
                     counts[st] = counts.get(st, 0) + 1
         return counts
 
+    async def prune_expired(self, now_ms: int | None = None, batch: int = 1000) -> int:
+        """Drop finished jobs whose retention has passed from the listing index (their records
+        expire by TTL; the index is a sorted set without one). Returns how many were dropped."""
+        now_ms = now_ms or int(time.time() * 1000)
+        dropped = 0
+        for p in range(keys.PARTITIONS):
+            gone = await self.r.zrangebyscore(keys.expiring(p), "-inf", now_ms, start=0, num=batch)
+            if gone:
+                async with self.r.pipeline(transaction=True) as pipe:  # one slot: fine on a cluster
+                    pipe.zrem(keys.jobs(p), *gone)
+                    pipe.zrem(keys.expiring(p), *gone)
+                    await pipe.execute()
+                dropped += len(gone)
+        return dropped
+
+    async def prune_consumers(self, keep: str, idle_ms: int) -> int:
+        """Forget outbox consumers (dispatchers of earlier processes) idle for ``idle_ms`` that hold
+        nothing. A consumer with pending entries is kept: deleting it would drop them from the
+        group's pending list; reclaiming moves them first, and a later pass deletes the name."""
+        deleted = 0
+        for stream in keys.all_outboxes():
+            try:
+                consumers = await self.r.xinfo_consumers(stream, keys.OUTBOX_GROUP)
+            except ResponseError:  # no such stream or group yet
+                continue
+            for c in consumers:
+                if c["name"] != keep and int(c["pending"]) == 0 and int(c["idle"]) >= idle_ms:
+                    await self.r.xgroup_delconsumer(stream, keys.OUTBOX_GROUP, c["name"])
+                    deleted += 1
+        return deleted
+
     async def oldest_pause_age_s(self) -> float:
         oldest = None
         for p in range(keys.PARTITIONS):

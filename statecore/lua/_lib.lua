@@ -1,13 +1,14 @@
 -- _lib.lua: shared prologue, prepended to every state-changing script at load time.
--- KEYS[1..9]  (statecore.keys.JobKeys.for_script, one hash slot):
---   1 meta  2 pauses  3 events (LIST; also the wake-up channel)  4 idem  5 reports  6 outbox  7 waiting  8 running  9 jobs
--- KEYS[10]    optional: the job's creation idempotency record (same slot)
+-- KEYS[1..10] (statecore.keys.JobKeys.for_script, one hash slot):
+--   1 meta  2 pauses  3 events (LIST; also the wake-up channel)  4 idem  5 reports  6 outbox  7 waiting  8 running
+--   9 jobs  10 expiring (finished jobs by when their records expire)
+-- KEYS[11]    optional: the job's creation idempotency record (same slot)
 -- ARGV[1] job_id   ARGV[2] now (ISO-8601)   ARGV[3] retention seconds for finished jobs
 -- A "plan" (statecore.decide.Plan.to_json) lists every write of one atomic step;
 -- applying it increments the job's version by exactly one.
 local K_META, K_PAUSES, K_EVENTS, K_IDEM, K_REPORTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local K_OUTBOX, K_WAITING, K_RUNNING, K_JOBS = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local K_CREATE = KEYS[10]
+local K_OUTBOX, K_WAITING, K_RUNNING, K_JOBS, K_EXPIRING = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local K_CREATE = KEYS[11]
 local JOB_ID, NOW, RETENTION = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 -- An event is one JSON string appended to the job's list (its id is its position);
@@ -62,6 +63,9 @@ local function apply_plan(plan_json)
       redis.call('EXPIRE', k, RETENTION)
     end
     if K_CREATE then redis.call('EXPIRE', K_CREATE, RETENTION) end
+    -- The listing index has no TTL of its own: record when this job's records go, for pruning.
+    local t = redis.call('TIME')
+    redis.call('ZADD', K_EXPIRING, t[1] * 1000 + math.floor(t[2] / 1000) + RETENTION * 1000, JOB_ID)
   end
   return version
 end
