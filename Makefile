@@ -47,9 +47,11 @@ bench: setup
 	$(PY) benchmarks/consume_pause.py --seconds 5 --clients 50 --json benchmarks/out/consume_pause.json
 	$(PY) benchmarks/e2e.py --jobs 24 --concurrency 6 --delay-ms 80 --json benchmarks/out/e2e.json
 	$(PY) benchmarks/batch.py --json benchmarks/out/batch.json
+	$(PY) benchmarks/bench_interventions.py --jobs 60 --json benchmarks/out/bench_interventions.json
 	$(PY) benchmarks/gpu_sam.py --device cpu --tiny --json benchmarks/out/gpu_sam_cpu.json
 
-# A fresh `hitl up --no-ui`, locust headless, the invariant checker, the intervention benchmark.
+# A fresh `hitl up --no-ui`, locust headless, the invariant checker, then
+# benchmarks/bench_interventions.py against the same server (--no-bench skips it).
 LOADTEST_ARGS ?= --seconds 60 --users 50
 loadtest: setup
 	$(PY) -m loadtest.run $(LOADTEST_ARGS)

@@ -23,6 +23,7 @@ partition indexes and outbox streams they occupy. Target: under 4096 bytes per j
 
     .venv/bin/python benchmarks/consume_pause.py --seconds 5 --clients 50 --json benchmarks/out/consume_pause.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,20 +34,21 @@ import platform
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import redis
 
-from serve_app.redis_server import RedisServer  # noqa: E402
-from statecore import decide, keys, scripts  # noqa: E402
-from statecore.ids import now_iso, payload_hash  # noqa: E402
-from statecore.models import ImageRef, InterventionRequest, NodeReport  # noqa: E402
-from statecore.store import Store, StoreConfig  # noqa: E402
+from serve_app.redis_server import RedisServer
+from statecore import decide, keys, scripts
+from statecore.ids import now_iso, payload_hash
+from statecore.models import ImageRef, InterventionRequest, NodeReport
+from statecore.store import OutboxEntry, Store, StoreConfig
+
+Job = tuple[str, InterventionRequest]  # a waiting job and the submission a reviewer would send
 
 IMAGE = ImageRef(sha256="b" * 64, width=1024, height=768, url="/api/v1/artifacts/img_" + "b" * 16 + ".png")
 THREE_BOXES = [
@@ -77,13 +79,26 @@ async def waiting_job(store: Store) -> tuple[str, InterventionRequest]:
     job_id = reply.job_id
     st = await store.get(job_id)
     node = st.current_node
-    res = await store.apply_report(NodeReport(node_instance_id=node.node_instance_id, node_type=node.node_type,
-                                              job_id=job_id, outcome="SUCCEEDED", output={"boxes": THREE_BOXES}))
+    assert node is not None, "a new job's first node is its detection"
+    res = await store.apply_report(
+        NodeReport(
+            node_instance_id=node.node_instance_id,
+            node_type=node.node_type,
+            job_id=job_id,
+            outcome="SUCCEEDED",
+            output={"boxes": THREE_BOXES},
+        )
+    )
     assert res == "OK", res
     st = await store.get(job_id)
     subjects = [{"box_id": b.box_id, "bbox": list(b.bbox)} for b in st.box_list[:2]]
-    req = InterventionRequest(intervention_id=f"iv_{job_id}", pause_token=st.active_pause.pause_token,
-                              base_version=st.version, subjects=subjects)
+    assert st.active_pause is not None, "a detection with boxes opens a pause"
+    req = InterventionRequest(
+        intervention_id=f"iv_{job_id}",
+        pause_token=st.active_pause.pause_token,
+        base_version=st.version,
+        subjects=subjects,
+    )
     return job_id, req
 
 
@@ -98,13 +113,19 @@ async def prepare_dispatched(store: Store, n: int, concurrency: int = 12, label:
         async with sem:
             await store.create_job("bench", IMAGE)
 
-    async def dispatch(entry) -> None:
+    async def dispatch(entry: OutboxEntry) -> None:
         async with sem:
             cmd = entry.command
             assert await store.node_started(cmd)
-            res = await store.apply_report(NodeReport(
-                node_instance_id=cmd.node_instance_id, node_type=cmd.node_type, job_id=cmd.job_id,
-                outcome="SUCCEEDED", output={"boxes": THREE_BOXES}))
+            res = await store.apply_report(
+                NodeReport(
+                    node_instance_id=cmd.node_instance_id,
+                    node_type=cmd.node_type,
+                    job_id=cmd.job_id,
+                    outcome="SUCCEEDED",
+                    output={"boxes": THREE_BOXES},
+                )
+            )
             assert res == "OK", res
             await store.outbox_ack(entry)
 
@@ -118,8 +139,8 @@ async def prepare_dispatched(store: Store, n: int, concurrency: int = 12, label:
     log(f"  {label}: {n} ready in {time.monotonic() - t0:.1f}s")
 
 
-async def prepare(store: Store, n: int, concurrency: int = 64, label: str = "waiting jobs") -> list:
-    out: list = []
+async def prepare(store: Store, n: int, concurrency: int = 64, label: str = "waiting jobs") -> list[Job]:
+    out: list[Job] = []
     next_report = time.monotonic() + 2
     t0 = time.monotonic()
 
@@ -140,7 +161,7 @@ async def prepare(store: Store, n: int, concurrency: int = 64, label: str = "wai
 # --------------------------------------------------------------------------- 1. python end to end
 
 
-async def consume(store: Store, jobs: deque, clients: int, seconds: float) -> dict:
+async def consume(store: Store, jobs: deque[Job], clients: int, seconds: float) -> dict[str, Any]:
     latencies: list[float] = []
     consumed: list[str] = []
     errors: dict[str, int] = {}
@@ -170,12 +191,20 @@ async def consume(store: Store, jobs: deque, clients: int, seconds: float) -> di
     await asyncio.gather(*(client() for _ in range(clients)))
     elapsed = time.perf_counter() - t0
     lat = sorted(latencies)
-    return {"ops": len(lat), "seconds": round(elapsed, 3), "rate": len(lat) / elapsed if elapsed else 0.0,
-            "p50_ms": pct(lat, 0.50) * 1000, "p99_ms": pct(lat, 0.99) * 1000, "max_ms": (lat[-1] * 1000 if lat else 0),
-            "errors": errors, "ran_out_of_jobs": ran_out, "consumed": consumed}
+    return {
+        "ops": len(lat),
+        "seconds": round(elapsed, 3),
+        "rate": len(lat) / elapsed if elapsed else 0.0,
+        "p50_ms": pct(lat, 0.50) * 1000,
+        "p99_ms": pct(lat, 0.99) * 1000,
+        "max_ms": (lat[-1] * 1000 if lat else 0),
+        "errors": errors,
+        "ran_out_of_jobs": ran_out,
+        "consumed": consumed,
+    }
 
 
-def commandstats(sync) -> dict[str, dict]:
+def commandstats(sync: redis.Redis) -> dict[str, dict[str, Any]]:
     raw = sync.info("commandstats")
     return {k.removeprefix("cmdstat_"): v for k, v in raw.items()}
 
@@ -188,22 +217,37 @@ async def ceiling_command(store: Store, job_id: str, req: InterventionRequest) -
     script returns after its last check instead of writing. Returns (EVALSHA argv, sha)."""
     state = await store.get(job_id)
     now = now_iso()
-    ip = decide.plan_intervention(state, req, "bench-reviewer", now, int(time.time() * 1000),
-                                  int((time.time() + 600) * 1000))
+    ip = decide.plan_intervention(
+        state, req, "bench-reviewer", now, int(time.time() * 1000), int((time.time() + 600) * 1000)
+    )
     assert ip.plan is not None and ip.response is not None
     ks = keys.job(job_id).for_script()
-    args = [job_id, now, str(store.config.retention_s), req.intervention_id,
-            payload_hash(req.model_dump(mode="json"), "bench-reviewer"), str(req.base_version), req.pause_token,
-            str(state.version), ip.plan.to_json(now), ip.response.model_dump_json(),
-            "ceiling: every check passed; stop before the writes"]
+    args = [
+        job_id,
+        now,
+        str(store.config.retention_s),
+        req.intervention_id,
+        payload_hash(req.model_dump(mode="json"), "bench-reviewer"),
+        str(req.base_version),
+        req.pause_token,
+        str(state.version),
+        ip.plan.to_json(now),
+        ip.response.model_dump_json(),
+        "ceiling: every check passed; stop before the writes",
+    ]
     sha = await store.r.script_load(scripts.source("consume_pause"))
     return ["EVALSHA", sha, str(len(ks)), *ks, *args], sha
 
 
-def redis_benchmark(port: int, clients: int, requests: int, command: list[str]) -> dict:
+def redis_benchmark(port: int, clients: int, requests: int, command: list[str]) -> dict[str, Any]:
     exe = shutil.which("redis-benchmark") or "/usr/bin/redis-benchmark"
-    proc = subprocess.run([exe, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients), "-n", str(requests),
-                           "--csv", *command], capture_output=True, text=True, timeout=300, check=True)
+    proc = subprocess.run(
+        [exe, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients), "-n", str(requests), "--csv", *command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     # --csv quotes the test name (our command, JSON included) without escaping it: read the seven
     # numeric columns from the right of the last line.
     lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
@@ -211,15 +255,20 @@ def redis_benchmark(port: int, clients: int, requests: int, command: list[str]) 
         raise RuntimeError(f"redis-benchmark printed no result: {proc.stdout!r} {proc.stderr!r}")
     header = [h.strip('"') for h in lines[0].split(",")]
     values = [v.strip('"') for v in lines[-1].rsplit(",", len(header) - 1)[1:]]
-    row = dict(zip(header[1:], values))
-    return {"rps": float(row["rps"]), "p50_ms": float(row["p50_latency_ms"]),
-            "p99_ms": float(row["p99_latency_ms"]), "avg_ms": float(row["avg_latency_ms"]), "requests": requests}
+    row = dict(zip(header[1:], values, strict=False))
+    return {
+        "rps": float(row["rps"]),
+        "p50_ms": float(row["p50_latency_ms"]),
+        "p99_ms": float(row["p99_latency_ms"]),
+        "avg_ms": float(row["avg_latency_ms"]),
+        "requests": requests,
+    }
 
 
 # --------------------------------------------------------------------------- 3. memory per waiting job
 
 
-async def memory_per_job(store: Store, sync, n: int) -> dict:
+async def memory_per_job(store: Store, sync: Any, n: int) -> dict[str, Any]:
     sync.flushall(asynchronous=False)
     await store.ensure_groups()
     await store.r.script_load(scripts.source("create_job"))  # scripts cached before the baseline
@@ -240,12 +289,14 @@ async def memory_per_job(store: Store, sync, n: int) -> dict:
         for kind in job_bytes:
             pipe.execute_command("MEMORY", "USAGE", getattr(jk, kind), "SAMPLES", "0")
             order.append(kind)
-    for kind, b in zip(order, pipe.execute()):
+    for kind, b in zip(order, pipe.execute(), strict=True):
         job_bytes[kind] += int(b or 0)
-    shared = {"waiting_index": [keys.waiting(p) for p in range(keys.PARTITIONS)],
-              "jobs_index": [keys.jobs(p) for p in range(keys.PARTITIONS)],
-              "running_index": [keys.running(p) for p in range(keys.PARTITIONS)],
-              "outbox_streams": keys.all_outboxes()}
+    shared = {
+        "waiting_index": [keys.waiting(p) for p in range(keys.PARTITIONS)],
+        "jobs_index": [keys.jobs(p) for p in range(keys.PARTITIONS)],
+        "running_index": [keys.running(p) for p in range(keys.PARTITIONS)],
+        "outbox_streams": keys.all_outboxes(),
+    }
     shared_bytes: dict[str, int] = {}
     for kind, names in shared.items():
         for name in names:
@@ -260,32 +311,44 @@ async def memory_per_job(store: Store, sync, n: int) -> dict:
     shared_bytes["outbox_streams"] -= empty_outbox * keys.PARTITIONS
     key_sum = sum(job_bytes.values()) + sum(shared_bytes.values())
     per_key = {k: round(v / n, 1) for k, v in {**job_bytes, **shared_bytes}.items()}
-    return {"jobs": n, "boxes_per_job": 3, "used_memory_delta_bytes": used,
-            "bytes_per_job_used_memory": round(used / n, 1), "bytes_per_job_key_sum": round(key_sum / n, 1),
-            "per_job_by_key": per_key, "target_bytes": MEMORY_TARGET,
-            "under_target": max(used, key_sum) / n < MEMORY_TARGET}
+    return {
+        "jobs": n,
+        "boxes_per_job": 3,
+        "used_memory_delta_bytes": used,
+        "bytes_per_job_used_memory": round(used / n, 1),
+        "bytes_per_job_key_sum": round(key_sum / n, 1),
+        "per_job_by_key": per_key,
+        "target_bytes": MEMORY_TARGET,
+        "under_target": max(used, key_sum) / n < MEMORY_TARGET,
+    }
 
 
 # --------------------------------------------------------------------------- main
 
 
-async def main_async(args: argparse.Namespace) -> dict:
-    import redis as redis_sync
-
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="hitl-bench-"))
     extra = shlex.split(args.redis_args)
     server = RedisServer(tmp / "redis", extra=extra).start()
     log(f"redis-server {server.url} (AOF everysec{', ' + ' '.join(extra) if extra else ''}) in {tmp}")
-    store = Store.from_url(server.url, StoreConfig(retention_s=7 * 24 * 3600, node_timeout_s=600),
-                           max_connections=args.clients + 16)
-    sync = redis_sync.Redis(port=server.port, decode_responses=True)
+    store = Store.from_url(
+        server.url, StoreConfig(retention_s=7 * 24 * 3600, node_timeout_s=600), max_connections=args.clients + 16
+    )
+    sync = redis.Redis(port=server.port, decode_responses=True)
     try:
         await store.ensure_groups()
-        result: dict = {"config": {"seconds": args.seconds, "clients": args.clients, "memory_jobs": args.memory_jobs,
-                                   "redis_args": extra,
-                                   "redis": sync.info("server")["redis_version"], "cpus": os.cpu_count(),
-                                   "python": platform.python_version(),
-                                   "note": "client, redis-server and redis-benchmark share this machine's CPUs"}}
+        result: dict[str, Any] = {
+            "config": {
+                "seconds": args.seconds,
+                "clients": args.clients,
+                "memory_jobs": args.memory_jobs,
+                "redis_args": extra,
+                "redis": sync.info("server")["redis_version"],
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "note": "client, redis-server and redis-benchmark share this machine's CPUs",
+            }
+        }
 
         # 1. python end to end ------------------------------------------------------------------
         log("calibrating the Python consume rate")
@@ -299,18 +362,22 @@ async def main_async(args: argparse.Namespace) -> dict:
         log(f"consuming with {args.clients} concurrent clients for {args.seconds}s")
         py = await consume(store, jobs, args.clients, args.seconds)
         stats = commandstats(sync)
-        log(f"  {py['ops']} consumes in {py['seconds']}s: {py['rate']:.0f}/s, p50 {py['p50_ms']:.2f} ms, "
-            f"p99 {py['p99_ms']:.2f} ms, errors {py['errors'] or 'none'}")
+        log(
+            f"  {py['ops']} consumes in {py['seconds']}s: {py['rate']:.0f}/s, p50 {py['p50_ms']:.2f} ms, "
+            f"p99 {py['p99_ms']:.2f} ms, errors {py['errors'] or 'none'}"
+        )
         if py["ran_out_of_jobs"]:
             log("  (ran out of prepared jobs before the time was up: the rate is over the shorter run)")
         evalsha, hgetall = stats.get("evalsha", {}), stats.get("hgetall", {})
         server_us = float(evalsha.get("usec_per_call", 0)) + float(hgetall.get("usec_per_call", 0))
-        server_cost = {"evalsha_calls": int(evalsha.get("calls", 0)),
-                       "evalsha_usec_per_call": float(evalsha.get("usec_per_call", 0)),
-                       "hgetall_usec_per_call": float(hgetall.get("usec_per_call", 0)),
-                       "server_bound_rate": (1e6 / server_us) if server_us else None,
-                       "what": "Redis CPU per real consume (HGETALL + EVALSHA consume_pause with its writes), "
-                               "from INFO commandstats during the Python run"}
+        server_cost = {
+            "evalsha_calls": int(evalsha.get("calls", 0)),
+            "evalsha_usec_per_call": float(evalsha.get("usec_per_call", 0)),
+            "hgetall_usec_per_call": float(hgetall.get("usec_per_call", 0)),
+            "server_bound_rate": (1e6 / server_us) if server_us else None,
+            "what": "Redis CPU per real consume (HGETALL + EVALSHA consume_pause with its writes), "
+            "from INFO commandstats during the Python run",
+        }
         # The consumed jobs really moved on, each with one new command in its outbox.
         consumed = py.pop("consumed")
         for job_id in consumed[:: max(1, len(consumed) // 200)]:
@@ -322,9 +389,9 @@ async def main_async(args: argparse.Namespace) -> dict:
         result["calibration"] = c | {"consumed_jobs": len(calib_consumed)}
 
         # 2. redis-benchmark ceiling --------------------------------------------------------------
-        target_id, target_req = (jobs.popleft() if jobs else (await prepare(store, 1, label="ceiling job"))[0])
+        target_id, target_req = jobs.popleft() if jobs else (await prepare(store, 1, label="ceiling job"))[0]
         command, sha = await ceiling_command(store, target_id, target_req)
-        check = sync.execute_command(*command)
+        check = sync.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
         assert check[0] == "INVALID_REQUEST", check  # every check passed, nothing written
         version_before = (await store.get(target_id)).version
         outbox_before = sync.xlen(keys.job(target_id).outbox)
@@ -334,13 +401,16 @@ async def main_async(args: argparse.Namespace) -> dict:
         rb = redis_benchmark(server.port, args.clients, n_req, command)
         assert (await store.get(target_id)).version == version_before
         assert sync.xlen(keys.job(target_id).outbox) == outbox_before
-        rb["what"] = ("EVALSHA of the real consume_pause script (sha %s) with the real KEYS and ARGV of a waiting "
-                      "job: idempotency miss, not cancelled, version ok, pause WAITING, token ok; returns at the "
-                      "final check before apply_plan (no writes), so it is an upper bound" % sha[:12])
+        rb["what"] = (
+            f"EVALSHA of the real consume_pause script (sha {sha[:12]}) with the real KEYS and ARGV of a waiting "
+            "job: idempotency miss, not cancelled, version ok, pause WAITING, token ok; returns at the "
+            "final check before apply_plan (no writes), so it is an upper bound"
+        )
         log(f"  {rb['rps']:.0f} calls/s, p50 {rb['p50_ms']:.3f} ms, p99 {rb['p99_ms']:.3f} ms")
 
-        result.update(python=py, server_cost=server_cost, redis_benchmark=rb,
-                      ratio=py["rate"] / rb["rps"] if rb["rps"] else None)
+        result.update(
+            python=py, server_cost=server_cost, redis_benchmark=rb, ratio=py["rate"] / rb["rps"] if rb["rps"] else None
+        )
 
         # 3. memory -------------------------------------------------------------------------------
         log(f"memory: {args.memory_jobs} waiting jobs with three boxes each")
@@ -353,16 +423,28 @@ async def main_async(args: argparse.Namespace) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def table(r: dict) -> str:
+def table(r: dict[str, Any]) -> str:
     py, rb, sc, mem = r["python"], r["redis_benchmark"], r["server_cost"], r["memory"]
     rows = [
         ("what", "ops/s", "p50 ms", "p99 ms"),
-        (f"python Store.intervene, {r['config']['clients']} clients", f"{py['rate']:.0f}", f"{py['p50_ms']:.2f}",
-         f"{py['p99_ms']:.2f}"),
-        (f"redis-benchmark EVALSHA consume_pause (checks only), -c {r['config']['clients']}", f"{rb['rps']:.0f}",
-         f"{rb['p50_ms']:.3f}", f"{rb['p99_ms']:.3f}"),
-        ("server-bound (1e6 / Redis usec per real consume)",
-         f"{sc['server_bound_rate']:.0f}" if sc["server_bound_rate"] else "-", "-", "-"),
+        (
+            f"python Store.intervene, {r['config']['clients']} clients",
+            f"{py['rate']:.0f}",
+            f"{py['p50_ms']:.2f}",
+            f"{py['p99_ms']:.2f}",
+        ),
+        (
+            f"redis-benchmark EVALSHA consume_pause (checks only), -c {r['config']['clients']}",
+            f"{rb['rps']:.0f}",
+            f"{rb['p50_ms']:.3f}",
+            f"{rb['p99_ms']:.3f}",
+        ),
+        (
+            "server-bound (1e6 / Redis usec per real consume)",
+            f"{sc['server_bound_rate']:.0f}" if sc["server_bound_rate"] else "-",
+            "-",
+            "-",
+        ),
     ]
     w = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w[0]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(row)) for row in rows]
@@ -386,13 +468,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each timed run (default 5)")
     ap.add_argument("--clients", type=int, default=50, help="concurrent clients / connections (default 50)")
-    ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
-                    help="event loop for the Python clients (default uvloop, as uvicorn and Ray Serve use)")
+    ap.add_argument(
+        "--loop",
+        choices=["uvloop", "asyncio"],
+        default="uvloop",
+        help="event loop for the Python clients (default uvloop, as uvicorn and Ray Serve use)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
     ap.add_argument("--memory-jobs", type=int, default=10_000, help="waiting jobs for the memory figure")
     ap.add_argument("--max-jobs", type=int, default=200_000, help="cap on jobs prepared for the timed run")
-    ap.add_argument("--redis-args", default="", help="extra redis-server options on top of the project's defaults, "
-                                                      "e.g. '--stream-node-max-bytes 2048' (for experiments)")
+    ap.add_argument(
+        "--redis-args",
+        default="",
+        help="extra redis-server options on top of the project's defaults, "
+        "e.g. '--stream-node-max-bytes 2048' (for experiments)",
+    )
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     # The event loop the control plane runs on: uvicorn and Ray Serve replicas both use uvloop.

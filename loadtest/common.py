@@ -1,36 +1,23 @@
-"""Pieces the locust scenarios, the invariant checker and the benchmark share.
+"""Pieces the locust scenarios, the invariant checker and the intervention benchmark share (the
+token and the event stream come from ``harness.tokens`` and ``harness.sse``).
 
 Kept free of locust and gevent imports so the checker and the benchmark can use
 them from plain asyncio code.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-import os
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
-TOKEN_FILE = "api-token"
 REPLAY_HEADER = "Idempotent-Replayed"
-
-
-def read_token(token: str | None = None, data_dir: str | Path | None = None) -> str:
-    """The bearer token: explicit, else ``HITL_TOKEN``, else ``<data-dir>/api-token``
-    (``HITL_DATA_DIR`` or ``.hitl``), the local admin token of a loopback server."""
-    if token:
-        return token.strip()
-    if os.environ.get("HITL_TOKEN"):
-        return os.environ["HITL_TOKEN"].strip()
-    folder = Path(data_dir or os.environ.get("HITL_DATA_DIR") or ".hitl")
-    path = folder / TOKEN_FILE
-    if not path.exists():
-        raise SystemExit(f"no token: set HITL_TOKEN or start the server so that {path} exists")
-    return path.read_text().strip()
 
 
 def request_id(prefix: str = "lt") -> str:
@@ -100,36 +87,6 @@ def read_records(path: str | Path | None) -> list[dict[str, Any]]:
     return out
 
 
-def parse_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """Decode ``text/event-stream`` lines into the job events the server sends
-    (the ``data:`` JSON: ``{id, type, job_id, version, at, data}``). Comments
-    (keep-alives) yield ``{"type": ":"}`` so a reader can look at its deadline."""
-    data: list[str] = []
-    event = ""
-    for raw in lines:
-        line = raw.rstrip("\r\n") if isinstance(raw, str) else raw.decode().rstrip("\r\n")
-        if not line:
-            if data:
-                try:
-                    ev = json.loads("\n".join(data))
-                except ValueError:
-                    ev = {"type": event or "message", "raw": "\n".join(data)}
-                if event and "type" not in ev:
-                    ev["type"] = event
-                yield ev
-            data, event = [], ""
-            continue
-        if line.startswith(":"):
-            yield {"type": ":"}
-            continue
-        field, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if field == "data":
-            data.append(value)
-        elif field == "event":
-            event = value
-
-
 def percentile(sorted_values: list[float], q: float) -> float | None:
     """Nearest-rank percentile of an already sorted list (None when empty)."""
     if not sorted_values:
@@ -142,6 +99,6 @@ def format_table(headers: list[str], rows: list[list[Any]]) -> str:
     """A plain fixed-width table for terminals and CI logs."""
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

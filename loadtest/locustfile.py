@@ -1,4 +1,4 @@
-"""Locust scenarios for the review protocol under load (issue 7; seeds 000 and 004).
+"""Locust scenarios for the review protocol under load (docs/protocol.md § Intervention).
 
 Six user classes play the people and accidents the pause protocol must survive:
 
@@ -27,18 +27,19 @@ each answer separately, and carries an ``X-Request-ID``. Protocol checks that sp
 (one winner per race, a stale tab never wins) are reported as request type ``CHECK``; time from
 opening a stream to an event as type ``SSE``.
 """
+
 from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 import uuid
 from collections import Counter, deque
+from collections.abc import Callable, Generator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import gevent
 from gevent.event import Event as GreenEvent
@@ -46,16 +47,20 @@ from locust import HttpUser, between, events, tag, task
 from locust.clients import HttpSession
 from requests import RequestException
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from loadtest.common import Recorder, body_hash, is_replayed, outcome, parse_sse, read_token, request_id  # noqa: E402
+from harness.sse import parse_sse
+from harness.tokens import resolve_token
+from loadtest.common import Recorder, body_hash, is_replayed, outcome, request_id
 
 API = "/api/v1"
 SCENARIOS = ("Submitter", "Reviewer", "DoubleClicker", "RivalReviewers", "StaleTab", "Canceller")
-DEFAULT_WEIGHTS = {"Submitter": 2, "Reviewer": 3, "DoubleClicker": 1, "RivalReviewers": 1, "StaleTab": 1,
-                   "Canceller": 1}
+DEFAULT_WEIGHTS = {
+    "Submitter": 2,
+    "Reviewer": 3,
+    "DoubleClicker": 1,
+    "RivalReviewers": 1,
+    "StaleTab": 1,
+    "Canceller": 1,
+}
 LOSING_409 = {"409 VERSION_CONFLICT", "409 PAUSE_NOT_ACTIVE", "409 PAUSE_TOKEN_MISMATCH"}
 
 
@@ -111,40 +116,84 @@ def _pairs(spec: str) -> dict[str, int]:
     return out
 
 
-@events.init_command_line_parser.add_listener
 def _options(parser: Any) -> None:
     g = parser.add_argument_group("hitl-review")
-    g.add_argument("--hitl-weights", env_var="HITL_LT_WEIGHTS", default="",
-                   help="Class=weight,... (default " + ",".join(f"{k}={v}" for k, v in DEFAULT_WEIGHTS.items()) + ")")
-    g.add_argument("--hitl-counts", env_var="HITL_LT_COUNTS", default="",
-                   help="Class=count,...: a fixed number of users of those classes, spawned first")
-    g.add_argument("--hitl-record", env_var="HITL_LT_RECORD", default="",
-                   help="JSONL file: one line per intervention and job-creation answer")
-    g.add_argument("--hitl-summary", env_var="HITL_LT_SUMMARY", default="",
-                   help="JSON file written at the end: counts by name, status code, 5xx, checks")
-    g.add_argument("--hitl-image-size", env_var="HITL_LT_IMAGE_SIZE", default="320x240",
-                   help="WxH of the generated product images (default 320x240)")
-    g.add_argument("--hitl-images", env_var="HITL_LT_IMAGES", type=int, default=24,
-                   help="how many distinct images to generate (default 24)")
-    g.add_argument("--hitl-repeat", env_var="HITL_LT_REPEAT", type=float, default=0.15,
-                   help="share of submissions that repeat an earlier Idempotency-Key and image")
-    g.add_argument("--hitl-key-conflict", env_var="HITL_LT_KEY_CONFLICT", type=float, default=0.03,
-                   help="share of submissions that reuse a key with another image (expect 409)")
-    g.add_argument("--hitl-stream-timeout", env_var="HITL_LT_STREAM_TIMEOUT", type=float, default=30.0,
-                   help="seconds a user follows one job's event stream at most (default 30); a job that takes "
-                   "longer is left to the invariant checker")
-    g.add_argument("--hitl-rivals", env_var="HITL_LT_RIVALS", type=int, default=3,
-                   help="reviewers racing on one pause in RivalReviewers (>= 2)")
-    g.add_argument("--hitl-wait", env_var="HITL_LT_WAIT", default="0.2,1.0",
-                   help="min,max seconds between a user's tasks")
+    g.add_argument(
+        "--hitl-weights",
+        env_var="HITL_LT_WEIGHTS",
+        default="",
+        help="Class=weight,... (default " + ",".join(f"{k}={v}" for k, v in DEFAULT_WEIGHTS.items()) + ")",
+    )
+    g.add_argument(
+        "--hitl-counts",
+        env_var="HITL_LT_COUNTS",
+        default="",
+        help="Class=count,...: a fixed number of users of those classes, spawned first",
+    )
+    g.add_argument(
+        "--hitl-record",
+        env_var="HITL_LT_RECORD",
+        default="",
+        help="JSONL file: one line per intervention and job-creation answer",
+    )
+    g.add_argument(
+        "--hitl-summary",
+        env_var="HITL_LT_SUMMARY",
+        default="",
+        help="JSON file written at the end: counts by name, status code, 5xx, checks",
+    )
+    g.add_argument(
+        "--hitl-image-size",
+        env_var="HITL_LT_IMAGE_SIZE",
+        default="320x240",
+        help="WxH of the generated product images (default 320x240)",
+    )
+    g.add_argument(
+        "--hitl-images",
+        env_var="HITL_LT_IMAGES",
+        type=int,
+        default=24,
+        help="how many distinct images to generate (default 24)",
+    )
+    g.add_argument(
+        "--hitl-repeat",
+        env_var="HITL_LT_REPEAT",
+        type=float,
+        default=0.15,
+        help="share of submissions that repeat an earlier Idempotency-Key and image",
+    )
+    g.add_argument(
+        "--hitl-key-conflict",
+        env_var="HITL_LT_KEY_CONFLICT",
+        type=float,
+        default=0.03,
+        help="share of submissions that reuse a key with another image (expect 409)",
+    )
+    g.add_argument(
+        "--hitl-stream-timeout",
+        env_var="HITL_LT_STREAM_TIMEOUT",
+        type=float,
+        default=30.0,
+        help="seconds a user follows one job's event stream at most (default 30); a job that takes "
+        "longer is left to the invariant checker",
+    )
+    g.add_argument(
+        "--hitl-rivals",
+        env_var="HITL_LT_RIVALS",
+        type=int,
+        default=3,
+        help="reviewers racing on one pause in RivalReviewers (>= 2)",
+    )
+    g.add_argument(
+        "--hitl-wait", env_var="HITL_LT_WAIT", default="0.2,1.0", help="min,max seconds between a user's tasks"
+    )
 
 
-@events.init.add_listener
 def _init(environment: Any, **_kw: Any) -> None:
     from serve_app.samples import product_composite
 
     opts = environment.parsed_options
-    SH.token = read_token()
+    SH.token = resolve_token()
     weights = {**DEFAULT_WEIGHTS, **_pairs(opts.hitl_weights if opts else "")}
     counts = _pairs(opts.hitl_counts if opts else "")
     lo, hi = (float(x) for x in ((opts.hitl_wait if opts else "") or "0.2,1.0").split(","))
@@ -164,7 +213,6 @@ def _init(environment: Any, **_kw: Any) -> None:
         SH.stream_timeout, SH.rivals = opts.hitl_stream_timeout, max(2, opts.hitl_rivals)
 
 
-@events.test_start.add_listener
 def _start(**_kw: Any) -> None:
     SH.started = time.time()
     for cls in (Submitter, Reviewer, DoubleClicker, RivalReviewers, StaleTab, Canceller):
@@ -172,7 +220,6 @@ def _start(**_kw: Any) -> None:
             cls.weight, cls.fixed_count = 0, 0
 
 
-@events.request.add_listener
 def _tally(request_type: str, name: str, response: Any = None, exception: Any = None, **_kw: Any) -> None:
     SH.names[name] += 1
     if request_type == "CHECK":
@@ -188,15 +235,17 @@ def _tally(request_type: str, name: str, response: Any = None, exception: Any = 
         SH.server_errors[name] += 1
 
 
-@events.test_stop.add_listener
 def _stop(**_kw: Any) -> None:
     SH.recorder.close()
     if not SH.summary_path:
         return
     summary = {
-        "run_id": SH.run_id, "seconds": round(time.time() - SH.started, 2),
-        "requests_by_name": dict(sorted(SH.names.items())), "status_codes": dict(SH.status_codes),
-        "server_errors": sum(SH.server_errors.values()), "server_errors_by_name": dict(SH.server_errors),
+        "run_id": SH.run_id,
+        "seconds": round(time.time() - SH.started, 2),
+        "requests_by_name": dict(sorted(SH.names.items())),
+        "status_codes": dict(SH.status_codes),
+        "server_errors": sum(SH.server_errors.values()),
+        "server_errors_by_name": dict(SH.server_errors),
         "transport_errors": sum(SH.transport_errors.values()),
         "transport_errors_by_name": dict(SH.transport_errors),
         "checks": {k: dict(v) for k, v in sorted(SH.checks.items())},
@@ -204,6 +253,18 @@ def _stop(**_kw: Any) -> None:
     }
     Path(SH.summary_path).parent.mkdir(parents=True, exist_ok=True)
     Path(SH.summary_path).write_text(json.dumps(summary, indent=2))
+
+
+def _listen(hook: Any, listener: Callable[..., None]) -> None:
+    """Register with a locust event hook (its ``add_listener`` decorator is untyped)."""
+    hook.add_listener(listener)
+
+
+_listen(events.init_command_line_parser, _options)
+_listen(events.init, _init)
+_listen(events.test_start, _start)
+_listen(events.request, _tally)
+_listen(events.test_stop, _stop)
 
 
 def _json(resp: Any) -> dict[str, Any]:
@@ -237,13 +298,25 @@ class HitlUser(HttpUser):
 
     def check(self, name: str, ok: bool, message: str = "") -> None:
         self.environment.events.request.fire(
-            request_type="CHECK", name=name, response_time=0, response_length=0, response=None, context={},
-            exception=None if ok else AssertionError(message or name))
+            request_type="CHECK",
+            name=name,
+            response_time=0,
+            response_length=0,
+            response=None,
+            context={},
+            exception=None if ok else AssertionError(message or name),
+        )
 
     def since(self, name: str, t0: float, error: str | None = None) -> None:
         self.environment.events.request.fire(
-            request_type="SSE", name=name, response_time=(time.time() - t0) * 1000, response_length=0,
-            response=None, context={}, exception=AssertionError(error) if error else None)
+            request_type="SSE",
+            name=name,
+            response_time=(time.time() - t0) * 1000,
+            response_length=0,
+            response=None,
+            context={},
+            exception=AssertionError(error) if error else None,
+        )
 
     @staticmethod
     def judge(resp: Any, route: str, label: str, expect: set[str], scenario: str) -> None:
@@ -271,19 +344,41 @@ class HitlUser(HttpUser):
         key = f"lt-{SH.run_id}-{uuid.uuid4().hex[:12]}"
         return self._post_job(scenario, key, self.rng.randrange(len(SH.images))), True
 
-    def _post_job(self, scenario: str, key: str, idx: int, *, expect_job: str | None = None,
-                  expect_body: bytes | None = None, expect_conflict: str | None = None) -> JobRef | None:
+    def _post_job(
+        self,
+        scenario: str,
+        key: str,
+        idx: int,
+        *,
+        expect_job: str | None = None,
+        expect_body: bytes | None = None,
+        expect_conflict: str | None = None,
+    ) -> JobRef | None:
         rid = request_id()
         files = {"image": (f"product_{idx:02d}.png", SH.images[idx].png, "image/png")}
-        with self.client.post(f"{API}/jobs", files=files, headers={"Idempotency-Key": key, "X-Request-ID": rid},
-                              name="jobs", catch_response=True) as resp:
+        with self.client.post(
+            f"{API}/jobs",
+            files=files,
+            headers={"Idempotency-Key": key, "X-Request-ID": rid},
+            name="jobs",
+            catch_response=True,
+        ) as resp:
             body = _json(resp)
             replayed = is_replayed(resp.headers)
             label = outcome(resp.status_code, replayed, body)
             job_id = body.get("job_id") or (body.get("snapshot") or {}).get("job_id")
-            SH.recorder.write(kind="create", scenario=scenario, request_id=rid, idempotency_key=key, image=idx,
-                              status=resp.status_code, code=body.get("code"), replayed=replayed, job_id=job_id,
-                              body_sha256=body_hash(resp.content or b""))
+            SH.recorder.write(
+                kind="create",
+                scenario=scenario,
+                request_id=rid,
+                idempotency_key=key,
+                image=idx,
+                status=resp.status_code,
+                code=body.get("code"),
+                replayed=replayed,
+                job_id=job_id,
+                body_sha256=body_hash(resp.content or b""),
+            )
             if expect_conflict:
                 self.judge(resp, "jobs", label, {"409 IDEMPOTENCY_CONFLICT"}, scenario)
                 if label == "409 IDEMPOTENCY_CONFLICT" and job_id != expect_conflict:
@@ -307,14 +402,22 @@ class HitlUser(HttpUser):
         except IndexError:
             return self.submit_job(scenario, repeats=False)[0]
 
-    def cancel(self, job_id: str, scenario: str, expect: set[str], name: str = "cancel") -> tuple[str, dict]:
+    def cancel(self, job_id: str, scenario: str, expect: set[str], name: str = "cancel") -> tuple[str, dict[str, Any]]:
         rid = request_id()
-        with self.client.post(f"{API}/jobs/{job_id}/cancel", headers={"X-Request-ID": rid}, name=name,
-                              catch_response=True) as resp:
+        with self.client.post(
+            f"{API}/jobs/{job_id}/cancel", headers={"X-Request-ID": rid}, name=name, catch_response=True
+        ) as resp:
             body = _json(resp)
             label = outcome(resp.status_code, False, body)
-            SH.recorder.write(kind="cancel", scenario=scenario, request_id=rid, job_id=job_id,
-                              status=resp.status_code, code=body.get("code"), job_status=body.get("status"))
+            SH.recorder.write(
+                kind="cancel",
+                scenario=scenario,
+                request_id=rid,
+                job_id=job_id,
+                status=resp.status_code,
+                code=body.get("code"),
+                job_status=body.get("status"),
+            )
             self.judge(resp, name, label, expect, scenario)
             if label == "200" and body.get("status") != "CANCELLED":
                 resp.failure(f"cancel answered 200 with status {body.get('status')}")
@@ -322,21 +425,29 @@ class HitlUser(HttpUser):
 
     # ------------------------------------------------------------------ events
 
-    def stream(self, job_id: str, deadline: float, after: int = 0) -> Iterator[dict[str, Any]]:
+    def stream(self, job_id: str, deadline: float, after: int = 0) -> Generator[dict[str, Any], None, None]:
         """The job's events (history, then live) until the stream ends or ``deadline`` passes."""
         t0 = time.time()
         headers = {"X-Request-ID": request_id(), "Accept": "text/event-stream"}
         if after:
             headers["Last-Event-ID"] = str(after)
-        resp = self.client.get(f"{API}/jobs/{job_id}/events", headers=headers, stream=True, catch_response=True,
-                               name="events", timeout=(10, 20))
+        resp = self.client.get(
+            f"{API}/jobs/{job_id}/events",
+            headers=headers,
+            stream=True,
+            catch_response=True,
+            name="events",
+            timeout=(10, 20),
+        )
         try:
             with resp:
                 label = outcome(resp.status_code, False, {} if resp.status_code == 200 else _json(resp))
                 self.judge(resp, "events", label, {"200"}, "stream")
             if label != "200":
                 return
-            for ev in parse_sse(resp.iter_lines(chunk_size=None, decode_unicode=True)):
+            # chunk_size=None hands lines on as they arrive (types-requests only allows an int)
+            lines = resp.iter_lines(chunk_size=None, decode_unicode=True)  # type: ignore[call-overload]
+            for ev in parse_sse(lines):
                 if ev.get("type") != ":":
                     yield ev
                 if time.time() > deadline:
@@ -361,33 +472,65 @@ class HitlUser(HttpUser):
 
     # ------------------------------------------------------------------ interventions
 
-    def intervene(self, job_id: str, body: dict[str, Any], scenario: str, expect: set[str],
-                  client: HttpSession | None = None) -> tuple[str, dict[str, Any], bytes]:
+    def intervene(
+        self, job_id: str, body: dict[str, Any], scenario: str, expect: set[str], client: HttpSession | None = None
+    ) -> tuple[str, dict[str, Any], bytes]:
         rid = request_id()
-        with (client or self.client).post(f"{API}/jobs/{job_id}/interventions", json=body, name="interventions",
-                                          headers={"X-Request-ID": rid}, catch_response=True) as resp:
+        with (client or self.client).post(
+            f"{API}/jobs/{job_id}/interventions",
+            json=body,
+            name="interventions",
+            headers={"X-Request-ID": rid},
+            catch_response=True,
+        ) as resp:
             js = _json(resp)
             replayed = is_replayed(resp.headers)
             label = outcome(resp.status_code, replayed, js)
-            SH.recorder.write(kind="intervention", scenario=scenario, request_id=rid, job_id=job_id,
-                              intervention_id=body["intervention_id"], pause_token=body["pause_token"],
-                              base_version=body["base_version"], subjects=len(body["subjects"]),
-                              status=resp.status_code, code=js.get("code"), replayed=replayed,
-                              body_sha256=body_hash(resp.content or b""), response_version=js.get("version"),
-                              response_status=js.get("status"))
+            SH.recorder.write(
+                kind="intervention",
+                scenario=scenario,
+                request_id=rid,
+                job_id=job_id,
+                intervention_id=body["intervention_id"],
+                pause_token=body["pause_token"],
+                base_version=body["base_version"],
+                subjects=len(body["subjects"]),
+                status=resp.status_code,
+                code=js.get("code"),
+                replayed=replayed,
+                body_sha256=body_hash(resp.content or b""),
+                response_version=js.get("version"),
+                response_status=js.get("status"),
+            )
             self.judge(resp, "interventions", label, expect, scenario)
             content = resp.content or b""
         return label, js, content
 
-    def body(self, pause: dict[str, Any], subjects: list[dict[str, Any]], *, token: str | None = None,
-             version: int | None = None) -> dict[str, Any]:
-        return {"intervention_id": f"iv_lt_{uuid.uuid4().hex[:16]}",
-                "pause_token": token if token is not None else pause["pause_token"],
-                "base_version": version if version is not None else pause["base_version"],
-                "subjects": subjects}
+    def body(
+        self,
+        pause: dict[str, Any],
+        subjects: list[dict[str, Any]],
+        *,
+        token: str | None = None,
+        version: int | None = None,
+    ) -> dict[str, Any]:
+        return {
+            "intervention_id": f"iv_lt_{uuid.uuid4().hex[:16]}",
+            "pause_token": token if token is not None else pause["pause_token"],
+            "base_version": version if version is not None else pause["base_version"],
+            "subjects": subjects,
+        }
 
-    def choose(self, ref: JobRef, pause: dict[str, Any], boxes: list[dict[str, Any]], *,
-               manual: float = 0.3, empty: float = 0.04, models_only: bool = False) -> list[dict[str, Any]]:
+    def choose(
+        self,
+        ref: JobRef,
+        pause: dict[str, Any],
+        boxes: list[dict[str, Any]],
+        *,
+        manual: float = 0.3,
+        empty: float = 0.04,
+        models_only: bool = False,
+    ) -> list[dict[str, Any]]:
         """What a reviewer plausibly keeps: most model boxes, boxes that passed naming, a fix or a
         deletion for each box a revision round names, and now and then a box drawn by hand."""
         rng = self.rng
@@ -401,8 +544,13 @@ class HitlUser(HttpUser):
                 continue
             if b["box_id"] in revise:
                 if rng.random() < 0.5:  # redraw it on the object it was meant to be
-                    out.append({"box_id": b["box_id"], "bbox": self.near_truth(img, b["bbox"]),
-                                "label": b.get("label") or "product"})
+                    out.append(
+                        {
+                            "box_id": b["box_id"],
+                            "bbox": self.near_truth(img, b["bbox"]),
+                            "label": b.get("label") or "product",
+                        }
+                    )
                 continue
             passed = (b.get("validation") or {}).get("status") == "PASSED"
             if passed or rng.random() < 0.75:
@@ -418,11 +566,15 @@ class HitlUser(HttpUser):
             bbox = self.near_truth(img, self.rng.choice(img.boxes))
         else:
             x1, y1 = self.rng.uniform(0, w - 40), self.rng.uniform(0, h - 40)
-            bbox = [round(x1, 1), round(y1, 1), round(min(w, x1 + self.rng.uniform(20, w / 2)), 1),
-                    round(min(h, y1 + self.rng.uniform(20, h / 2)), 1)]
+            bbox = [
+                round(x1, 1),
+                round(y1, 1),
+                round(min(w, x1 + self.rng.uniform(20, w / 2)), 1),
+                round(min(h, y1 + self.rng.uniform(20, h / 2)), 1),
+            ]
         return {"bbox": bbox, "label": self.rng.choice(["shoe", "bag", "box", "product"])}
 
-    def near_truth(self, img: Image, bbox: list[float]) -> list[float]:
+    def near_truth(self, img: Image, bbox: Sequence[float]) -> list[float]:
         """The true box closest to ``bbox``, jittered by a few pixels and kept inside the image."""
         w, h = img.size
         if img.boxes:
@@ -469,8 +621,9 @@ class Reviewer(HitlUser):
                         opened = True
                     pause, boxes = ev["data"]["active_pause"], ev["data"]["box_list"]
                     gevent.sleep(self.rng.uniform(0.05, 0.4))  # looking at the picture
-                    label, _, _ = self.intervene(ref.job_id, self.body(pause, self.choose(ref, pause, boxes)),
-                                                 "Reviewer", {"200"})
+                    label, _, _ = self.intervene(
+                        ref.job_id, self.body(pause, self.choose(ref, pause, boxes)), "Reviewer", {"200"}
+                    )
                     if label != "200":
                         return
                 elif ev["type"] == "JOB_FINISHED":
@@ -486,7 +639,9 @@ class DoubleClicker(HitlUser):
     @task
     def double_click(self) -> None:
         ref = self.claim_job("DoubleClicker")
-        ev = self.wait_pause(ref.job_id) if ref else None
+        if ref is None:
+            return
+        ev = self.wait_pause(ref.job_id)
         if ev is None:
             return
         pause, boxes = ev["data"]["active_pause"], ev["data"]["box_list"]
@@ -498,9 +653,11 @@ class DoubleClicker(HitlUser):
         if first.value is None or second.value is None:
             return
         labels = sorted([first.value[0], second.value[0]])
-        self.check("double-click: one 200, one byte-identical replay",
-                   labels == ["200", "replay"] and first.value[2] == second.value[2],
-                   f"job {ref.job_id}: {labels}, identical={first.value[2] == second.value[2]}")
+        self.check(
+            "double-click: one 200, one byte-identical replay",
+            labels == ["200", "replay"] and first.value[2] == second.value[2],
+            f"job {ref.job_id}: {labels}, identical={first.value[2] == second.value[2]}",
+        )
 
 
 class RivalReviewers(HitlUser):
@@ -510,7 +667,9 @@ class RivalReviewers(HitlUser):
     @task
     def race(self) -> None:
         ref = self.claim_job("RivalReviewers")
-        ev = self.wait_pause(ref.job_id) if ref else None
+        if ref is None:
+            return
+        ev = self.wait_pause(ref.job_id)
         if ev is None:
             return
         pause, boxes = ev["data"]["active_pause"], ev["data"]["box_list"]
@@ -530,12 +689,15 @@ class RivalReviewers(HitlUser):
             s.close()
         results = [g.value for g in racers if g.value is not None]
         winners = [r for r in results if r[0] == "200"]
-        self.check("rivals: exactly one winner", len(winners) == 1,
-                   f"job {ref.job_id}: {sorted(r[0] for r in results)}")
+        self.check(
+            "rivals: exactly one winner", len(winners) == 1, f"job {ref.job_id}: {sorted(r[0] for r in results)}"
+        )
         stale = [r for r in results if r[0] in LOSING_409]
-        self.check("rivals: 409 carries the moved-on snapshot",
-                   all((r[1].get("snapshot") or {}).get("version", 0) > pause["base_version"] for r in stale),
-                   f"job {ref.job_id}: a 409 snapshot still shows the raced version")
+        self.check(
+            "rivals: 409 carries the moved-on snapshot",
+            all((r[1].get("snapshot") or {}).get("version", 0) > pause["base_version"] for r in stale),
+            f"job {ref.job_id}: a 409 snapshot still shows the raced version",
+        )
 
 
 class StaleTab(HitlUser):
@@ -545,19 +707,24 @@ class StaleTab(HitlUser):
     @task
     def stale(self) -> None:
         ref = self.claim_job("StaleTab")
-        ev = self.wait_pause(ref.job_id) if ref else None
+        if ref is None:
+            return
+        ev = self.wait_pause(ref.job_id)
         if ev is None:
             return
         pause, boxes = ev["data"]["active_pause"], ev["data"]["box_list"]
         kind = self.rng.choice(["old-version", "old-token", "after-submit"])
         if kind == "after-submit":
             # Tab A submits; tab B, still showing the same pause, submits its own choice.
-            label, done, _ = self.intervene(ref.job_id, self.body(pause, self.choose(ref, pause, boxes)),
-                                            "StaleTab", {"200"})
+            label, done, _ = self.intervene(
+                ref.job_id, self.body(pause, self.choose(ref, pause, boxes)), "StaleTab", {"200"}
+            )
             if label != "200":
                 return
-            for stale in (self.body(pause, self.choose(ref, pause, boxes)),
-                          self.body(pause, self.choose(ref, pause, boxes), version=done["version"])):
+            for stale in (
+                self.body(pause, self.choose(ref, pause, boxes)),
+                self.body(pause, self.choose(ref, pause, boxes), version=done["version"]),
+            ):
                 got, _, _ = self.intervene(ref.job_id, stale, "StaleTab", LOSING_409)
                 self.check("stale tab never wins", got != "200", f"job {ref.job_id}: stale {kind} got 200")
             return
@@ -596,7 +763,9 @@ class Canceller(HitlUser):
             self.after_cancel(ref, None)
             return
         ref = self.claim_job("Canceller")
-        ev = self.wait_pause(ref.job_id) if ref else None
+        if ref is None:
+            return
+        ev = self.wait_pause(ref.job_id)
         if ev is None:
             return
         pause, boxes = ev["data"]["active_pause"], ev["data"]["box_list"]

@@ -6,14 +6,16 @@
 Stages (as data in ``STAGES``, each timed in the summary): start a fresh ``hitl up --no-ui`` on free
 ports in a temporary data directory with a GPU-like detector delay; run locust headless against it
 (``loadtest/locustfile.py``); wait until the outbox is empty and check the invariants
-(``loadtest.check_invariants``); benchmark the intervention path (``loadtest.bench_interventions``);
-stop everything with SIGTERM. Writes under ``--out``: locust's CSV and HTML report, the client
-record (JSONL), the invariant report, the benchmark JSON and ``summary.json``.
+(``loadtest.check_invariants``); benchmark the intervention path against the same server
+(``benchmarks/bench_interventions.py``); stop everything with SIGTERM. Writes under ``--out``:
+locust's CSV and HTML report, the client record (JSONL), the invariant report, the benchmark JSON
+and ``summary.json``.
 
 Exits non-zero on any invariant breach, any 5xx or dropped connection, any failed protocol check
 seen by the clients (two winners of one race, a stale tab that won, ...), or when a stage fails.
 CI runs the short form: ``python -m loadtest.run --seconds 20 --users 10``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,27 +31,52 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.hitl_up import HitlUp
+from harness.uvicorn import UvicornServer
 from statecore.store import Store
 
-from . import bench_interventions as bench
-from .check_invariants import check, print_report
-from .launcher import HitlUp, UvicornServer
+from .check_invariants import Report, check, print_report
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks" / "bench_interventions.py"
 STAGES = ("start", "locust", "check", "bench", "stop")
 
 
 def run_locust(args: argparse.Namespace, api_url: str, token: str, out: Path) -> int:
-    env = {**os.environ, "HITL_TOKEN": token, "HITL_LT_RECORD": str(out / "record.jsonl"),
-           "HITL_LT_SUMMARY": str(out / "locust_summary.json"), "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "HITL_TOKEN": token,
+        "HITL_LT_RECORD": str(out / "record.jsonl"),
+        "HITL_LT_SUMMARY": str(out / "locust_summary.json"),
+    }
     if args.weights:
         env["HITL_LT_WEIGHTS"] = args.weights
     if args.counts:
         env["HITL_LT_COUNTS"] = args.counts
-    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest" / "locustfile.py"), "--headless",
-           "-u", str(args.users), "-r", str(args.spawn_rate), "-t", f"{args.seconds}s", "--host", api_url,
-           "--csv", str(out / "locust"), "--html", str(out / "locust.html"), "--only-summary",
-           "--stop-timeout", "5", *args.locust_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(ROOT / "loadtest" / "locustfile.py"),
+        "--headless",
+        "-u",
+        str(args.users),
+        "-r",
+        str(args.spawn_rate),
+        "-t",
+        f"{args.seconds}s",
+        "--host",
+        api_url,
+        "--csv",
+        str(out / "locust"),
+        "--html",
+        str(out / "locust.html"),
+        "--only-summary",
+        "--stop-timeout",
+        "5",
+        *args.locust_args,
+    ]
     print("$ " + " ".join(cmd), flush=True)
     with (out / "locust.log").open("w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
@@ -67,9 +94,18 @@ def locust_rows(out: Path) -> list[dict[str, Any]]:
     rows = []
     with path.open() as f:
         for r in csv.DictReader(f):
-            rows.append({"type": r["Type"], "name": r["Name"], "count": int(r["Request Count"]),
-                         "failures": int(r["Failure Count"]), "p50": r["50%"], "p95": r["95%"], "p99": r["99%"],
-                         "rps": r["Requests/s"]})
+            rows.append(
+                {
+                    "type": r["Type"],
+                    "name": r["Name"],
+                    "count": int(r["Request Count"]),
+                    "failures": int(r["Failure Count"]),
+                    "p50": r["50%"],
+                    "p95": r["95%"],
+                    "p99": r["99%"],
+                    "rps": r["Requests/s"],
+                }
+            )
     return rows
 
 
@@ -78,11 +114,12 @@ def first_detail(jobs: dict[str, list[str]]) -> str | None:
 
 
 def check_now(redis_url: str, api_url: str, token: str, out: Path, quiet_timeout: float) -> dict[str, Any]:
-    async def go() -> Any:
+    async def go() -> Report:
         store = Store.from_url(redis_url, max_connections=64)
         try:
-            return await check(store, record=out / "record.jsonl", api_url=api_url, token=token,
-                               quiet_timeout=quiet_timeout)
+            return await check(
+                store, record=out / "record.jsonl", api_url=api_url, token=token, quiet_timeout=quiet_timeout
+            )
         finally:
             await store.close()
 
@@ -93,6 +130,42 @@ def check_now(redis_url: str, api_url: str, token: str, out: Path, quiet_timeout
     return result
 
 
+def run_bench(
+    args: argparse.Namespace, api_url: str, redis_url: str, token: str, data_dir: Path, out: Path
+) -> tuple[int, dict[str, Any] | None]:
+    """The intervention benchmark against the running server, in a process of its own (it prints its
+    tables; with ``--docs`` it also rewrites that section, with the summary so far)."""
+    result = out / "bench_interventions.json"
+    cmd = [
+        sys.executable,
+        str(BENCH),
+        "--api-url",
+        api_url,
+        "--redis-url",
+        redis_url,
+        "--data-dir",
+        str(data_dir),
+        "--token",
+        token,
+        "--out",
+        str(out),
+        "--json",
+        str(result),
+        "--jobs",
+        str(args.bench_jobs),
+        "--concurrency",
+        args.bench_concurrency,
+        "--rounds",
+        "2",
+        "--consume",
+        args.bench_consume,
+    ]
+    if args.docs:
+        cmd += ["--docs", args.docs, "--loadtest-summary", str(out / "summary.json")]
+    rc = subprocess.run(cmd, cwd=ROOT).returncode
+    return rc, json.loads(result.read_text()) if rc == 0 and result.exists() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtest.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=int, default=60, help="locust run time (default 60)")
@@ -100,16 +173,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spawn-rate", type=float, default=10, help="users started per second (default 10)")
     ap.add_argument("--detector-delay-ms", type=int, default=80, help="simulated model latency (default 80)")
     ap.add_argument("--out", default=str(ROOT / "loadtest" / "out"), help="reports folder (default loadtest/out)")
-    ap.add_argument("--server", choices=["hitl-up", "uvicorn"], default="hitl-up",
-                    help="hitl-up (Ray Serve, default) or uvicorn (the same app without Ray; no benchmark)")
+    ap.add_argument(
+        "--server",
+        choices=["hitl-up", "uvicorn"],
+        default="hitl-up",
+        help="hitl-up (Ray Serve, default) or uvicorn (the same app without Ray; no benchmark)",
+    )
     ap.add_argument("--weights", default="", help="user class weights, e.g. Reviewer=4,Canceller=1")
     ap.add_argument("--counts", default="", help="fixed user counts, e.g. RivalReviewers=2")
     ap.add_argument("--quiet-timeout", type=float, default=120, help="seconds to wait for an empty outbox")
     ap.add_argument("--no-bench", action="store_true", help="skip the intervention benchmark")
     ap.add_argument("--bench-jobs", type=int, default=60, help="benchmark jobs per door and concurrency")
     ap.add_argument("--bench-concurrency", default="1,8", help="benchmark client concurrencies")
-    ap.add_argument("--bench-consume", choices=["empty", "keep"], default="empty",
-                    help="what the benchmark's 200 submits (see loadtest.bench_interventions)")
+    ap.add_argument(
+        "--bench-consume",
+        choices=["empty", "keep"],
+        default="empty",
+        help="what the benchmark's 200 submits (see benchmarks/bench_interventions.py)",
+    )
     ap.add_argument("--docs", default=None, help="rewrite the 'Interventions under load' section of this file")
     ap.add_argument("--keep-data", action="store_true", help="keep the temporary data directory")
     ap.add_argument("locust_args", nargs="*", help="extra locust arguments after --, e.g. -- --tags review")
@@ -122,22 +203,21 @@ def main(argv: list[str] | None = None) -> int:
     timings: dict[str, float] = {}
     problems: list[str] = []
     summary: dict[str, Any] = {"config": {k: v for k, v in vars(args).items()}, "data_dir": str(data_dir)}
-    server: Any = None
-    redis = None
+    server: HitlUp | UvicornServer | None = None
     t = time.monotonic()
     try:
         print(f"[start] {args.server} in {data_dir} (detector delay {args.detector_delay_ms} ms)", flush=True)
         if args.server == "hitl-up":
-            server = HitlUp(data_dir, out / "hitl-up.log", detector_delay_ms=args.detector_delay_ms).start()
-            redis_url = server.redis_url
+            server = HitlUp(data_dir, "--detector-delay-ms", str(args.detector_delay_ms), log_path=out / "hitl-up.log")
         else:
-            from serve_app.redis_server import RedisServer
-
-            redis = RedisServer(data_dir / "redis").start()
-            redis_url = redis.url
-            server = UvicornServer(data_dir, redis_url, out / "uvicorn.log", dispatchers=1,
-                                   detector_delay_ms=args.detector_delay_ms).start()
-        token = (data_dir / "api-token").read_text().strip()
+            server = UvicornServer(
+                data_dir, dispatchers=1, detector_delay_ms=args.detector_delay_ms, log_path=out / "uvicorn.log"
+            )
+        server.start()
+        redis_url = server.redis_url
+        if not redis_url:
+            raise RuntimeError("the server did not say where its redis-server is")
+        token = server.token
         print(f"[start] api={server.api_url} redis={redis_url} ({time.monotonic() - t:.1f}s)", flush=True)
         summary["server"] = {"kind": args.server, "api_url": server.api_url, "redis_url": redis_url}
         timings["start"] = time.monotonic() - t
@@ -149,10 +229,16 @@ def main(argv: list[str] | None = None) -> int:
         lsum = json.loads(lsum_path.read_text()) if lsum_path.exists() else {}
         rows = locust_rows(out)
         agg = next((r for r in rows if r["name"] == "Aggregated"), {})
-        summary["locust"] = {"exit_code": rc, "requests": agg.get("count"), "failures": agg.get("failures"),
-                             "server_errors": lsum.get("server_errors"), "transport_errors":
-                             lsum.get("transport_errors"), "checks_failed": lsum.get("checks_failed"),
-                             "checks": lsum.get("checks"), "rows": [r for r in rows if r["name"] != "Aggregated"]}
+        summary["locust"] = {
+            "exit_code": rc,
+            "requests": agg.get("count"),
+            "failures": agg.get("failures"),
+            "server_errors": lsum.get("server_errors"),
+            "transport_errors": lsum.get("transport_errors"),
+            "checks_failed": lsum.get("checks_failed"),
+            "checks": lsum.get("checks"),
+            "rows": [r for r in rows if r["name"] != "Aggregated"],
+        }
         unexpected = sum(r["failures"] for r in rows if r["type"] in ("GET", "POST"))
         summary["locust"]["unexpected_answers"] = unexpected
         if rc not in (0, 1) or not lsum:
@@ -169,32 +255,39 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         inv = check_now(redis_url, server.api_url, token, out, args.quiet_timeout)
         timings["check"] = time.monotonic() - t
-        summary["invariants"] = {"jobs": inv.get("jobs"), "breaches": inv["breaches"], "quiet": inv.get("quiet"),
-                                 "invariants": {k: {"checked": v["checked"], "breaches": v["breaches"],
-                                                    "jobs": sorted(v["jobs"]),
-                                                    "example": first_detail(v["jobs"])}
-                                                for k, v in inv["invariants"].items()}}
+        summary["invariants"] = {
+            "jobs": inv.get("jobs"),
+            "breaches": inv["breaches"],
+            "quiet": inv.get("quiet"),
+            "invariants": {
+                k: {
+                    "checked": v["checked"],
+                    "breaches": v["breaches"],
+                    "jobs": sorted(v["jobs"]),
+                    "example": first_detail(v["jobs"]),
+                }
+                for k, v in inv["invariants"].items()
+            },
+        }
         if inv["breaches"]:
-            problems.append(f"{inv['breaches']} invariant breaches: "
-                            + "; ".join(f"{k}: {' '.join(sorted(v['jobs']))}"
-                                        for k, v in inv["invariants"].items() if v["breaches"]))
+            problems.append(
+                f"{inv['breaches']} invariant breaches: "
+                + "; ".join(
+                    f"{k}: {' '.join(sorted(v['jobs']))}" for k, v in inv["invariants"].items() if v["breaches"]
+                )
+            )
 
         if not args.no_bench and args.server == "hitl-up":
             print("[bench] interventions: Ray Serve vs uvicorn vs store", flush=True)
             t = time.monotonic()
-            try:
-                res = bench.run_against(server.api_url, redis_url, data_dir, out, jobs=args.bench_jobs,
-                                        concurrency=[int(c) for c in args.bench_concurrency.split(",")], rounds=2,
-                                        consume=args.bench_consume, token=token)
-                (out / "bench_interventions.json").write_text(json.dumps(res, indent=2))
-                print(bench.tables(res), flush=True)
+            if args.docs:  # the docs section quotes the load run so far
+                (out / "summary.json").write_text(json.dumps({**summary, "problems": problems}, indent=2))
+            rc_bench, res = run_bench(args, server.api_url, redis_url, token, data_dir, out)
+            if res is None:  # the verdict is the load test's; a failed benchmark is reported
+                problems.append(f"benchmark failed (exit {rc_bench}; its output is above)")
+            else:
                 summary["bench"] = {"json": str(out / "bench_interventions.json"), "comparison": res["comparison"]}
-            except Exception as e:  # the verdict is the load test's; a failed benchmark is reported
-                problems.append(f"benchmark failed: {type(e).__name__}: {e}")
-                res = None
             timings["bench"] = time.monotonic() - t
-        else:
-            res = None
     except Exception as e:
         problems.append(f"{type(e).__name__}: {e}")
         raise
@@ -204,8 +297,6 @@ def main(argv: list[str] | None = None) -> int:
             rc_stop = server.stop()
             summary["server_exit_code"] = rc_stop
             print(f"[stop] server exited with {rc_stop}", flush=True)
-        if redis is not None:
-            redis.stop()
         timings["stop"] = time.monotonic() - t
         summary["timings_s"] = {k: round(timings[k], 1) for k in STAGES if k in timings}
         summary["problems"] = problems
@@ -213,15 +304,14 @@ def main(argv: list[str] | None = None) -> int:
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         if not args.keep_data:
             shutil.rmtree(data_dir, ignore_errors=True)
-    if args.docs and res is not None:
-        bench.write_docs(Path(args.docs), bench.docs_section(res, summary))
-        print(f"[docs] updated the '{bench.SECTION[3:]}' section of {args.docs}")
     print(f"[summary] {out / 'summary.json'}: " + ("OK" if not problems else "FAILED"))
     for p in problems:
         print(f"  - {p}")
     if summary["locust"].get("unexpected_answers"):
-        print(f"  note: {summary['locust']['unexpected_answers']} answers a scenario did not expect (see "
-              f"{out / 'locust_failures.csv'}); not fatal by themselves")
+        print(
+            f"  note: {summary['locust']['unexpected_answers']} answers a scenario did not expect (see "
+            f"{out / 'locust_failures.csv'}); not fatal by themselves"
+        )
     return 0 if not problems else 1
 
 

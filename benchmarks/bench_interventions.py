@@ -1,7 +1,7 @@
 """Interventions per second and latency by outcome through three doors, with the same mix:
 
 (a) Ray Serve — a real ``hitl up --no-ui`` (proxy → Api replica → store → Redis);
-(b) the same FastAPI app under plain uvicorn, alone in its process (``loadtest.uvicorn_server``);
+(b) the same FastAPI app under plain uvicorn, alone in its process (``harness.uvicorn.UvicornServer``);
 (c) the store itself (``Store.intervene``: one HGETALL + the consume_pause Lua script) — the ceiling.
 
 All three use the Redis of the ``hitl up``, whose dispatcher takes the follow-up commands of every
@@ -16,10 +16,14 @@ meanwhile (and a late PAUSE_NOT_ACTIVE may turn into VERSION_CONFLICT). Latency 
 outcome actually seen, next to each door's floor (Redis PING, ``GET /healthz``). The doors are
 interleaved in rounds so drift on a shared machine hits them alike.
 
-    python -m loadtest.bench_interventions [--jobs 100] [--concurrency 1,8] [--rounds 2] [--consume empty|keep]
-        [--api-url URL --redis-url URL --data-dir DIR]   # reuse a running `hitl up`
-        [--json loadtest/out/bench_interventions.json] [--docs docs/benchmarks.md]
+    python benchmarks/bench_interventions.py [--jobs 100] [--concurrency 1,8] [--rounds 2] [--consume empty|keep]
+        [--api-url URL --redis-url URL --data-dir DIR [--token T]]   # reuse a running `hitl up`
+        [--json benchmarks/out/bench_interventions.json] [--docs docs/benchmarks.md]
+
+``make loadtest`` runs it against the load test's own ``hitl up`` once locust and the invariant
+check are done (``loadtest/run.py``), ``make bench`` on a fresh one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,26 +37,30 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import httpx
 
+from harness.hitl_up import HitlUp
+from harness.tokens import resolve_token
+from harness.uvicorn import UvicornServer
+from loadtest.check_invariants import read_outboxes
+from loadtest.common import format_table, outcome, percentile, request_id
 from statecore.errors import HitlError
 from statecore.models import ImageRef, InterventionRequest, NodeReport
 from statecore.store import Store
 
-from .check_invariants import read_outboxes
-from .common import format_table, outcome, percentile, read_token, request_id
-from .launcher import HitlUp, UvicornServer
-
 DOORS = ("direct", "uvicorn", "ray")
 DOOR_TITLES = {"direct": "store (Lua ceiling)", "uvicorn": "FastAPI + uvicorn", "ray": "Ray Serve (hitl up)"}
 SECTION = "## Interventions under load"
-BOXES = [{"bbox": [10, 10, 100, 120], "label": "shoe", "score": 0.93},
-         {"bbox": [150, 40, 250, 200], "label": "shoe", "score": 0.88},
-         {"bbox": [260, 100, 310, 230], "label": "hand", "score": 0.41}]
+BOXES = [
+    {"bbox": [10, 10, 100, 120], "label": "shoe", "score": 0.93},
+    {"bbox": [150, 40, 250, 200], "label": "shoe", "score": 0.88},
+    {"bbox": [260, 100, 310, 230], "label": "hand", "score": 0.41},
+]
 
 
 @dataclass
@@ -108,21 +116,36 @@ async def make_jobs(store: Store, n: int, submitter: str, attempts: int = 5) -> 
             image = ImageRef(sha256=sha, width=320, height=240, url=f"/api/v1/artifacts/img_bench_{sha[:16]}.png")
             reply = await store.create_job(submitter, image)
             node = (await store.get(reply.job_id)).current_node
-            await store.apply_report(NodeReport(node_instance_id=node.node_instance_id, node_type=node.node_type,
-                                                job_id=reply.job_id, outcome="SUCCEEDED", output={"boxes": BOXES}))
+            assert node is not None, "a new job's first node is its detection"
+            await store.apply_report(
+                NodeReport(
+                    node_instance_id=node.node_instance_id,
+                    node_type=node.node_type,
+                    job_id=reply.job_id,
+                    outcome="SUCCEEDED",
+                    output={"boxes": BOXES},
+                )
+            )
             ids.append(reply.job_id)
         await settle(store, set(ids), 10)  # let the dispatcher see (and skip) their DETECT commands first
         for job_id in ids:
             st = await store.get(job_id)
             if st.active_pause is not None and st.active_pause.status == "WAITING":
-                out.append(BenchJob(job_id, st.version, st.active_pause.pause_token,
-                                    [b.model_dump(mode="json") for b in st.box_list]))
+                out.append(
+                    BenchJob(
+                        job_id,
+                        st.version,
+                        st.active_pause.pause_token,
+                        [b.model_dump(mode="json") for b in st.box_list],
+                    )
+                )
         if len(out) >= n:
             break
     return out
 
 
 # --------------------------------------------------------------------------- doors
+
 
 @dataclass
 class Door:
@@ -136,13 +159,17 @@ class Door:
 
 def http_door(client: httpx.AsyncClient) -> Door:
     async def send(job_id: str, payload: bytes) -> str:
-        r = await client.post(f"/api/v1/jobs/{job_id}/interventions", content=payload,
-                              headers={"Content-Type": "application/json", "X-Request-ID": request_id("bench")})
+        r = await client.post(
+            f"/api/v1/jobs/{job_id}/interventions",
+            content=payload,
+            headers={"Content-Type": "application/json", "X-Request-ID": request_id("bench")},
+        )
         try:
             js = r.json() if r.status_code != 200 else None
         except ValueError:
             js = None
         return outcome(r.status_code, r.headers.get("Idempotent-Replayed") == "true", js)
+
     async def floor() -> Any:
         return await client.get("/healthz")
 
@@ -156,11 +183,13 @@ def store_door(store: Store, reviewer: str) -> Door:
         except HitlError as e:
             return f"{e.status} {e.code}"
         return "replay" if reply.replayed else str(reply.status_code)
+
     return Door(InterventionRequest.model_validate, send, store.r.ping)
 
 
-async def drive(door: Door, jobs: list[BenchJob], concurrency: int,
-                consume: str = "empty") -> tuple[list[tuple[str, str, float]], float]:
+async def drive(
+    door: Door, jobs: list[BenchJob], concurrency: int, consume: str = "empty"
+) -> tuple[list[tuple[str, str, float]], float]:
     """Each worker takes a job and sends its six requests in order; (expected, got, ms) per request."""
     queue = list(reversed(jobs))
     samples: list[tuple[str, str, float]] = []
@@ -197,8 +226,13 @@ async def floor(door: Door, n: int, concurrency: int) -> list[float]:
 
 def stats(v: list[float]) -> dict[str, Any]:
     v = sorted(v)
-    return {"n": len(v), "p50": _r(percentile(v, 50)), "p95": _r(percentile(v, 95)),
-            "p99": _r(percentile(v, 99)), "mean": _r(sum(v) / len(v)) if v else None}
+    return {
+        "n": len(v),
+        "p50": _r(percentile(v, 50)),
+        "p95": _r(percentile(v, 95)),
+        "p99": _r(percentile(v, 99)),
+        "mean": _r(sum(v) / len(v)) if v else None,
+    }
 
 
 def summarize(samples: list[tuple[str, str, float]], wall_s: float) -> dict[str, Any]:
@@ -208,12 +242,16 @@ def summarize(samples: list[tuple[str, str, float]], wall_s: float) -> dict[str,
     every = sorted(ms for _e, _g, ms in samples)
 
     unexpected = [(e, g) for e, g, _ in samples if e != g]
-    return {"requests": len(samples), "wall_s": round(wall_s, 3),
-            "per_second": round(len(samples) / wall_s, 1) if wall_s else None,
-            "consumed_per_second": round(len(by.get("200", [])) / wall_s, 1) if wall_s else None,
-            "all": stats(every), "by_outcome": {k: stats(v) for k, v in sorted(by.items())},
-            "unexpected": len(unexpected),
-            "unexpected_kinds": {f"{e} -> {g}": unexpected.count((e, g)) for e, g in set(unexpected)}}
+    return {
+        "requests": len(samples),
+        "wall_s": round(wall_s, 3),
+        "per_second": round(len(samples) / wall_s, 1) if wall_s else None,
+        "consumed_per_second": round(len(by.get("200", [])) / wall_s, 1) if wall_s else None,
+        "all": stats(every),
+        "by_outcome": {k: stats(v) for k, v in sorted(by.items())},
+        "unexpected": len(unexpected),
+        "unexpected_kinds": {f"{e} -> {g}": unexpected.count((e, g)) for e, g in set(unexpected)},
+    }
 
 
 def _r(x: float | None) -> float | None:
@@ -223,17 +261,32 @@ def _r(x: float | None) -> float | None:
 # --------------------------------------------------------------------------- the benchmark
 
 
-async def bench(api_ray: str, api_uvicorn: str, redis_url: str, token: str, *, jobs: int, concurrency: list[int],
-                rounds: int, consume: str = "empty", warmup: int = 10) -> dict[str, Any]:
+async def bench(
+    api_ray: str,
+    api_uvicorn: str,
+    redis_url: str,
+    token: str,
+    *,
+    jobs: int,
+    concurrency: list[int],
+    rounds: int,
+    consume: str = "empty",
+    warmup: int = 10,
+) -> dict[str, Any]:
     store = Store.from_url(redis_url, max_connections=256)
     headers = {"Authorization": f"Bearer {token}"}
     limits = httpx.Limits(max_connections=max(concurrency) + 4, max_keepalive_connections=max(concurrency) + 4)
-    clients = {d: httpx.AsyncClient(base_url=u, headers=headers, limits=limits, timeout=30)
-               for d, u in (("ray", api_ray), ("uvicorn", api_uvicorn))}
+    clients = {
+        d: httpx.AsyncClient(base_url=u, headers=headers, limits=limits, timeout=30)
+        for d, u in (("ray", api_ray), ("uvicorn", api_uvicorn))
+    }
     try:
         who = (await clients["uvicorn"].get("/api/v1/whoami")).json()["name"]
-        doors: dict[str, Door] = {"direct": store_door(store, who), "uvicorn": http_door(clients["uvicorn"]),
-                                  "ray": http_door(clients["ray"])}
+        doors: dict[str, Door] = {
+            "direct": store_door(store, who),
+            "uvicorn": http_door(clients["uvicorn"]),
+            "ray": http_door(clients["ray"]),
+        }
         per_round = max(1, jobs // rounds)
         needed = (per_round * rounds + warmup) * len(DOORS) * len(concurrency)
         t0 = time.perf_counter()
@@ -241,8 +294,11 @@ async def bench(api_ray: str, api_uvicorn: str, redis_url: str, token: str, *, j
         prepared_s = time.perf_counter() - t0
         if len(pool) < needed:  # share what there is evenly: every door gets as many jobs
             per_round = max(1, (len(pool) // (len(DOORS) * len(concurrency)) - warmup) // rounds)
-            print(f"bench: only {len(pool)} of {needed} prepared jobs are waiting; {per_round * rounds} per door "
-                  "and concurrency", file=sys.stderr)
+            print(
+                f"bench: only {len(pool)} of {needed} prepared jobs are waiting; {per_round * rounds} per door "
+                "and concurrency",
+                file=sys.stderr,
+            )
         results: dict[str, Any] = {}
         for c in concurrency:
             raw: dict[str, list[tuple[str, str, float]]] = defaultdict(list)
@@ -257,15 +313,23 @@ async def bench(api_ray: str, api_uvicorn: str, redis_url: str, token: str, *, j
                     raw[door] += samples
                     wall[door] += w
                     floors[door] += await floor(doors[door], 50, c)
-            results[str(c)] = {door: {**summarize(raw[door], wall[door]), "floor": stats(floors[door])}
-                               for door in DOORS}
-        return {"jobs_prepared": needed, "prepare_s": round(prepared_s, 2), "jobs_per_door_per_concurrency":
-                per_round * rounds, "rounds": rounds, "concurrency": concurrency, "consume": consume,
-                "results": results,
-                "comparison": compare(results), "machine": machine(redis_url)}
+            results[str(c)] = {
+                door: {**summarize(raw[door], wall[door]), "floor": stats(floors[door])} for door in DOORS
+            }
+        return {
+            "jobs_prepared": needed,
+            "prepare_s": round(prepared_s, 2),
+            "jobs_per_door_per_concurrency": per_round * rounds,
+            "rounds": rounds,
+            "concurrency": concurrency,
+            "consume": consume,
+            "results": results,
+            "comparison": compare(results),
+            "machine": machine(redis_url),
+        }
     finally:
-        for c in clients.values():
-            await c.aclose()
+        for client in clients.values():
+            await client.aclose()
         await store.close()
 
 
@@ -275,22 +339,32 @@ def compare(results: dict[str, Any]) -> dict[str, Any]:
     for c, doors in results.items():
         rows: dict[str, Any] = {}
         for k in outcomes(doors) + ["floor"]:
-            p = {d: (doors[d][k] if k in ("all", "floor") else doors[d]["by_outcome"].get(k, {})).get("p50")
-                 for d in DOORS}
+            p = {
+                d: (doors[d][k] if k in ("all", "floor") else doors[d]["by_outcome"].get(k, {})).get("p50")
+                for d in DOORS
+            }
             if not all(p.values()):
                 continue
-            rows[k] = {"p50_ms": p,
-                       "uvicorn_added_ms": round(p["uvicorn"] - p["direct"], 3),
-                       "ray_added_ms": round(p["ray"] - p["direct"], 3),
-                       "uvicorn_x": round(p["uvicorn"] / p["direct"], 2), "ray_x": round(p["ray"] / p["direct"], 2),
-                       "ray_over_uvicorn_x": round(p["ray"] / p["uvicorn"], 2)}
+            rows[k] = {
+                "p50_ms": p,
+                "uvicorn_added_ms": round(p["uvicorn"] - p["direct"], 3),
+                "ray_added_ms": round(p["ray"] - p["direct"], 3),
+                "uvicorn_x": round(p["uvicorn"] / p["direct"], 2),
+                "ray_x": round(p["ray"] / p["direct"], 2),
+                "ray_over_uvicorn_x": round(p["ray"] / p["uvicorn"], 2),
+            }
         tput = {d: doors[d]["per_second"] for d in DOORS}
         floor_p50 = {d: doors[d]["floor"]["p50"] for d in DOORS}
         mixed = rows.get("all")
-        out[c] = {"p50": rows, "per_second": tput, "floor_p50_ms": floor_p50,
-                  "uvicorn_within_5ms_p50": bool(mixed) and mixed["uvicorn_added_ms"] <= 5,
-                  "uvicorn_within_5ms_p50_every_outcome": all(r["uvicorn_added_ms"] <= 5 for k, r in rows.items()
-                                                              if k != "floor")}
+        out[c] = {
+            "p50": rows,
+            "per_second": tput,
+            "floor_p50_ms": floor_p50,
+            "uvicorn_within_5ms_p50": mixed is not None and mixed["uvicorn_added_ms"] <= 5,
+            "uvicorn_within_5ms_p50_every_outcome": all(
+                r["uvicorn_added_ms"] <= 5 for k, r in rows.items() if k != "floor"
+            ),
+        }
     return out
 
 
@@ -302,8 +376,12 @@ def machine(redis_url: str) -> dict[str, Any]:
     import redis as redis_py
 
     info = redis_py.Redis.from_url(redis_url).info("server")
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "redis": info.get("redis_version")}
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "redis": info.get("redis_version"),
+    }
 
 
 # --------------------------------------------------------------------------- output
@@ -313,8 +391,10 @@ def tables(res: dict[str, Any]) -> str:
     out = []
     for c, doors in res["results"].items():
         cmp = res["comparison"][c]
-        out.append(f"concurrency {c}: interventions/s  " + "  ".join(
-            f"{DOOR_TITLES[d]}={doors[d]['per_second']}" for d in DOORS))
+        out.append(
+            f"concurrency {c}: interventions/s  "
+            + "  ".join(f"{DOOR_TITLES[d]}={doors[d]['per_second']}" for d in DOORS)
+        )
         rows = []
         for k in outcomes(doors):
             cells = [k]
@@ -322,50 +402,75 @@ def tables(res: dict[str, Any]) -> str:
                 s = doors[d]["all"] if k == "all" else doors[d]["by_outcome"].get(k)
                 cells.append(f"{s['p50']}/{s['p95']}/{s['p99']} ({s['n']})" if s else "-")
             r = cmp["p50"].get(k)
-            cells += [f"+{r['uvicorn_added_ms']} ({r['uvicorn_x']}x)" if r else "-",
-                      f"+{r['ray_added_ms']} ({r['ray_x']}x)" if r else "-"]
+            cells += [
+                f"+{r['uvicorn_added_ms']} ({r['uvicorn_x']}x)" if r else "-",
+                f"+{r['ray_added_ms']} ({r['ray_x']}x)" if r else "-",
+            ]
             rows.append(cells)
         fl = [doors[d]["floor"] for d in DOORS]
-        rows.append(["floor (PING / GET /healthz)"] + [f"{f['p50']}/{f['p95']}/{f['p99']} ({f['n']})" for f in fl]
-                    + ["", ""])
-        out.append(format_table(["outcome", "store p50/p95/p99 ms (n)", "uvicorn p50/p95/p99 ms (n)",
-                                 "ray p50/p95/p99 ms (n)", "uvicorn vs store p50", "ray vs store p50"], rows))
+        rows.append(
+            ["floor (PING / GET /healthz)"] + [f"{f['p50']}/{f['p95']}/{f['p99']} ({f['n']})" for f in fl] + ["", ""]
+        )
+        out.append(
+            format_table(
+                [
+                    "outcome",
+                    "store p50/p95/p99 ms (n)",
+                    "uvicorn p50/p95/p99 ms (n)",
+                    "ray p50/p95/p99 ms (n)",
+                    "uvicorn vs store p50",
+                    "ray vs store p50",
+                ],
+                rows,
+            )
+        )
     out.append("verdict: " + verdict(res))
     return "\n".join(out)
 
 
 def docs_section(res: dict[str, Any], loadtest: dict[str, Any] | None = None) -> str:
     m = res["machine"]
-    consumed = ("an empty list (EMPTY_SELECTION, so no model work follows and nothing else competes for the "
-                "CPU)" if res.get("consume", "empty") == "empty" else
-                "two model boxes (the server's dispatcher then runs PROCESS_APPROVED_BOX_LIST, on the same cores)")
-    cmd = (f"python -m loadtest.bench_interventions --jobs {res['jobs_per_door_per_concurrency']} --rounds "
-           f"{res['rounds']} --concurrency {','.join(map(str, res['concurrency']))} --consume "
-           f"{res.get('consume', 'empty')} --docs docs/benchmarks.md")
-    lines = [SECTION, "",
-             f"Written by `{cmd}` (the same benchmark, smaller, runs at the end of `make loadtest`; JSON in "
-             "`loadtest/out/`). Measured on a "
-             f"{m['cpus']}-core machine (Python {m['python']}, Redis {m['redis']}) with the client, the servers, "
-             "Ray and Redis on the same cores and other work on the host, so absolute numbers are pessimistic and "
-             "move from run to run (most at concurrency 8, where the cores are saturated); compare the doors within "
-             "one run.", "",
-             "Three doors, the same mix: (a) Ray Serve (`hitl up --no-ui`: proxy → Api replica), (b) the same "
-             "FastAPI app under plain uvicorn in its own process, (c) `Store.intervene` called directly (one "
-             "HGETALL + the consume_pause Lua script: the ceiling), all on the Redis of the `hitl up`. Waiting "
-             "jobs are made through the store beforehand. Each job gets six requests in order: a wrong pause "
-             "token (409 PAUSE_TOKEN_MISMATCH), the submission (200), the same again (replay), the same id with "
-             "other boxes (409 IDEMPOTENCY_CONFLICT), a new id on the old version (409 VERSION_CONFLICT), a new "
-             f"id on the new version (409 PAUSE_NOT_ACTIVE). The submission is {consumed}. Latencies are "
-             "client-side (httpx for the HTTP doors), in ms, bucketed by the outcome seen; "
-             f"{res['jobs_per_door_per_concurrency']} jobs per door and concurrency, doors interleaved over "
-             f"{res['rounds']} rounds. *floor* is the cheapest round trip through each door (Redis PING, "
-             "`GET /healthz`): what any request pays before the intervention path starts.", ""]
+    consumed = (
+        "an empty list (EMPTY_SELECTION, so no model work follows and nothing else competes for the CPU)"
+        if res.get("consume", "empty") == "empty"
+        else "two model boxes (the server's dispatcher then runs PROCESS_APPROVED_BOX_LIST, on the same cores)"
+    )
+    cmd = (
+        f"python benchmarks/bench_interventions.py --jobs {res['jobs_per_door_per_concurrency']} --rounds "
+        f"{res['rounds']} --concurrency {','.join(map(str, res['concurrency']))} --consume "
+        f"{res.get('consume', 'empty')} --docs docs/benchmarks.md"
+    )
+    lines = [
+        SECTION,
+        "",
+        f"Written by `{cmd}` (the same benchmark, smaller, runs at the end of `make loadtest`; JSON in "
+        "`loadtest/out/` or `benchmarks/out/`). Measured on a "
+        f"{m['cpus']}-core machine (Python {m['python']}, Redis {m['redis']}) with the client, the servers, "
+        "Ray and Redis on the same cores and other work on the host, so absolute numbers are pessimistic and "
+        "move from run to run (most at concurrency 8, where the cores are saturated); compare the doors within "
+        "one run.",
+        "",
+        "Three doors, the same mix: (a) Ray Serve (`hitl up --no-ui`: proxy → Api replica), (b) the same "
+        "FastAPI app under plain uvicorn in its own process, (c) `Store.intervene` called directly (one "
+        "HGETALL + the consume_pause Lua script: the ceiling), all on the Redis of the `hitl up`. Waiting "
+        "jobs are made through the store beforehand. Each job gets six requests in order: a wrong pause "
+        "token (409 PAUSE_TOKEN_MISMATCH), the submission (200), the same again (replay), the same id with "
+        "other boxes (409 IDEMPOTENCY_CONFLICT), a new id on the old version (409 VERSION_CONFLICT), a new "
+        f"id on the new version (409 PAUSE_NOT_ACTIVE). The submission is {consumed}. Latencies are "
+        "client-side (httpx for the HTTP doors), in ms, bucketed by the outcome seen; "
+        f"{res['jobs_per_door_per_concurrency']} jobs per door and concurrency, doors interleaved over "
+        f"{res['rounds']} rounds. *floor* is the cheapest round trip through each door (Redis PING, "
+        "`GET /healthz`): what any request pays before the intervention path starts.",
+        "",
+    ]
     for c, doors in res["results"].items():
         cmp = res["comparison"][c]
         lines.append(f"### {c} concurrent client{'s' if c != '1' else ''}")
         lines.append("")
-        lines.append("| outcome | store p50 / p95 / p99 | uvicorn p50 / p95 / p99 | Ray Serve p50 / p95 / p99 "
-                     "| uvicorn − store (p50) | Ray − store (p50) | Ray ÷ uvicorn (p50) |")
+        lines.append(
+            "| outcome | store p50 / p95 / p99 | uvicorn p50 / p95 / p99 | Ray Serve p50 / p95 / p99 "
+            "| uvicorn − store (p50) | Ray − store (p50) | Ray ÷ uvicorn (p50) |"
+        )
         lines.append("| --- | --- | --- | --- | --- | --- | --- |")
         for k in outcomes(doors) + ["floor"]:
             cells = [f"**{k}**" if k in ("all", "floor") else k]
@@ -373,16 +478,26 @@ def docs_section(res: dict[str, Any], loadtest: dict[str, Any] | None = None) ->
                 s = doors[d].get(k) if k in ("all", "floor") else doors[d]["by_outcome"].get(k)
                 cells.append(f"{s['p50']:.2f} / {s['p95']:.2f} / {s['p99']:.2f}" if s and s["n"] else "–")
             r = cmp["p50"].get(k)
-            cells += ([f"+{r['uvicorn_added_ms']:.2f} ms ({r['uvicorn_x']}×)", f"+{r['ray_added_ms']:.2f} ms "
-                       f"({r['ray_x']}×)", f"{r['ray_over_uvicorn_x']}×"] if r else ["", "", ""])
+            cells += (
+                [
+                    f"+{r['uvicorn_added_ms']:.2f} ms ({r['uvicorn_x']}×)",
+                    f"+{r['ray_added_ms']:.2f} ms ({r['ray_x']}×)",
+                    f"{r['ray_over_uvicorn_x']}×",
+                ]
+                if r
+                else ["", "", ""]
+            )
             lines.append("| " + " | ".join(cells) + " |")
         t = cmp["per_second"]
         if all(t.values()):
-            lines += ["", f"Interventions per second (the whole mix): store {t['direct']}, uvicorn {t['uvicorn']}, "
-                      f"Ray Serve {t['ray']} (uvicorn at {t['uvicorn'] / t['direct']:.0%} of the store's rate, "
-                      f"Ray Serve at {t['ray'] / t['direct']:.0%}, Ray Serve ÷ uvicorn "
-                      f"{t['ray'] / t['uvicorn']:.2f}×).",
-                      ""]
+            lines += [
+                "",
+                f"Interventions per second (the whole mix): store {t['direct']}, uvicorn {t['uvicorn']}, "
+                f"Ray Serve {t['ray']} (uvicorn at {t['uvicorn'] / t['direct']:.0%} of the store's rate, "
+                f"Ray Serve at {t['ray'] / t['direct']:.0%}, Ray Serve ÷ uvicorn "
+                f"{t['ray'] / t['uvicorn']:.2f}×).",
+                "",
+            ]
     lines += ["**Result:** " + verdict(res), ""]
     if loadtest:
         lines += loadtest_lines(loadtest)
@@ -397,22 +512,28 @@ def verdict(res: dict[str, Any]) -> str:
     a = low["p50"].get("all")
     fl = low["p50"].get("floor")
     if a:
-        out.append(f"at concurrency {cs[0]} (service time, no queueing) the intervention path served by uvicorn adds "
-                   f"{a['uvicorn_added_ms']:.2f} ms at p50 over the direct store call: "
-                   f"{'within' if low['uvicorn_within_5ms_p50'] else 'OVER'} the 5 ms target"
-                   f"{'' if low['uvicorn_within_5ms_p50_every_outcome'] else ' (but not on every outcome)'}"
-                   + (f"; {fl['uvicorn_added_ms']:.2f} ms of it is the bare HTTP round trip (`/healthz`)" if fl else "")
-                   + f". Ray Serve adds {a['ray_added_ms']:.2f} ms at p50 ({a['ray_over_uvicorn_x']}× uvicorn's p50)")
+        out.append(
+            f"at concurrency {cs[0]} (service time, no queueing) the intervention path served by uvicorn adds "
+            f"{a['uvicorn_added_ms']:.2f} ms at p50 over the direct store call: "
+            f"{'within' if low['uvicorn_within_5ms_p50'] else 'OVER'} the 5 ms target"
+            f"{'' if low['uvicorn_within_5ms_p50_every_outcome'] else ' (but not on every outcome)'}"
+            + (f"; {fl['uvicorn_added_ms']:.2f} ms of it is the bare HTTP round trip (`/healthz`)" if fl else "")
+            + f". Ray Serve adds {a['ray_added_ms']:.2f} ms at p50 ({a['ray_over_uvicorn_x']}× uvicorn's p50)"
+        )
     for c in cs[1:]:
         cmp = res["comparison"][c]
         a, t = cmp["p50"].get("all"), cmp["per_second"]
         if a and all(t.values()):
-            out.append(f"at concurrency {c} client, servers and Redis saturate the cores, so p50 is mostly queueing "
-                       f"(uvicorn +{a['uvicorn_added_ms']:.2f} ms, Ray Serve +{a['ray_added_ms']:.2f} ms) and the "
-                       f"rates compare the doors: store {t['direct']}/s, uvicorn {t['uvicorn']}/s, Ray Serve "
-                       f"{t['ray']}/s")
-    return "; ".join(out) + ". The Ray Serve overhead (proxy hop plus the replica's request path around the same " \
+            out.append(
+                f"at concurrency {c} client, servers and Redis saturate the cores, so p50 is mostly queueing "
+                f"(uvicorn +{a['uvicorn_added_ms']:.2f} ms, Ray Serve +{a['ray_added_ms']:.2f} ms) and the "
+                f"rates compare the doors: store {t['direct']}/s, uvicorn {t['uvicorn']}/s, Ray Serve "
+                f"{t['ray']}/s"
+            )
+    return (
+        "; ".join(out) + ". The Ray Serve overhead (proxy hop plus the replica's request path around the same "
         "app) is stated as measured; it is not a target."
+    )
 
 
 def loadtest_lines(s: dict[str, Any]) -> list[str]:
@@ -420,11 +541,15 @@ def loadtest_lines(s: dict[str, Any]) -> list[str]:
     inv = s.get("invariants", {})
     lt = s.get("locust", {})
     cfg = s.get("config", {})
-    out = ["### Last locust run (`python -m loadtest.run`)", "",
-           f"{cfg.get('users')} users for {cfg.get('seconds')} s against `hitl up --no-ui --detector-delay-ms "
-           f"{cfg.get('detector_delay_ms')}`; {lt.get('requests')} requests, {lt.get('server_errors')} 5xx, "
-           f"{lt.get('checks_failed')} failed protocol checks; invariant check over {inv.get('jobs')} jobs: "
-           f"{inv.get('breaches')} breaches.", ""]
+    out = [
+        "### Last locust run (`python -m loadtest.run`)",
+        "",
+        f"{cfg.get('users')} users for {cfg.get('seconds')} s against `hitl up --no-ui --detector-delay-ms "
+        f"{cfg.get('detector_delay_ms')}`; {lt.get('requests')} requests, {lt.get('server_errors')} 5xx, "
+        f"{lt.get('checks_failed')} failed protocol checks; invariant check over {inv.get('jobs')} jobs: "
+        f"{inv.get('breaches')} breaches.",
+        "",
+    ]
     for problem in s.get("problems", []):
         out.append(f"- {problem}")
     for k, v in inv.get("invariants", {}).items():
@@ -450,38 +575,57 @@ def write_docs(path: Path, section: str) -> None:
         text = text.rstrip() + "\n\n" + section
     else:
         nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + ("\n" + text[nxt + 1:] if nxt >= 0 else "")
+        text = text[:start] + section + ("\n" + text[nxt + 1 :] if nxt >= 0 else "")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
 
 
-def run_against(hitl_api: str, redis_url: str, data_dir: Path, out_dir: Path, *, jobs: int,
-                concurrency: list[int], rounds: int, consume: str = "empty",
-                token: str | None = None) -> dict[str, Any]:
+def run_against(
+    hitl_api: str,
+    redis_url: str,
+    data_dir: Path,
+    out_dir: Path,
+    *,
+    jobs: int,
+    concurrency: list[int],
+    rounds: int,
+    consume: str = "empty",
+    token: str | None = None,
+) -> dict[str, Any]:
     """The benchmark against a running ``hitl up``; starts (and stops) the uvicorn door itself."""
-    uv = UvicornServer(data_dir, redis_url, out_dir / "bench-uvicorn.log").start()
+    uv = UvicornServer(data_dir, redis_url, log_path=out_dir / "bench-uvicorn.log").start()
     try:
-        tok = token or read_token(None, data_dir)
-        return asyncio.run(bench(hitl_api, uv.api_url, redis_url, tok, jobs=jobs, concurrency=concurrency,
-                                 rounds=rounds, consume=consume))
+        tok = resolve_token(token, data_dir)
+        return asyncio.run(
+            bench(
+                hitl_api, uv.api_url, redis_url, tok, jobs=jobs, concurrency=concurrency, rounds=rounds, consume=consume
+            )
+        )
     finally:
         uv.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtest.bench_interventions",
-                                 description="Intervention throughput and latency: Ray Serve vs uvicorn vs store.")
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/bench_interventions.py",
+        description="Intervention throughput and latency: Ray Serve vs uvicorn vs store.",
+    )
     ap.add_argument("--jobs", type=int, default=100, help="jobs per door and concurrency (6 requests each)")
     ap.add_argument("--concurrency", default="1,8", help="comma-separated client concurrencies (default 1,8)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds the doors are interleaved over")
-    ap.add_argument("--consume", choices=["empty", "keep"], default="empty",
-                    help="what the 200 submits: empty (EMPTY_SELECTION, default) or keep (two model boxes, "
-                    "so the dispatcher runs the next node during the measurement)")
+    ap.add_argument(
+        "--consume",
+        choices=["empty", "keep"],
+        default="empty",
+        help="what the 200 submits: empty (EMPTY_SELECTION, default) or keep (two model boxes, "
+        "so the dispatcher runs the next node during the measurement)",
+    )
     ap.add_argument("--api-url", default=None, help="a running `hitl up` (else one is started)")
     ap.add_argument("--redis-url", default=None, help="its Redis (with --api-url)")
     ap.add_argument("--data-dir", default=None, help="its data directory (with --api-url)")
+    ap.add_argument("--token", default=None, help="its token (default HITL_TOKEN or <data-dir>/api-token)")
     ap.add_argument("--detector-delay-ms", type=int, default=80, help="for the `hitl up` started here")
-    ap.add_argument("--out", default="loadtest/out", help="folder for logs and JSON")
+    ap.add_argument("--out", default="benchmarks/out", help="folder for logs and JSON")
     ap.add_argument("--json", default=None, help="result JSON (default <out>/bench_interventions.json)")
     ap.add_argument("--docs", default=None, help="rewrite the 'Interventions under load' section of this file")
     ap.add_argument("--loadtest-summary", default=None, help="a loadtest.run summary JSON to add to the docs")
@@ -499,10 +643,22 @@ def main(argv: list[str] | None = None) -> int:
         else:
             tmp = Path(tempfile.mkdtemp(prefix="hitl-ivbench-"))
             print("starting hitl up --no-ui ...", flush=True)
-            hitl = HitlUp(tmp, out / "bench-hitl-up.log", detector_delay_ms=args.detector_delay_ms).start()
+            hitl = HitlUp(tmp, "--detector-delay-ms", str(args.detector_delay_ms), log_path=out / "bench-hitl-up.log")
+            hitl.start()
+            if hitl.redis_url is None:
+                raise RuntimeError("hitl up did not log where its embedded redis-server is")
             api, redis_url, data_dir = hitl.api_url, hitl.redis_url, tmp
-        res = run_against(api, redis_url, data_dir, out, jobs=args.jobs, concurrency=conc, rounds=args.rounds,
-                          consume=args.consume)
+        res = run_against(
+            api,
+            redis_url,
+            data_dir,
+            out,
+            jobs=args.jobs,
+            concurrency=conc,
+            rounds=args.rounds,
+            consume=args.consume,
+            token=args.token,
+        )
     finally:
         if hitl is not None:
             hitl.stop()
