@@ -402,6 +402,10 @@ def plan_cancel(state: JobState, who: str, now: str) -> Plan:
         plan.pause_history[cancelled.pause_token] = _dump(cancelled)
         plan.meta["active_pause"] = ""
         plan.meta["pause_token"] = ""
+    node = state.current_node
+    if node is not None and node.status in ("QUEUED", "RUNNING"):
+        # The node's work is abandoned: say so, rather than leave it QUEUED/RUNNING for ever.
+        plan.meta["current_node"] = _dump(node.model_copy(update={"status": "CANCELLED"}))
     plan.events.append(("JOB_CANCELLED", {"by": who, "from": state.status.value}))
     _finish(plan, None)
     return plan

@@ -79,7 +79,7 @@ class ImageRef(BaseModel):
 class CurrentNode(BaseModel):
     node_instance_id: str
     node_type: str
-    status: Literal["QUEUED", "RUNNING", "COMPLETED", "FAILED", "TIMED_OUT"]
+    status: Literal["QUEUED", "RUNNING", "COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED"]
     attempt: int = 0
 
 
