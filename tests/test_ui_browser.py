@@ -1,4 +1,4 @@
-"""The reviewer UI in a real browser (issue 5): headless Debian Chromium driven by Playwright,
+"""The reviewer UI in a real browser: headless Debian Chromium driven by Playwright,
 against ONE real `hitl up` (embedded Redis, local Ray, Ray Serve, the Gradio UI).
 
 1. the main path: queue → job → delete a box, draw + label a box over empty background →
@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 
+from harness.hitl_up import HitlUp
 from serve_app.samples import product_composite
 from statecore import keys
 from ui.panel import ROUND1_TEXT, ROUND2_TEXT
@@ -33,11 +35,9 @@ from .browser_util import (
     WAIT_MS,
     Api,
     Reviewer,
-    embedded_redis_url,
     require_chromium,
     screenshot,
 )
-from .hitl_proc import HitlUp
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
 
@@ -59,14 +59,15 @@ class Stack:
         self.up = up
         self.ui_url = up.ui_url or ""
         self.api = Api(up.api_url, up.token)
-        self.redis = redis.Redis.from_url(embedded_redis_url(up._tree()), decode_responses=True)
+        assert up.redis_url, "hitl up did not say where its embedded redis-server is"
+        self.redis = redis.Redis.from_url(up.redis_url, decode_responses=True)
         self.jobs: dict[str, str] = {}
 
     def submit(self, seed: int) -> str:
         return self.api.submit(product_composite(seed, 640, 480, n=2)[0])
 
     def pause_history(self, job_id: str) -> dict[str, dict[str, Any]]:
-        return {tok: json.loads(v) for tok, v in self.redis.hgetall(keys.job(job_id).pauses).items()}
+        return {str(tok): json.loads(v) for tok, v in self.redis.hgetall(keys.job(job_id).pauses).items()}
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def chromium() -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(chromium: str, tmp_path_factory: pytest.TempPathFactory):
+def stack(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     up = HitlUp(tmp_path_factory.mktemp("hitl-ui"), "--detector-delay-ms", str(DETECTOR_DELAY_MS), ui=True)
     up.start()
     s = None
@@ -96,7 +97,7 @@ def stack(chromium: str, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
-def browser(chromium: str, stack: Stack):
+def browser(chromium: str, stack: Stack) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     pw = sync_playwright().start()
@@ -109,9 +110,9 @@ def browser(chromium: str, stack: Stack):
 
 
 @pytest.fixture
-def new_reviewer(browser: Any, stack: Stack):
+def new_reviewer(browser: Any, stack: Stack) -> Iterator[Callable[[], Reviewer]]:
     """Reviewer pages, each in its own browser context (its own Gradio session)."""
-    contexts = []
+    contexts: list[Any] = []
 
     def make() -> Reviewer:
         ctx = browser.new_context(viewport=VIEWPORT)
@@ -129,7 +130,7 @@ def image_size(snap: dict[str, Any]) -> tuple[int, int]:
 
 
 @pytest.mark.timeout(240)
-def test_main_path_two_rounds_to_cutouts(stack: Stack, new_reviewer) -> None:
+def test_main_path_two_rounds_to_cutouts(stack: Stack, new_reviewer: Callable[[], Reviewer]) -> None:
     api, job = stack.api, stack.jobs["main"]
     snap = api.wait_round(job, 1)
     size, boxes, token1 = image_size(snap), snap["box_list"], snap["active_pause"]["pause_token"]
@@ -142,6 +143,7 @@ def test_main_path_two_rounds_to_cutouts(stack: Stack, new_reviewer) -> None:
     screenshot(rv.page, "queue")
     rv.open_from_queue(job)
     rv.wait_panel(ROUND1_TEXT, token1)
+    rv.expect_text("#cancel-job-btn", "Cancel job")  # shown by an update, with its text
 
     rv.remove_box(victim["bbox"], size)
     rv.expect_text("#box-notes", "deleted 1")
@@ -185,11 +187,12 @@ def test_main_path_two_rounds_to_cutouts(stack: Stack, new_reviewer) -> None:
     assert set(done) == {b["box_id"] for b in kept}, res
     assert all(s["cutout_url"] and s["mask_url"] for s in done.values())
     assert victim["box_id"] not in {s["box_id"] for s in res["subjects"]}
+    rv.expect_no_text("#queue-table", job)  # the next refresh of the queue drops the ended job
     screenshot(rv.page, "results", full_page=True)
 
 
 @pytest.mark.timeout(240)
-def test_two_reviewers_same_pause_one_consumption(stack: Stack, new_reviewer) -> None:
+def test_two_reviewers_same_pause_one_consumption(stack: Stack, new_reviewer: Callable[[], Reviewer]) -> None:
     api, job = stack.api, stack.jobs["race"]
     snap = api.wait_round(job, 1)
     size, boxes, token1 = image_size(snap), snap["box_list"], snap["active_pause"]["pause_token"]
@@ -229,6 +232,7 @@ def test_two_reviewers_same_pause_one_consumption(stack: Stack, new_reviewer) ->
         rv.wait_panel(ROUND2_TEXT, token2)
     assert "_CONFLICT" not in loser.page.inner_text("#banner")  # words, not error codes
     loser.page.locator("#reapply-btn").wait_for(state="visible")  # its refused edits are offered again
+    loser.expect_text("#reapply-btn", "Re-apply my edits")
 
     # Redis: the round-1 pause was consumed once, by one intervention.
     pauses = stack.pause_history(job)
@@ -247,7 +251,7 @@ def test_two_reviewers_same_pause_one_consumption(stack: Stack, new_reviewer) ->
 
 
 @pytest.mark.timeout(180)
-def test_reload_mid_review_shows_same_job_and_pause(stack: Stack, new_reviewer) -> None:
+def test_reload_mid_review_shows_same_job_and_pause(stack: Stack, new_reviewer: Callable[[], Reviewer]) -> None:
     api, job = stack.api, stack.jobs["reload"]
     snap = api.wait_round(job, 1)
     size, token = image_size(snap), snap["active_pause"]["pause_token"]
@@ -270,7 +274,7 @@ def test_reload_mid_review_shows_same_job_and_pause(stack: Stack, new_reviewer) 
 
 
 @pytest.mark.timeout(180)
-def test_job_opened_while_detecting_shows_panel_live(stack: Stack, new_reviewer) -> None:
+def test_job_opened_while_detecting_shows_panel_live(stack: Stack, new_reviewer: Callable[[], Reviewer]) -> None:
     api = stack.api
     rv = new_reviewer()
     rv.open_queue()  # the app's assets are loaded: opening the job is one quick navigation

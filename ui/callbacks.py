@@ -104,8 +104,9 @@ class Callbacks:
                 else ""
             ),
             c.review_col: gr.update(visible=panel is not None),
-            c.reapply_btn: gr.update(visible=st.offer is not None and panel is not None),
-            c.cancel_btn: gr.update(visible=snap is not None and not terminal),
+            # A button built hidden may come back without its text when an update only shows it: resend the text.
+            c.reapply_btn: gr.update(visible=st.offer is not None and panel is not None, value=c.reapply_btn.value),
+            c.cancel_btn: gr.update(visible=snap is not None and not terminal, value=c.cancel_btn.value),
             c.current_job: st.job_id or "",
         }
         if redraw or panel is None:  # an open confirmation belongs to the view being replaced

@@ -1,4 +1,4 @@
-"""The reviewer queue: jobs waiting for a review, the oldest pause first (docs/protocol.md § Pause)."""
+"""The reviewer queue: jobs waiting for a review, the oldest pause first (docs/protocol.md § Routes)."""
 
 from __future__ import annotations
 
