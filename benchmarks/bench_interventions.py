@@ -44,13 +44,14 @@ from typing import Any
 
 import httpx
 
+from harness.executor import report
 from harness.hitl_up import HitlUp
 from harness.tokens import resolve_token
 from harness.uvicorn import UvicornServer
 from loadtest.check_invariants import read_outboxes
 from loadtest.common import format_table, outcome, percentile, request_id
 from statecore.errors import HitlError
-from statecore.models import ImageRef, InterventionRequest, NodeReport
+from statecore.models import ImageRef, InterventionRequest
 from statecore.store import Store
 
 DOORS = ("direct", "uvicorn", "ray")
@@ -115,17 +116,7 @@ async def make_jobs(store: Store, n: int, submitter: str, attempts: int = 5) -> 
             sha = uuid.uuid4().hex * 2
             image = ImageRef(sha256=sha, width=320, height=240, url=f"/api/v1/artifacts/img_bench_{sha[:16]}.png")
             reply = await store.create_job(submitter, image)
-            node = (await store.get(reply.job_id)).current_node
-            assert node is not None, "a new job's first node is its detection"
-            await store.apply_report(
-                NodeReport(
-                    node_instance_id=node.node_instance_id,
-                    node_type=node.node_type,
-                    job_id=reply.job_id,
-                    outcome="SUCCEEDED",
-                    output={"boxes": BOXES},
-                )
-            )
+            await report(store, reply.job_id, {"boxes": BOXES})
             ids.append(reply.job_id)
         await settle(store, set(ids), 10)  # let the dispatcher see (and skip) their DETECT commands first
         for job_id in ids:

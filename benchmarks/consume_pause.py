@@ -42,6 +42,7 @@ from typing import Any
 
 import redis
 
+from harness.executor import report
 from serve_app.redis_server import RedisServer
 from statecore import decide, keys, scripts
 from statecore.ids import now_iso, payload_hash
@@ -77,18 +78,7 @@ async def waiting_job(store: Store) -> tuple[str, InterventionRequest]:
     """Create a job, apply its detection (three boxes) and return the submission a reviewer would send."""
     reply = await store.create_job("bench", IMAGE)
     job_id = reply.job_id
-    st = await store.get(job_id)
-    node = st.current_node
-    assert node is not None, "a new job's first node is its detection"
-    res = await store.apply_report(
-        NodeReport(
-            node_instance_id=node.node_instance_id,
-            node_type=node.node_type,
-            job_id=job_id,
-            outcome="SUCCEEDED",
-            output={"boxes": THREE_BOXES},
-        )
-    )
+    res = await report(store, job_id, {"boxes": THREE_BOXES})
     assert res == "OK", res
     st = await store.get(job_id)
     subjects = [{"box_id": b.box_id, "bbox": list(b.bbox)} for b in st.box_list[:2]]

@@ -214,7 +214,7 @@ class Bench:
                 self.skip(what, "CUDA out of memory")
                 free(self.device)
                 break
-            self.rows.append(
+            self.add(
                 row(
                     "encoder",
                     model_type,
@@ -226,7 +226,6 @@ class Bench:
                     preprocess_ms=round(t_pre * 1000, 2),
                 )
             )
-            self.print_row(self.rows[-1])
         return enc
 
     def decoder_rows(self, model_type: str, variant: str, enc: S.SamEncoder) -> None:
@@ -240,8 +239,7 @@ class Bench:
             t = time_it(
                 functools.partial(enc.model.predict_boxes, emb, boxes), self.device, self.args.warmup, self.args.iters
             )
-            self.rows.append(row("decoder", model_type, variant, n, t, "boxes/s"))
-            self.print_row(self.rows[-1])
+            self.add(row("decoder", model_type, variant, n, t, "boxes/s"))
             if seg is None:
                 self.skip(f"segment {model_type} {n} boxes", "OpenCV not installed (mask clean-up)")
                 continue
@@ -249,10 +247,9 @@ class Bench:
             t = time_it(
                 functools.partial(seg.segment, self.image, "decoder-image", items), self.device, 1, self.args.iters
             )
-            self.rows.append(
+            self.add(
                 row("segment", model_type, variant, n, t, "boxes/s", note="decoder + clip + largest component + holes")
             )
-            self.print_row(self.rows[-1])
 
     def node_rows(self, model_type: str, variant: str, enc: S.SamEncoder) -> None:
         """VALIDATE (cold: the encoder runs) then PROCESS (warm: the embedding is reused) on one image."""
@@ -298,34 +295,18 @@ class Bench:
                 process_s.append(t2 - t1)
         v, p = statistics.median(validate_s), statistics.median(process_s)
         store_kind = "ArtifactStore(file)" if tmp else "in-memory store"
-        self.rows.append(
-            row(
-                "node",
-                model_type,
-                variant,
-                4,
-                v,
-                "boxes/s",
-                note=f"VALIDATE_MANUAL_BOX_LIST, cold embedding, {store_kind}",
-            )
-        )
-        self.print_row(self.rows[-1])
-        self.rows.append(
-            row(
-                "node",
-                model_type,
-                variant,
-                4,
-                p,
-                "boxes/s",
-                note=f"PROCESS_APPROVED_BOX_LIST, warm embedding, PNGs to {store_kind}",
-            )
-        )
-        self.print_row(self.rows[-1])
-        self.rows.append(row("node", model_type, variant, 4, v + p, "boxes/s", note="validate -> segment total"))
-        self.print_row(self.rows[-1])
+        for seconds, note in (
+            (v, f"VALIDATE_MANUAL_BOX_LIST, cold embedding, {store_kind}"),
+            (p, f"PROCESS_APPROVED_BOX_LIST, warm embedding, PNGs to {store_kind}"),
+            (v + p, "validate -> segment total"),
+        ):
+            self.add(row("node", model_type, variant, 4, seconds, "boxes/s", note=note))
         if tmp:
             tmp.cleanup()
+
+    def add(self, r: dict[str, Any]) -> None:
+        self.rows.append(r)
+        self.print_row(r)
 
     @staticmethod
     def print_header() -> None:

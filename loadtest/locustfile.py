@@ -472,6 +472,14 @@ class HitlUser(HttpUser):
 
     # ------------------------------------------------------------------ interventions
 
+    def claim_pause(self, scenario: str) -> tuple[JobRef, dict[str, Any], list[dict[str, Any]]] | None:
+        """A job of the pool and the pause it opened, with the boxes shown in it (None: no pause came)."""
+        ref = self.claim_job(scenario)
+        ev = self.wait_pause(ref.job_id) if ref is not None else None
+        if ref is None or ev is None:
+            return None
+        return ref, ev["data"]["active_pause"], ev["data"]["box_list"]
+
     def intervene(
         self, job_id: str, body: dict[str, Any], scenario: str, expect: set[str], client: HttpSession | None = None
     ) -> tuple[str, dict[str, Any], bytes]:
@@ -638,13 +646,10 @@ class DoubleClicker(HitlUser):
     @tag("double-click")
     @task
     def double_click(self) -> None:
-        ref = self.claim_job("DoubleClicker")
-        if ref is None:
+        opened = self.claim_pause("DoubleClicker")
+        if opened is None:
             return
-        ev = self.wait_pause(ref.job_id)
-        if ev is None:
-            return
-        pause, boxes = ev["data"]["active_pause"], ev["data"]["box_list"]
+        ref, pause, boxes = opened
         body = self.body(pause, self.choose(ref, pause, boxes))
         first = gevent.spawn(self.intervene, ref.job_id, body, "DoubleClicker", {"200", "replay"})
         gevent.sleep(self.rng.uniform(0, 0.005))
@@ -666,13 +671,10 @@ class RivalReviewers(HitlUser):
     @tag("rivals")
     @task
     def race(self) -> None:
-        ref = self.claim_job("RivalReviewers")
-        if ref is None:
+        opened = self.claim_pause("RivalReviewers")
+        if opened is None:
             return
-        ev = self.wait_pause(ref.job_id)
-        if ev is None:
-            return
-        pause, boxes = ev["data"]["active_pause"], ev["data"]["box_list"]
+        ref, pause, boxes = opened
         go = GreenEvent()
         sessions = [self.session() for _ in range(SH.rivals)]
 
@@ -706,13 +708,10 @@ class StaleTab(HitlUser):
     @tag("stale")
     @task
     def stale(self) -> None:
-        ref = self.claim_job("StaleTab")
-        if ref is None:
+        opened = self.claim_pause("StaleTab")
+        if opened is None:
             return
-        ev = self.wait_pause(ref.job_id)
-        if ev is None:
-            return
-        pause, boxes = ev["data"]["active_pause"], ev["data"]["box_list"]
+        ref, pause, boxes = opened
         kind = self.rng.choice(["old-version", "old-token", "after-submit"])
         if kind == "after-submit":
             # Tab A submits; tab B, still showing the same pause, submits its own choice.
@@ -762,13 +761,10 @@ class Canceller(HitlUser):
             self.cancel(ref.job_id, "Canceller", {"200"}, name="cancel")
             self.after_cancel(ref, None)
             return
-        ref = self.claim_job("Canceller")
-        if ref is None:
+        opened = self.claim_pause("Canceller")
+        if opened is None:
             return
-        ev = self.wait_pause(ref.job_id)
-        if ev is None:
-            return
-        pause, boxes = ev["data"]["active_pause"], ev["data"]["box_list"]
+        ref, pause, boxes = opened
         if phase == "segmenting":
             subjects = self.choose(ref, pause, boxes, models_only=True, empty=0.0) or []
             label, _, _ = self.intervene(ref.job_id, self.body(pause, subjects), "Canceller", {"200"})

@@ -1,9 +1,11 @@
 """Small drivers shared by the state-core tests: play the executor's part through the store."""
+
 from __future__ import annotations
 
 import uuid
 
-from statecore.models import ImageRef, InterventionRequest, NodeReport
+from harness.executor import report
+from statecore.models import ImageRef, InterventionRequest
 from statecore.store import Store
 
 THREE_BOXES = [
@@ -18,14 +20,6 @@ async def create(store: Store, image: ImageRef, submitter: str = "alice", key: s
     return reply.job_id
 
 
-async def report(store: Store, job_id: str, output: dict, outcome: str = "SUCCEEDED", **kw) -> str:
-    state = await store.get(job_id)
-    node = state.current_node
-    assert node is not None
-    return await store.apply_report(NodeReport(node_instance_id=node.node_instance_id, node_type=node.node_type,
-                                               job_id=job_id, outcome=outcome, output=output, **kw))
-
-
 async def waiting_job(store: Store, image: ImageRef, boxes=THREE_BOXES, submitter: str = "alice") -> str:
     job_id = await create(store, image, submitter)
     assert await report(store, job_id, {"boxes": boxes}) == "OK"
@@ -34,9 +28,12 @@ async def waiting_job(store: Store, image: ImageRef, boxes=THREE_BOXES, submitte
 
 def iv(state, subjects, iid: str | None = None, **over) -> InterventionRequest:
     p = state.active_pause
-    body = {"intervention_id": iid or f"iv_{uuid.uuid4().hex[:12]}",
-            "pause_token": p.pause_token if p else "pause_none",
-            "base_version": state.version, "subjects": subjects}
+    body = {
+        "intervention_id": iid or f"iv_{uuid.uuid4().hex[:12]}",
+        "pause_token": p.pause_token if p else "pause_none",
+        "base_version": state.version,
+        "subjects": subjects,
+    }
     body.update(over)
     return InterventionRequest(**body)
 
@@ -69,6 +66,13 @@ def manual(bbox, label: str | None = "thing") -> dict:
 
 async def validate(store: Store, job_id: str, passed: dict[str, bool]) -> str:
     """Play the validator: one verdict per box id (True = passed)."""
-    return await report(store, job_id, {"results": [
-        {"box_id": b, "passed": ok, "score": 0.9 if ok else 0.1, "reason": None if ok else "not an object"}
-        for b, ok in passed.items()]})
+    return await report(
+        store,
+        job_id,
+        {
+            "results": [
+                {"box_id": b, "passed": ok, "score": 0.9 if ok else 0.1, "reason": None if ok else "not an object"}
+                for b, ok in passed.items()
+            ]
+        },
+    )
