@@ -1,4 +1,4 @@
-"""The HTTP API of SPEC §4 as a FastAPI app.
+"""The HTTP API (docs/protocol.md § Routes) as a FastAPI app.
 
 The same app runs under Ray Serve (``serve_app.application``) and, for tests and
 the uvicorn comparison benchmark, under plain uvicorn. What differs between the
@@ -138,7 +138,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         return holder["rt"]
 
     app = FastAPI(title="hitl-review control plane", version="1.0",
-                  description="Human-in-the-loop review for image cut-out. See SPEC.md §4.", lifespan=lifespan)
+                  description="Human-in-the-loop review for image cut-out. The protocol: docs/protocol.md in the repository.", lifespan=lifespan)
     app.add_middleware(AuthMiddleware, runtime_of=rt)
 
     @app.exception_handler(errors.HitlError)

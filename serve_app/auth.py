@@ -1,4 +1,4 @@
-"""Identity (SPEC §7): bearer tokens mapped to a name and a role."""
+"""Identity (docs/protocol.md § Identity): bearer tokens mapped to a name and a role."""
 from __future__ import annotations
 
 import hmac

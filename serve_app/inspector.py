@@ -1,4 +1,4 @@
-"""The terminal-state inspector (seed 002: no job may sit in a live state forever).
+"""The terminal-state inspector (no job may sit in a live state forever).
 
 Model work has a deadline, set when its command enters the outbox (``node_timeout_s``);
 the running index holds it. A sweep times out every node still queued or running past

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -71,5 +72,3 @@ def local_app(settings: Settings, **kw: Any) -> FastAPI:
 
     return create_app(build)
 
-
-BuildRuntime = Callable[[], Awaitable[Runtime]]

@@ -1,6 +1,6 @@
 """One error hierarchy for the whole project.
 
-Every error carries the SPEC error ``code``, the HTTP ``status`` it maps to, the
+Every error carries its ``code`` (docs/protocol.md § Error codes), the HTTP ``status`` it maps to, the
 ``job_id`` when there is one, whether retrying can help, and for 409s the
 job's current snapshot so a client can redraw without another request.
 """
@@ -62,11 +62,6 @@ class PayloadTooLarge(HitlError):
     status = 413
 
 
-class UnsupportedMediaType(HitlError):
-    code = "UNSUPPORTED_MEDIA_TYPE"
-    status = 415
-
-
 class Conflict(HitlError):
     status = 409
 
@@ -125,10 +120,3 @@ class NodeExecutionError(HitlError):
         super().__init__(message, **kw)
         self.code = code  # type: ignore[misc]
         self.retryable = retryable  # type: ignore[misc]
-
-
-CONFLICTS_BY_CODE: dict[str, type[HitlError]] = {
-    cls.code: cls
-    for cls in (IdempotencyConflict, JobCancelled, VersionConflict, PauseNotActive,
-                PauseTokenMismatch, JobTerminal, JobNotFound, InvalidRequest, StaleRead)
-}

@@ -19,11 +19,6 @@ def now_iso(ts: float | None = None) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
-def iso_to_ms(iso: str) -> int:
-    dt = datetime.strptime(iso, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
-    return int(dt.timestamp() * 1000)
-
-
 def canonical_json(obj: Any) -> str:
     """Deterministic JSON: sorted keys, no whitespace, UTF-8. Used for hashing and for stored bytes.
 

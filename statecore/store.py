@@ -3,7 +3,7 @@ commits it through one Lua script. Async, redis-py with hiredis, one pool.
 
 Every state change follows the same shape: read the job's meta (one HGETALL),
 compute the plan purely, run the operation's script with the version the plan
-was computed from. The script re-checks the SPEC preconditions atomically and
+was computed from. The script re-checks the protocol's preconditions atomically and
 refuses with ``STALE`` if the job moved in between; the store then re-reads and
 re-plans (bounded), so no decision is ever applied to a state it was not made for.
 """
@@ -164,7 +164,7 @@ class Store:
     # ------------------------------------------------------------------ intervene
 
     async def intervene(self, job_id: str, req: InterventionRequest, reviewer: str) -> Reply:
-        """Consume the active pause exactly once (SPEC §4, checks 2–8)."""
+        """Consume the active pause exactly once (docs/protocol.md § Intervention, checks 2–8)."""
         body = req.model_dump(mode="json")
         phash = payload_hash(body, reviewer)
         jk = keys.job(job_id)

@@ -1,4 +1,4 @@
--- consume_pause: the only way a pause is consumed. Checks in SPEC §4 order (3..8), then
+-- consume_pause: the only way a pause is consumed. Checks in docs/protocol.md § Intervention order (3..8), then
 -- writes pause CONSUMED, box lists, status, version, outbox command, events and, last,
 -- the idempotency record, all in this one script.
 -- KEYS: see _lib.lua
