@@ -1,9 +1,10 @@
 """Helpers for the Playwright tests of the reviewer UI (tests/test_ui_browser.py).
 
-Debian's Chromium, headless; the element ids are the ones ``ui/app.py`` sets. The
+Debian's Chromium, headless; the element ids are the ones ``ui/layout.py`` sets. The
 annotator draws the image centred on its canvas at scale min(cw/iw, ch/ih), so a
 point in image pixels maps to a point on the page through the canvas' bounding box.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,14 @@ from harness.sse import read_events
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("HITL_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 SHOTS = os.environ.get("HITL_SCREENSHOTS", "") == "1"
 SHOT_DIR = ROOT / "docs" / "screenshots"
 VIEWPORT = {"width": 1400, "height": 1100}
@@ -60,14 +67,17 @@ class Api:
     def submit(self, data: bytes) -> str:
         r = self.c.post("/api/v1/jobs", files={"image": ("product.png", data, "image/png")})
         assert r.status_code == 202, r.text
-        return r.json()["job_id"]
+        return str(r.json()["job_id"])
 
     def get(self, job_id: str) -> dict[str, Any]:
         r = self.c.get(f"/api/v1/jobs/{job_id}")
         assert r.status_code == 200, r.text
-        return r.json()
+        snap: dict[str, Any] = r.json()
+        return snap
 
-    def wait(self, job_id: str, pred: Callable[[dict[str, Any]], bool], what: str, timeout: float = 60) -> dict:
+    def wait(
+        self, job_id: str, pred: Callable[[dict[str, Any]], bool], what: str, timeout: float = 60
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             snap = self.get(job_id)
@@ -77,13 +87,18 @@ class Api:
             time.sleep(0.2)
 
     def wait_round(self, job_id: str, rnd: int, timeout: float = 60) -> dict[str, Any]:
-        return self.wait(job_id, lambda s: bool(s["active_pause"]) and s["active_pause"]["round"] == rnd,
-                         f"round-{rnd} pause", timeout)
+        return self.wait(
+            job_id,
+            lambda s: bool(s["active_pause"]) and s["active_pause"]["round"] == rnd,
+            f"round-{rnd} pause",
+            timeout,
+        )
 
     def results(self, job_id: str) -> dict[str, Any]:
         r = self.c.get(f"/api/v1/jobs/{job_id}/results")
         assert r.status_code == 200, r.text
-        return r.json()
+        res: dict[str, Any] = r.json()
+        return res
 
     def cancel(self, job_id: str) -> None:
         self.c.post(f"/api/v1/jobs/{job_id}/cancel")
@@ -114,8 +129,11 @@ class Reviewer:
 
     def queue_row(self, job_id: str) -> Any:
         # the first text match of the dataframe is a hidden measuring cell: take the visible one
-        return self.page.locator("#queue-table span", has_text=re.compile("^" + re.escape(job_id) + "$")).locator(
-            "visible=true").first
+        return (
+            self.page.locator("#queue-table span", has_text=re.compile("^" + re.escape(job_id) + "$"))
+            .locator("visible=true")
+            .first
+        )
 
     def open_from_queue(self, job_id: str) -> None:
         row = self.queue_row(job_id)
@@ -169,7 +187,7 @@ class Reviewer:
             try:
                 remove.wait_for(state="visible", timeout=5_000)
                 break
-            except Exception:  # noqa: BLE001 - playwright's TimeoutError: click again
+            except Exception:  # playwright's TimeoutError: click again
                 if attempt == 2:
                     raise
         remove.click()
