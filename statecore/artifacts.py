@@ -4,6 +4,7 @@ Images never go into Redis; job state keeps only names. The root is
 ``file://<data-dir>/artifacts`` by default, ``s3://bucket/prefix`` on a cluster.
 Names are ``<kind>_<sha256[:32]>.<ext>`` so the same bytes are stored once.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,13 +68,14 @@ class ArtifactStore:
 
     def exists(self, name: str) -> bool:
         try:
-            return self.fs.exists(self._full(name))
+            return bool(self.fs.exists(self._full(name)))
         except ValueError:
             return False
 
     def get(self, name: str) -> bytes:
         with self.fs.open(self._full(name), "rb") as f:
-            return f.read()
+            data: bytes = f.read()
+        return data
 
     @staticmethod
     def url(name: str) -> str:

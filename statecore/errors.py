@@ -4,6 +4,7 @@ Every error carries its ``code`` (docs/protocol.md § Error codes), the HTTP ``s
 ``job_id`` when there is one, whether retrying can help, and for 409s the
 job's current snapshot so a client can redraw without another request.
 """
+
 from __future__ import annotations
 
 from typing import Any, ClassVar
@@ -14,8 +15,14 @@ class HitlError(Exception):
     status: ClassVar[int] = 500
     retryable: ClassVar[bool] = False
 
-    def __init__(self, message: str | None = None, *, job_id: str | None = None,
-                 snapshot: dict[str, Any] | None = None, **details: Any) -> None:
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        job_id: str | None = None,
+        snapshot: dict[str, Any] | None = None,
+        **details: Any,
+    ) -> None:
         self.message = message or self.code.replace("_", " ").lower()
         self.job_id = job_id
         self.snapshot = snapshot
@@ -115,8 +122,9 @@ class NodeExecutionError(HitlError):
     code = "NODE_FAILED"
     status = 500
 
-    def __init__(self, message: str | None = None, *, code: str = "NODE_FAILED",
-                 retryable: bool = True, **kw: Any) -> None:
+    def __init__(
+        self, message: str | None = None, *, code: str = "NODE_FAILED", retryable: bool = True, **kw: Any
+    ) -> None:
         super().__init__(message, **kw)
         self.code = code  # type: ignore[misc]
         self.retryable = retryable  # type: ignore[misc]

@@ -1,12 +1,14 @@
 """Identifiers, clocks and canonical hashing, in one place."""
+
 from __future__ import annotations
 
 import hashlib
-import orjson
 import secrets
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
+
+import orjson
 
 
 def new_id(prefix: str) -> str:
@@ -15,7 +17,7 @@ def new_id(prefix: str) -> str:
 
 
 def now_iso(ts: float | None = None) -> str:
-    dt = datetime.fromtimestamp(time.time() if ts is None else ts, tz=timezone.utc)
+    dt = datetime.fromtimestamp(time.time() if ts is None else ts, tz=UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 

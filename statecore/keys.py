@@ -6,6 +6,7 @@ one Lua script can write state + outbox + event atomically on a Redis Cluster.
 ``N = crc32(job_id) % PARTITIONS``; PARTITIONS is fixed for the life of a
 deployment (changing it would orphan existing jobs).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -83,11 +84,11 @@ def all_outboxes() -> list[str]:
 class JobKeys:
     job_id: str
     p: int
-    meta: str      # HASH: status, version, box lists, active pause, current node, ...
-    pauses: str    # HASH: pause_token -> pause JSON (history of consumed/cancelled pauses)
-    events: str    # LIST of event JSON, id = position (1-based); also the PUBLISH channel of new ids
-    idem: str      # HASH: intervention_id -> payload hash + "\n" + response bytes
-    reports: str   # SET: node_instance_ids whose report was applied or ignored
+    meta: str  # HASH: status, version, box lists, active pause, current node, ...
+    pauses: str  # HASH: pause_token -> pause JSON (history of consumed/cancelled pauses)
+    events: str  # LIST of event JSON, id = position (1-based); also the PUBLISH channel of new ids
+    idem: str  # HASH: intervention_id -> payload hash + "\n" + response bytes
+    reports: str  # SET: node_instance_ids whose report was applied or ignored
 
     @property
     def outbox(self) -> str:
@@ -111,12 +112,29 @@ class JobKeys:
 
     def for_script(self) -> list[str]:
         """The KEYS every state-changing script receives, in this order."""
-        return [self.meta, self.pauses, self.events, self.idem, self.reports,
-                self.outbox, self.waiting, self.running, self.jobs, self.expiring]
+        return [
+            self.meta,
+            self.pauses,
+            self.events,
+            self.idem,
+            self.reports,
+            self.outbox,
+            self.waiting,
+            self.running,
+            self.jobs,
+            self.expiring,
+        ]
 
 
 def job(job_id: str) -> JobKeys:
     p = partition_of(job_id)
     base = f"{tag(p)}:job:{job_id}"
-    return JobKeys(job_id=job_id, p=p, meta=f"{base}:meta", pauses=f"{base}:pauses",
-                   events=f"{base}:events", idem=f"{base}:idem", reports=f"{base}:reports")
+    return JobKeys(
+        job_id=job_id,
+        p=p,
+        meta=f"{base}:meta",
+        pauses=f"{base}:pauses",
+        events=f"{base}:events",
+        idem=f"{base}:idem",
+        reports=f"{base}:reports",
+    )

@@ -1,6 +1,7 @@
 """The image formats hitl-review accepts (PNG, JPEG, WebP), recognised by their magic bytes.
 
 Shared by the server's upload checks and the client's directory walk, so both agree."""
+
 from __future__ import annotations
 
 CONTENT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}

@@ -1,9 +1,11 @@
 """Loads the Lua scripts once and maps their return codes to typed errors, in one place."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
-from typing import Any, Callable
+from typing import Any
 
 from . import errors
 
@@ -46,7 +48,7 @@ def pairs_to_dict(flat: list[Any]) -> dict[str, str]:
     return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
 
 
-def raise_for(result: list[Any], job_id: str, snapshot_of: Callable[[dict[str, str]], dict[str, Any]]) -> None:
+def raise_for(result: list[Any], job_id: str, snapshot_of: Callable[[dict[str, str]], dict[str, Any] | None]) -> None:
     """Raise the typed error a script's return code stands for; return on success codes."""
     code = result[0]
     if code in _SNAPSHOT_CODES:

@@ -7,26 +7,33 @@ was computed from. The script re-checks the protocol's preconditions atomically 
 refuses with ``STALE`` if the job moved in between; the store then re-reads and
 re-plans (bounded), so no decision is ever applied to a state it was not made for.
 """
+
 from __future__ import annotations
 
 import asyncio
-import functools
-import heapq
 import json
 import logging
-import re
 import time
-from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, NamedTuple
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from . import decide, errors, keys, scripts
+from . import decide, errors, keys, listing, scripts
 from .ids import canonical_json, now_iso, payload_hash
-from .models import (CreateJobResponse, Event, ImageRef, InterventionRequest, JobSnapshot, JobSummary,
-                     NodeCommand, NodeReport, Pause)
+from .models import (
+    CreateJobResponse,
+    Event,
+    ImageRef,
+    InterventionRequest,
+    JobSnapshot,
+    JobSummary,
+    NodeCommand,
+    NodeReport,
+    Pause,
+)
 from .states import JobStatus, is_terminal
 
 log = logging.getLogger("hitl.store")
@@ -68,17 +75,19 @@ class Store:
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    def from_url(cls, url: str, config: StoreConfig | None = None, *, cluster: bool | None = None,
-                 max_connections: int = 256) -> "Store":
+    def from_url(
+        cls, url: str, config: StoreConfig | None = None, *, cluster: bool | None = None, max_connections: int = 256
+    ) -> Store:
         if cluster is None:
             cluster = url.startswith("redis+cluster://") or "cluster=true" in url
         url = url.replace("redis+cluster://", "redis://").replace("?cluster=true", "")
+        client: Any  # redis.asyncio.Redis or RedisCluster: the same command API for what we use
         if cluster:
-            client = aioredis.RedisCluster.from_url(url, decode_responses=True,
-                                                    max_connections=max_connections)
+            client = aioredis.RedisCluster.from_url(url, decode_responses=True, max_connections=max_connections)
         else:
-            client = aioredis.Redis.from_url(url, decode_responses=True, max_connections=max_connections,
-                                             health_check_interval=30)
+            client = aioredis.Redis.from_url(
+                url, decode_responses=True, max_connections=max_connections, health_check_interval=30
+            )
         return cls(client, config, cluster=cluster)
 
     async def close(self) -> None:
@@ -121,14 +130,15 @@ class Store:
         scripts.raise_for(result, job_id, self._snapshot_dict)
 
     async def _meta(self, job_id: str) -> dict[str, str]:
-        return await self.r.hgetall(keys.job(job_id).meta)
+        meta: dict[str, str] = await self.r.hgetall(keys.job(job_id).meta)
+        return meta
 
     async def get(self, job_id: str) -> decide.JobState:
         return decide.require(await self._meta(job_id), job_id)
 
     async def is_finished(self, job_id: str) -> bool:
         """True once the job is terminal (or gone after its retention)."""
-        return await self.r.hget(keys.job(job_id).meta, "terminal") != "0"
+        return bool(await self.r.hget(keys.job(job_id).meta, "terminal") != "0")
 
     async def snapshot(self, job_id: str) -> JobSnapshot:
         return (await self.get(job_id)).snapshot()
@@ -146,8 +156,8 @@ class Store:
             body = CreateJobResponse(job_id=job_id, status=plan.status, version=1).model_dump_json()
             ks = jk.for_script() + ([keys.create_idem(submitter, idem_key)] if idem_key else [])
             res = await self._scripts["create_job"](
-                keys=ks, args=self._args(job_id, now) + [plan.to_json(now), image.sha256, body,
-                                                          int(time.time() * 1000)])
+                keys=ks, args=self._args(job_id, now) + [plan.to_json(now), image.sha256, body, int(time.time() * 1000)]
+            )
             code = res[0]
             if code == "OK":
                 return Reply(202, body, False, job_id)
@@ -157,7 +167,8 @@ class Store:
                 existing = res[1]
                 snap = self._snapshot_dict(await self._meta(existing))
                 raise errors.IdempotencyConflict(
-                    "this Idempotency-Key was already used for a different image", job_id=existing, snapshot=snap)
+                    "this Idempotency-Key was already used for a different image", job_id=existing, snapshot=snap
+                )
             # COLLISION: an 80-bit id collided; draw another.
         raise errors.StaleRead("could not allocate a job id")
 
@@ -177,9 +188,18 @@ class Store:
             resp = ip.response.model_dump_json() if ip.response else ""
             res = await self._scripts["consume_pause"](
                 keys=self._keys(state, jk),
-                args=self._args(job_id, now) + [
-                    req.intervention_id, phash, str(req.base_version), req.pause_token, str(state.version),
-                    ip.plan.to_json(now) if ip.plan else "", resp, ip.invalid.message if ip.invalid else ""])
+                args=self._args(job_id, now)
+                + [
+                    req.intervention_id,
+                    phash,
+                    str(req.base_version),
+                    req.pause_token,
+                    str(state.version),
+                    ip.plan.to_json(now) if ip.plan else "",
+                    resp,
+                    ip.invalid.message if ip.invalid else "",
+                ],
+            )
             if res[0] == "OK":
                 return Reply(200, resp, False, job_id)
             if res[0] == "REPLAY":
@@ -199,11 +219,13 @@ class Store:
             if state.status == JobStatus.CANCELLED:
                 return state.snapshot()
             if is_terminal(state.status):
-                raise errors.JobTerminal(scripts._MESSAGES["JOB_TERMINAL"], job_id=job_id,
-                                         snapshot=state.snapshot().model_dump(mode="json"))
+                raise errors.JobTerminal(
+                    scripts._MESSAGES["JOB_TERMINAL"], job_id=job_id, snapshot=state.snapshot().model_dump(mode="json")
+                )
             plan = decide.plan_cancel(state, who, now)
-            res = await self._scripts["cancel"](keys=self._keys(state, jk),
-                                                args=self._args(job_id, now) + [str(state.version), plan.to_json(now)])
+            res = await self._scripts["cancel"](
+                keys=self._keys(state, jk), args=self._args(job_id, now) + [str(state.version), plan.to_json(now)]
+            )
             if res[0] in ("OK", "ALREADY"):
                 return await self.snapshot(job_id)
             if res[0] == "STALE":
@@ -224,11 +246,25 @@ class Store:
         It is recorded apart from the model's own report, so when the model answers after all,
         its report is ``IGNORED`` with a ``REPORT_IGNORED`` event (reason ``NODE_TIMED_OUT``),
         and only a replay of either report is a silent ``DUPLICATE``."""
-        return await self._report(report.job_id, report.node_instance_id, report.node_type, final=True,
-                                  report=report, by_inspector=by_inspector)
+        return await self._report(
+            report.job_id,
+            report.node_instance_id,
+            report.node_type,
+            final=True,
+            report=report,
+            by_inspector=by_inspector,
+        )
 
-    async def _report(self, job_id: str, nid: str, node_type: str, *, final: bool,
-                      report: NodeReport | None = None, by_inspector: bool = False) -> str:
+    async def _report(
+        self,
+        job_id: str,
+        nid: str,
+        node_type: str,
+        *,
+        final: bool,
+        report: NodeReport | None = None,
+        by_inspector: bool = False,
+    ) -> str:
         jk = keys.job(job_id)
         for _ in range(STALE_RETRIES):
             meta = await self._meta(job_id)
@@ -239,8 +275,11 @@ class Store:
             # A node whose result was already applied stays current (COMPLETED/FAILED/TIMED_OUT) until
             # the next one; its redelivered report must not be planned again (the job has moved on, so
             # the move could be illegal): the script answers DUPLICATE from the reports set.
-            current = (state.current_node is not None and state.current_node.node_instance_id == nid
-                       and state.current_node.status in ("QUEUED", "RUNNING"))
+            current = (
+                state.current_node is not None
+                and state.current_node.node_instance_id == nid
+                and state.current_node.status in ("QUEUED", "RUNNING")
+            )
             plan_json = ""
             if current and meta.get("terminal") != "1":
                 if final:
@@ -251,15 +290,16 @@ class Store:
                 plan_json = plan.to_json(now)
             res = await self._scripts["apply_report"](
                 keys=self._keys(state, jk),
-                args=self._args(job_id, now) + [nid, str(state.version), plan_json, "1" if final else "0",
-                                                node_type, "1" if by_inspector else "0"])
+                args=self._args(job_id, now)
+                + [nid, str(state.version), plan_json, "1" if final else "0", node_type, "1" if by_inspector else "0"],
+            )
             if res[0] == "STALE":
                 continue
             if res[0] == "JOB_NOT_FOUND":
                 return "IGNORED"
             if res[0] == "IGNORED":
                 log.info("report ignored job=%s node=%s reason=%s", job_id, nid, res[1])
-            return res[0]
+            return str(res[0])
         raise errors.StaleRead("the job kept changing while applying a report", job_id=job_id)
 
     # ------------------------------------------------------------------ events
@@ -267,8 +307,14 @@ class Store:
     @staticmethod
     def _event(job_id: str, raw: str) -> Event:
         e = json.loads(raw)
-        return Event(id=e["id"], type=e["type"], job_id=job_id, version=e["version"], at=e["at"],
-                     data={"status": e["status"], **e["data"]})
+        return Event(
+            id=e["id"],
+            type=e["type"],
+            job_id=job_id,
+            version=e["version"],
+            at=e["at"],
+            data={"status": e["status"], **e["data"]},
+        )
 
     async def events_after(self, job_id: str, after: int = 0, count: int = 100_000) -> list[Event]:
         """Events with id > ``after``, oldest first (ids are 1-based list positions)."""
@@ -306,55 +352,14 @@ class Store:
         pauses = [Pause.model_validate_json(v) for v in raw.values()]
         return sorted(pauses, key=lambda p: p.created_at)
 
-    async def list_jobs(self, *, submitter: str | None = None, status: str | None = None, limit: int = 50,
-                        cursor: str | None = None) -> tuple[list[JobSummary], str | None]:
+    async def list_jobs(
+        self, *, submitter: str | None = None, status: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[JobSummary], str | None]:
         """Newest first over all partitions; with a waiting ``status`` (or ``WAITING``), the review
-        queue, oldest pause first.
-
-        An exact k-way merge: each partition's index is read in order after the cursor, the heads
-        are merged, and rows are examined strictly in the listing's total order (score, then job
-        id), so a page is exactly the next ``limit`` matching jobs and the cursor (the last row
-        returned, ``<score>:<job_id>``) is a position in that order, valid for every partition.
-        """
-        waiting_queue = status in ("WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION", "WAITING")
-        after = parse_cursor(cursor) if cursor else None
-        index = keys.waiting if waiting_queue else keys.jobs
-        readers = [_IndexReader(self.r, index(p), waiting_queue, after) for p in range(keys.PARTITIONS)]
-        await asyncio.gather(*(rd.fill() for rd in readers))
-        heap: list[tuple[Any, int]] = [(rd.order_key(), i) for i, rd in enumerate(readers) if rd.rows]
-        heapq.heapify(heap)
-        filtered = submitter is not None or (status is not None and status != "WAITING")
-        out: list[tuple[_Row, decide.JobState]] = []
-        more = False
-        while heap and len(out) < limit:
-            need = limit - len(out)
-            chunk: list[_Row] = []
-            while heap and len(chunk) < (max(need, 32) if filtered else need):
-                _, i = heapq.heappop(heap)
-                rd = readers[i]
-                chunk.append(rd.rows.popleft())
-                if not rd.rows and not rd.exhausted:
-                    await rd.fill()
-                if rd.rows:
-                    heapq.heappush(heap, (rd.order_key(), i))
-            metas = await asyncio.gather(*(self._meta(row.job_id) for row in chunk))
-            for n, (row, meta) in enumerate(zip(chunk, metas, strict=True)):
-                if not meta:  # expired after its retention; the inspector prunes the index too
-                    if not waiting_queue:
-                        await self.r.zrem(keys.jobs(keys.partition_of(row.job_id)), row.job_id)
-                    continue
-                st = decide.JobState.from_meta(meta)
-                if submitter is not None and st.submitter != submitter:
-                    continue
-                if status and status != "WAITING" and st.status != status:
-                    continue
-                out.append((row, st))
-                if len(out) == limit:
-                    more = n + 1 < len(chunk)
-                    break
-        more = more or bool(heap)
-        nxt = f"{out[-1][0].score}:{out[-1][0].job_id}" if out and len(out) == limit and more else None
-        return [st.summary() for _, st in out], nxt
+        queue, oldest pause first. Exact pages: see :mod:`statecore.listing`."""
+        return await listing.list_jobs(
+            self.r, self._meta, submitter=submitter, status=status, limit=limit, cursor=cursor
+        )
 
     async def count_by_status(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -428,8 +433,7 @@ class Store:
         streams = {s: ">" for s in keys.all_outboxes()}
         if not self.cluster:
             # BLOCK 0 would wait forever; block_ms=0 means "do not block", as in cluster mode below.
-            res = await self.r.xreadgroup(keys.OUTBOX_GROUP, consumer, streams, count=count,
-                                          block=block_ms or None)
+            res = await self.r.xreadgroup(keys.OUTBOX_GROUP, consumer, streams, count=count, block=block_ms or None)
             out: list[OutboxEntry] = []
             for stream, entries in res or []:
                 out += self._entries(stream, entries)
@@ -456,8 +460,9 @@ class Store:
         """Take over entries another dispatcher has held for ``min_idle_ms`` without acking."""
         out: list[OutboxEntry] = []
         for s in keys.all_outboxes():
-            res = await self.r.xautoclaim(s, keys.OUTBOX_GROUP, consumer, min_idle_time=min_idle_ms,
-                                          start_id="0-0", count=count)
+            res = await self.r.xautoclaim(
+                s, keys.OUTBOX_GROUP, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=count
+            )
             out += self._entries(s, res[1])
         return out
 
@@ -483,94 +488,8 @@ class Store:
         return out
 
 
-CURSOR_RE = re.compile(r"^([0-9]{1,16}):([A-Za-z0-9_]{1,64})$")
-
-
-class _Row(NamedTuple):
-    score: int
-    job_id: str
-
-
-def parse_cursor(cursor: str) -> _Row:
-    """``<score>:<job_id>`` as :meth:`Store.list_jobs` writes it; anything else is a 400."""
-    m = CURSOR_RE.match(cursor)
-    if not m:
-        raise errors.InvalidRequest("malformed cursor: pass back the next_cursor of a previous page", field="cursor")
-    return _Row(int(m.group(1)), m.group(2))
-
-
-@functools.total_ordering
-class _Desc:
-    """A job id compared backwards, so newest-first rows sort ascending in a min-heap."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: str) -> None:
-        self.value = value
-
-    def __lt__(self, other: object) -> bool:
-        return isinstance(other, _Desc) and self.value > other.value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Desc) and self.value == other.value
-
-    def __hash__(self) -> int:
-        return hash(self.value)
-
-
-class _IndexReader:
-    """One partition's index rows strictly after a position, in listing order, fetched in batches.
-
-    Ascending (the review queue): (score, job id) ascending, as ZRANGEBYSCORE orders them.
-    Descending (newest first): (score, job id) descending, as ZREVRANGEBYSCORE does. Each batch
-    starts at the last row's score (inclusive) and drops rows at or before the last row by
-    comparison, so rows sharing a score are neither skipped nor repeated, even when the index
-    changes between batches."""
-
-    BATCH = 64
-
-    def __init__(self, r: Any, key: str, ascending: bool, after: _Row | None) -> None:
-        self.r, self.key, self.ascending = r, key, ascending
-        self.last = after
-        self.ties = 0  # rows already seen at ``last.score``: fetched again, then dropped
-        self.rows: deque[_Row] = deque()
-        self.exhausted = False
-
-    def _after_last(self, row: _Row) -> bool:
-        if self.last is None:
-            return True
-        if self.ascending:
-            return (row.score, row.job_id) > (self.last.score, self.last.job_id)
-        return (row.score, row.job_id) < (self.last.score, self.last.job_id)
-
-    def order_key(self) -> tuple[int, Any]:
-        head = self.rows[0]
-        return (head.score, head.job_id) if self.ascending else (-head.score, _Desc(head.job_id))
-
-    async def fill(self) -> None:
-        """Fetch until at least one new row arrives or the index is exhausted."""
-        while True:
-            num = self.BATCH + self.ties
-            if self.ascending:
-                lo = self.last.score if self.last else "-inf"
-                raw = await self.r.zrangebyscore(self.key, lo, "+inf", start=0, num=num, withscores=True)
-            else:
-                hi = self.last.score if self.last else "+inf"
-                raw = await self.r.zrevrangebyscore(self.key, hi, "-inf", start=0, num=num, withscores=True)
-            self.exhausted = len(raw) < num
-            fresh = [row for row in (_Row(int(s), j) for j, s in raw) if self._after_last(row)]
-            for row in fresh:
-                self.ties = self.ties + 1 if self.last is not None and row.score == self.last.score else 1
-                self.last = row
-            self.rows.extend(fresh)
-            if fresh or self.exhausted:
-                return
-            # Every fetched row shares the cursor's score and lies before it: look further.
-            self.ties += self.BATCH
-
-
 def _job_id_of(body: str) -> str:
-    return json.loads(body)["job_id"]
+    return str(json.loads(body)["job_id"])
 
 
 def dumps(obj: Any) -> str:

@@ -5,6 +5,7 @@ crowded into a few partitions in random proportions, so each page has to merge p
 whose rows interleave unevenly. Paging with a random ``limit`` must return every job the
 caller may see exactly once, in the listing's order, whatever the owner and status filter.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,9 @@ from hypothesis import strategies as st
 
 from statecore import keys
 from statecore.errors import InvalidRequest
+from statecore.listing import _IndexReader
 from statecore.models import ImageRef
-from statecore.store import Store, StoreConfig, _IndexReader
+from statecore.store import Store, StoreConfig
 
 from .helpers import THREE_BOXES, report
 
@@ -70,8 +72,12 @@ def _expected_order(store_rows: list[tuple[float, str]], ascending: bool) -> lis
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-@given(jobs=JOBS, limit=st.integers(1, 7), batch=st.integers(1, 8),
-       parts=st.lists(st.integers(0, keys.PARTITIONS - 1), min_size=3, max_size=3))
+@given(
+    jobs=JOBS,
+    limit=st.integers(1, 7),
+    batch=st.integers(1, 8),
+    parts=st.lists(st.integers(0, keys.PARTITIONS - 1), min_size=3, max_size=3),
+)
 def test_paging_returns_every_matching_job_once_in_order(redis_server, jobs, limit, batch, parts):
     """``batch`` shrinks the per-partition fetch so that many-batch merges and rows sharing a
     millisecond across a batch boundary are common, not only with thousands of jobs."""
@@ -86,17 +92,25 @@ def test_paging_returns_every_matching_job_once_in_order(redis_server, jobs, lim
             for jid in made:
                 jk = keys.job(jid)
                 scores[jid] = await store.r.zscore(jk.jobs, jid)
-            cases: list[tuple[str | None, str | None]] = [(None, None), ("bob", None), (None, "CANCELLED"),
-                                                           ("alice", "DETECTING"), (None, "WAITING"),
-                                                           ("carol", "WAITING_USER_SELECTION")]
+            cases: list[tuple[str | None, str | None]] = [
+                (None, None),
+                ("bob", None),
+                (None, "CANCELLED"),
+                ("alice", "DETECTING"),
+                (None, "WAITING"),
+                ("carol", "WAITING_USER_SELECTION"),
+            ]
             for submitter, status in cases:
                 if status and status.startswith("WAITING"):
                     rows = [(await store.r.zscore(keys.job(j).waiting, j), j) for j in made]
                     rows = [(s, j) for s, j in rows if s is not None and made[j][0] == (submitter or made[j][0])]
                     want = _expected_order(rows, ascending=True)
                 else:
-                    rows = [(scores[j], j) for j, (owner, stt) in made.items()
-                            if (submitter is None or owner == submitter) and (status is None or stt == status)]
+                    rows = [
+                        (scores[j], j)
+                        for j, (owner, stt) in made.items()
+                        if (submitter is None or owner == submitter) and (status is None or stt == status)
+                    ]
                     want = _expected_order(rows, ascending=False)
                 got = await _page_all(store, limit, submitter=submitter, status=status)
                 assert len(got) == len(set(got)), f"a job was listed twice ({submitter}, {status})"
@@ -129,8 +143,9 @@ async def test_a_crowded_partition_does_not_hide_a_submitters_jobs(store):
     assert sorted(got) == sorted(mine)
 
 
-@pytest.mark.parametrize("cursor", ["1.2.3:x", "abc", ":job_1", "12:", "12:job 1", "-1:job_a", "1e9:job_a",
-                                    "9" * 40 + ":job_a"])
+@pytest.mark.parametrize(
+    "cursor", ["1.2.3:x", "abc", ":job_1", "12:", "12:job 1", "-1:job_a", "1e9:job_a", "9" * 40 + ":job_a"]
+)
 async def test_a_malformed_cursor_is_invalid_request(store, cursor):
     with pytest.raises(InvalidRequest) as ei:
         await store.list_jobs(limit=5, cursor=cursor)
