@@ -7,4 +7,5 @@
 - ``harness.uvicorn``: the control plane under plain uvicorn, in a thread or in a child process.
 - ``harness.tokens``: the test identities and the ``<data-dir>/api-token`` file.
 - ``harness.sse``: decoding the job event stream.
+- ``harness.executor``: playing the executor's part through the store (a report for the current node).
 """

@@ -1,20 +1,18 @@
 """A dispatcher process killed while it holds a command: another one reclaims it, and the
 node's report is applied exactly once (at-least-once delivery + at-most-once application)."""
+
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
 import sys
 import time
 
+from deployments.executor import build_models
+from harness.proc import Child
 from serve_app.dispatcher import Dispatcher, LocalRunner
 from serve_app.samples import product_composite
 from statecore.artifacts import ArtifactStore
 from statecore.models import ImageRef
-
-from deployments.executor import build_models
 
 
 async def _events(store, job_id):
@@ -29,23 +27,40 @@ async def test_killed_dispatcher_command_completes_once(store, redis_server, tmp
     job_id = (await store.create_job("alice", image)).job_id
 
     # Dispatcher 1, a separate process with a slow detector: it takes the command, then dies.
-    proc = subprocess.Popen([sys.executable, "-m", "serve_app.dispatcher", "--redis-url", redis_server.url,
-                             "--data-dir", str(tmp_path), "--detector-delay-ms", "30000", "--consumer", "d1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    d1 = Child(
+        [
+            sys.executable,
+            "-m",
+            "serve_app.dispatcher",
+            "--redis-url",
+            redis_server.url,
+            "--data-dir",
+            str(tmp_path),
+            "--detector-delay-ms",
+            "30000",
+            "--consumer",
+            "d1",
+        ]
+    ).start()
     try:
         deadline = time.monotonic() + 60
         while "NODE_STARTED" not in await _events(store, job_id):
-            assert time.monotonic() < deadline, "dispatcher 1 never picked the command up"
+            assert time.monotonic() < deadline, "dispatcher 1 never picked the command up:\n" + d1.tail()
             await asyncio.sleep(0.1)
     finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        d1.kill()
     assert (await store.get(job_id)).status == "DETECTING"
     assert await store.outbox_pending() == 1  # delivered, never acked
 
     # Dispatcher 2 reclaims it after the idle time and completes it.
-    models = build_models({"artifacts": str(artifacts.root), "detector": {"name": "classical"},
-                           "validator": {"name": "classical"}, "segmenter": {"name": "classical"}})
+    models = build_models(
+        {
+            "artifacts": str(artifacts.root),
+            "detector": {"name": "classical"},
+            "validator": {"name": "classical"},
+            "segmenter": {"name": "classical"},
+        }
+    )
     d2 = Dispatcher(store, LocalRunner(models, artifacts), consumer="d2", reclaim_idle_ms=500, reclaim_every_s=0.2)
     task = asyncio.create_task(d2.run_forever())
     try:
