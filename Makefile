@@ -28,9 +28,9 @@ up: setup
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-# The quick loop: real redis-server, no Ray, no browser.
+# The quick loop: real redis-server (and the 3-node cluster), no Ray, no browser, nothing slow.
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m "not ray and not browser" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not ray and not browser and not slow" $(PYTEST_ARGS)
 
 # ruff (lint + format check) and mypy (strict on statecore/ and client/, see pyproject.toml).
 lint: setup
