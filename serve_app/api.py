@@ -5,15 +5,17 @@ the uvicorn comparison benchmark, under plain uvicorn. What differs between the
 two is injected through ``Runtime``: how node commands reach the models and
 where SSE streams come from.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import re
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,8 +24,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from statecore import errors
 from statecore.artifacts import ArtifactStore
-from statecore.models import (CreateJobResponse, ImageRef, InterventionRequest, InterventionResponse, JobList,
-                              JobResults, JobSnapshot)
+from statecore.models import (
+    CreateJobResponse,
+    ImageRef,
+    InterventionRequest,
+    InterventionResponse,
+    JobList,
+    JobResults,
+    JobSnapshot,
+)
 from statecore.states import JobStatus, is_terminal
 from statecore.store import Reply, Store, StoreConfig
 
@@ -35,8 +44,13 @@ from .uploads import check_image, read_upload
 log = logging.getLogger("hitl.api")
 
 API = "/api/v1"
-CONTENT_TYPES = {"png": "image/png", "jpg": "image/jpeg", "webp": "image/webp", "npz": "application/octet-stream",
-                 "pt": "application/octet-stream"}
+CONTENT_TYPES = {
+    "png": "image/png",
+    "jpg": "image/jpeg",
+    "webp": "image/webp",
+    "npz": "application/octet-stream",
+    "pt": "application/octet-stream",
+}
 
 # Who may call what. Checked by the auth middleware before anything else, so a
 # request without a valid token gets 401 even when its body is malformed.
@@ -68,9 +82,20 @@ PUBLIC = re.compile(r"^/(healthz|readyz|metrics|docs|redoc|openapi\.json)(/.*)?$
 
 # The upload is parsed by serve_app.uploads (streamed under the byte limit), not by FastAPI, so the
 # schema of its body is spelled out here for /docs and the schema-driven fuzzer.
-UPLOAD_OPENAPI: dict[str, Any] = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
-    "type": "object", "required": ["image"],
-    "properties": {"image": {"type": "string", "format": "binary", "description": "PNG, JPEG or WebP"}}}}}}}
+UPLOAD_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["image"],
+                    "properties": {"image": {"type": "string", "format": "binary", "description": "PNG, JPEG or WebP"}},
+                }
+            }
+        },
+    }
+}
 
 EventSource = Callable[[str, int], AsyncIterator[str]]
 
@@ -123,9 +148,13 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         holder["rt"] = await build_runtime()
         rt = holder["rt"]
-        log.info("control plane ready: detector=%s validator=%s segmenter=%s redis=%s",
-                 rt.settings.detector, rt.settings.validator_backend, rt.settings.segmenter,
-                 "external" if rt.settings.redis_url else "embedded")
+        log.info(
+            "control plane ready: detector=%s validator=%s segmenter=%s redis=%s",
+            rt.settings.detector,
+            rt.settings.validator_backend,
+            rt.settings.segmenter,
+            "external" if rt.settings.redis_url else "embedded",
+        )
         try:
             yield
         finally:
@@ -137,8 +166,12 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
     def rt() -> Runtime:
         return holder["rt"]
 
-    app = FastAPI(title="hitl-review control plane", version="1.0",
-                  description="Human-in-the-loop review for image cut-out. The protocol: docs/protocol.md in the repository.", lifespan=lifespan)
+    app = FastAPI(
+        title="hitl-review control plane",
+        version="1.0",
+        description="Human-in-the-loop review for image cut-out. The protocol: docs/protocol.md in the repository.",
+        lifespan=lifespan,
+    )
     app.add_middleware(AuthMiddleware, runtime_of=rt)
 
     @app.exception_handler(errors.HitlError)
@@ -163,7 +196,8 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         response = await call_next(request)
         route = request.scope.get("route")
         metrics.HTTP_SECONDS.labels(getattr(route, "path", "unmatched"), str(response.status_code)).observe(
-            time.perf_counter() - t0)
+            time.perf_counter() - t0
+        )
         return response
 
     def identity(request: Request) -> Identity:
@@ -183,41 +217,60 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
 
     # ------------------------------------------------------------------ jobs
 
-    @app.post(f"{API}/jobs", status_code=202, response_model=CreateJobResponse, openapi_extra=UPLOAD_OPENAPI,
-              responses={200: {"model": CreateJobResponse}, 400: {}, 409: {}, 413: {}})
-    async def create_job(request: Request,
-                         idempotency_key: str | None = Header(default=None, max_length=200)) -> Response:
+    @app.post(
+        f"{API}/jobs",
+        status_code=202,
+        response_model=CreateJobResponse,
+        openapi_extra=UPLOAD_OPENAPI,
+        responses={200: {"model": CreateJobResponse}, 400: {}, 409: {}, 413: {}},
+    )
+    async def create_job(
+        request: Request, idempotency_key: str | None = Header(default=None, max_length=200)
+    ) -> Response:
         s = rt().settings
         upload = await read_upload(request, field="image", max_bytes=s.max_upload_bytes)
-        checked = await asyncio.to_thread(check_image, upload.data, max_bytes=s.max_upload_bytes,
-                                          max_pixels=s.max_pixels, filename=upload.filename)
+        checked = await asyncio.to_thread(
+            check_image, upload.data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels, filename=upload.filename
+        )
         name = await asyncio.to_thread(rt().artifacts.put, "image", checked.data, checked.ext)
-        ref = ImageRef(sha256=checked.sha256, width=checked.width, height=checked.height,
-                       url=ArtifactStore.url(name))
+        ref = ImageRef(sha256=checked.sha256, width=checked.width, height=checked.height, url=ArtifactStore.url(name))
         reply = await rt().store.create_job(identity(request).name, ref, idempotency_key or None)
         if not reply.replayed:
             metrics.JOBS_CREATED.inc()
-            log.info("job created job=%s submitter=%s image=%dx%d%s", reply.job_id, identity(request).name,
-                     checked.width, checked.height, " (uprighted by its EXIF orientation)" if checked.rotated else "")
+            log.info(
+                "job created job=%s submitter=%s image=%dx%d%s",
+                reply.job_id,
+                identity(request).name,
+                checked.width,
+                checked.height,
+                " (uprighted by its EXIF orientation)" if checked.rotated else "",
+            )
         return replayable(reply)
 
     @app.get(f"{API}/jobs", response_model=JobList)
-    async def list_jobs(request: Request, status: str | None = Query(default=None),
-                        limit: int = Query(default=50, ge=1, le=500),
-                        cursor: str | None = Query(default=None, max_length=200)) -> JobList:
+    async def list_jobs(
+        request: Request,
+        status: str | None = Query(default=None),
+        limit: int = Query(default=50, ge=1, le=500),
+        cursor: str | None = Query(default=None, max_length=200),
+    ) -> JobList:
         if status is not None and status != "WAITING" and status not in JobStatus.__members__:
             raise errors.InvalidRequest(f"unknown status {status!r}", field="status")
         ident = identity(request)
-        jobs, nxt = await rt().store.list_jobs(submitter=ident.name if ident.role == "submitter" else None,
-                                               status=status, limit=limit, cursor=cursor)
+        jobs, nxt = await rt().store.list_jobs(
+            submitter=ident.name if ident.role == "submitter" else None, status=status, limit=limit, cursor=cursor
+        )
         return JobList(jobs=jobs, next_cursor=nxt)
 
     @app.get(f"{API}/jobs/{{job_id}}", response_model=JobSnapshot)
     async def get_job(request: Request, job_id: str) -> JobSnapshot:
         return await visible_job(request, job_id)
 
-    @app.post(f"{API}/jobs/{{job_id}}/interventions", response_model=InterventionResponse,
-              responses={400: {}, 404: {}, 409: {}})
+    @app.post(
+        f"{API}/jobs/{{job_id}}/interventions",
+        response_model=InterventionResponse,
+        responses={400: {}, 404: {}, 409: {}},
+    )
     async def intervene(request: Request, job_id: str, body: InterventionRequest) -> Response:
         try:
             reply = await rt().store.intervene(job_id, body, identity(request).name)
@@ -233,37 +286,54 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         log.info("job cancelled job=%s by=%s", job_id, identity(request).name)
         return snap
 
-    @app.get(f"{API}/jobs/{{job_id}}/events", response_class=StreamingResponse,
-             responses={200: {"content": {"text/event-stream": {}}}})
-    async def events(request: Request, job_id: str,
-                     last_event_id: str | None = Query(default=None, max_length=20),
-                     last_event_id_header: str | None = Header(default=None, alias="Last-Event-ID")) -> Response:
+    @app.get(
+        f"{API}/jobs/{{job_id}}/events",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}}}},
+    )
+    async def events(
+        request: Request,
+        job_id: str,
+        last_event_id: str | None = Query(default=None, max_length=20),
+        last_event_id_header: str | None = Header(default=None, alias="Last-Event-ID"),
+    ) -> Response:
         await visible_job(request, job_id)
         after = last_event_id_header or last_event_id or "0"
         if not EVENT_ID_RE.match(after):
-            raise errors.InvalidRequest("Last-Event-ID must be an event id: digits 0-9 only, as the stream sent them",
-                                        field="Last-Event-ID")
-        return StreamingResponse(rt().events(job_id, int(after)), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            raise errors.InvalidRequest(
+                "Last-Event-ID must be an event id: digits 0-9 only, as the stream sent them", field="Last-Event-ID"
+            )
+        return StreamingResponse(
+            rt().events(job_id, int(after)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     @app.get(f"{API}/jobs/{{job_id}}/results", response_model=JobResults, responses={404: {}, 409: {}})
     async def results(request: Request, job_id: str) -> JobResults:
         snap = await visible_job(request, job_id)
         if not is_terminal(snap.status):
-            raise errors.JobNotFinished(f"job is {snap.status}; results exist once it ends", job_id=job_id,
-                                        snapshot=snap.model_dump(mode="json"))
+            raise errors.JobNotFinished(
+                f"job is {snap.status}; results exist once it ends",
+                job_id=job_id,
+                snapshot=snap.model_dump(mode="json"),
+            )
         state = await rt().store.get(job_id)
         return JobResults(job_id=job_id, status=state.status, reason_code=state.reason_code, subjects=state.results)
 
-    @app.get(f"{API}/artifacts/{{name}}", response_class=Response,
-             responses={200: {"content": {"image/png": {}}}, 404: {}})
+    @app.get(
+        f"{API}/artifacts/{{name}}", response_class=Response, responses={200: {"content": {"image/png": {}}}, 404: {}}
+    )
     async def artifact(name: str) -> Response:
         a = rt().artifacts
         if not await asyncio.to_thread(a.exists, name):
             raise errors.ArtifactNotFound(f"artifact {name} not found")
         data = await asyncio.to_thread(a.get, name)
-        return Response(data, media_type=CONTENT_TYPES.get(name.rsplit(".", 1)[-1], "application/octet-stream"),
-                        headers={"Cache-Control": "private, max-age=31536000, immutable"})
+        return Response(
+            data,
+            media_type=CONTENT_TYPES.get(name.rsplit(".", 1)[-1], "application/octet-stream"),
+            headers={"Cache-Control": "private, max-age=31536000, immutable"},
+        )
 
     @app.get(f"{API}/whoami", response_model=Identity)
     async def whoami(request: Request) -> Identity:
@@ -294,8 +364,9 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
                 metrics.JOBS_BY_STATUS.labels(status).set(n)
             metrics.PAUSE_AGE.set(await store.oldest_pause_age_s())
             metrics.OUTBOX_LAG.set(await store.outbox_pending())
-            if rt().model_stats is not None:
-                for deployment, info in (await asyncio.wait_for(rt().model_stats(), 5)).items():
+            model_stats = rt().model_stats
+            if model_stats is not None:
+                for deployment, info in (await asyncio.wait_for(model_stats(), 5)).items():
                     for kind, n in (info or {}).get("embedding_cache", {}).items():
                         metrics.EMBEDDING_CACHE.labels(deployment, kind).set(n)
         except Exception as e:
@@ -306,5 +377,6 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
 
 
 def store_for(settings: Settings, redis_url: str) -> Store:
-    return Store.from_url(redis_url, StoreConfig(retention_s=settings.retention_s,
-                                                 node_timeout_s=settings.node_timeout_s))
+    return Store.from_url(
+        redis_url, StoreConfig(retention_s=settings.retention_s, node_timeout_s=settings.node_timeout_s)
+    )

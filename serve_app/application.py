@@ -12,11 +12,13 @@
 The ingress builds its FastAPI app on the replica (``__serve_build_asgi_app__``)
 so the app's lifespan can use the replica's own handles.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
@@ -51,8 +53,9 @@ class ServeRunner:
 
         name = NODE_DEPLOYMENT.get(cmd.node_type)
         if name is None:
-            raise NodeExecutionError(f"unsupported workflow node type: {cmd.node_type}",
-                                     code="UNSUPPORTED_NODE_TYPE", retryable=False)
+            raise NodeExecutionError(
+                f"unsupported workflow node type: {cmd.node_type}", code="UNSUPPORTED_NODE_TYPE", retryable=False
+            )
         return await self.handles[name].run.remote(cmd.node_type, cmd.input)
 
     async def describe(self) -> dict[str, Any]:
@@ -88,12 +91,22 @@ class Api:
                 gen.cancel()
 
         async def readiness() -> dict[str, Any]:
-            return {"models_ready": True, "mode": "ray-serve", "backends": settings.backends(),
-                    "deployments": await self.runner.describe()}
+            return {
+                "models_ready": True,
+                "mode": "ray-serve",
+                "backends": settings.backends(),
+                "deployments": await self.runner.describe(),
+            }
 
-        rt = Runtime(settings=settings, store=store, artifacts=ArtifactStore(settings.artifacts),
-                     auth=Authenticator.from_settings(settings.tokens, settings.data_dir, settings.loopback),
-                     events=events, readiness=readiness, model_stats=self.runner.describe)
+        rt = Runtime(
+            settings=settings,
+            store=store,
+            artifacts=ArtifactStore(settings.artifacts),
+            auth=Authenticator.from_settings(settings.tokens, settings.data_dir, settings.loopback),
+            events=events,
+            readiness=readiness,
+            model_stats=self.runner.describe,
+        )
         rt.background.append(asyncio.create_task(make_dispatcher(settings, store, self.runner).run_forever()))
         return rt
 
@@ -118,6 +131,9 @@ def build_application(settings: Settings) -> Any:
 
     cfg = settings.model_dump_json()
     models = build_model_deployments(settings.backend_config())
-    events = Events.options(num_replicas=settings.events_replicas, ray_actor_options={"num_cpus": 0}).bind(cfg)
-    return Api.options(num_replicas=settings.api_replicas, ray_actor_options={"num_cpus": 0}).bind(
-        cfg, events, models["Detector"], models["BoxValidator"], models["Segmenter"])
+    events_d: Any = Events  # a serve Deployment at run time; mypy sees the undecorated class
+    api_d: Any = Api
+    events = events_d.options(num_replicas=settings.events_replicas, ray_actor_options={"num_cpus": 0}).bind(cfg)
+    return api_d.options(num_replicas=settings.api_replicas, ray_actor_options={"num_cpus": 0}).bind(
+        cfg, events, models["Detector"], models["BoxValidator"], models["Segmenter"]
+    )

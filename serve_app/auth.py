@@ -1,4 +1,5 @@
 """Identity (docs/protocol.md § Identity): bearer tokens mapped to a name and a role."""
+
 from __future__ import annotations
 
 import hmac
@@ -37,7 +38,7 @@ def parse_tokens(spec: str) -> dict[str, Identity]:
         name, role, token = parts
         if role not in ROLES:
             raise ValueError(f"HITL_TOKENS entry for {name!r} has unknown role {role!r} (one of {', '.join(ROLES)})")
-        out[token] = Identity(name=name, role=role)  # type: ignore[arg-type]
+        out[token] = Identity.model_validate({"name": name, "role": role})
     return out
 
 
@@ -61,7 +62,7 @@ class Authenticator:
         self._tokens = tokens
 
     @classmethod
-    def from_settings(cls, tokens_spec: str | None, data_dir: Path, loopback: bool) -> "Authenticator":
+    def from_settings(cls, tokens_spec: str | None, data_dir: Path, loopback: bool) -> Authenticator:
         if tokens_spec:
             return cls(parse_tokens(tokens_spec))
         if not loopback:

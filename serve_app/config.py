@@ -3,6 +3,7 @@
 Set from `hitl up` flags, environment variables and an optional YAML/TOML file
 (`--config`) that holds the model deployments' autoscaling settings.
 """
+
 from __future__ import annotations
 
 import os
@@ -65,8 +66,13 @@ class Settings(BaseModel):
         sam = {"checkpoint": self.sam_checkpoint, "model_type": self.sam_model_type}
         return {
             "artifacts": self.artifacts,
-            "detector": {"name": self.detector, "delay_ms": self.detector_delay_ms, "weights": self.detector_weights,
-                         "arch": self.detector_arch, **sam},
+            "detector": {
+                "name": self.detector,
+                "delay_ms": self.detector_delay_ms,
+                "weights": self.detector_weights,
+                "arch": self.detector_arch,
+                **sam,
+            },
             "validator": {"name": self.validator_backend, **sam},
             "segmenter": {"name": self.segmenter, **sam},
             "deployments": self.models,
@@ -76,7 +82,7 @@ class Settings(BaseModel):
         return {"detector": self.detector, "validator": self.validator_backend, "segmenter": self.segmenter}
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> "Settings":
+    def from_env(cls, **overrides: Any) -> Settings:
         env = {
             "redis_url": os.environ.get("REDIS_URL"),
             "tokens": os.environ.get("HITL_TOKENS"),

@@ -11,13 +11,14 @@ Ordering argument: a subscriber registers before it reads the history, so a
 wake-up after registration triggers a fetch from a position no later than what
 the history covered; ids already yielded are dropped.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
 from collections import defaultdict
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from statecore import keys
 from statecore.models import Event
@@ -94,7 +95,7 @@ class EventHub:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
                 jobs = self._dirty
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 jobs = set(self._subs)
             self._wake.clear()
             self._dirty = set()

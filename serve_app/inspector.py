@@ -8,6 +8,7 @@ and a late model report is recorded as ignored. Waiting for a reviewer has no de
 waiting jobs are not in the running index and are never touched; their age is exposed
 as a metric for alerts instead.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,8 +23,9 @@ log = logging.getLogger("hitl.inspector")
 
 
 class Inspector:
-    def __init__(self, store: Store, grace_s: float = 5.0, *, consumer: str | None = None,
-                 consumer_idle_ms: int = 3_600_000) -> None:
+    def __init__(
+        self, store: Store, grace_s: float = 5.0, *, consumer: str | None = None, consumer_idle_ms: int = 3_600_000
+    ) -> None:
         self.store = store
         self.grace_s = grace_s
         self.consumer = consumer
@@ -53,15 +55,23 @@ class Inspector:
             if node is None or node.status not in ("QUEUED", "RUNNING"):
                 counts["moved_on"] += 1
                 continue
-            result = await self.store.apply_report(NodeReport(
-                node_instance_id=node.node_instance_id, node_type=node.node_type, job_id=job_id,
-                outcome="TIMED_OUT", error_code="NODE_DEADLINE_EXCEEDED",
-                error_message=f"{node.node_type} passed its deadline (attempt {node.attempt})"), by_inspector=True)
+            result = await self.store.apply_report(
+                NodeReport(
+                    node_instance_id=node.node_instance_id,
+                    node_type=node.node_type,
+                    job_id=job_id,
+                    outcome="TIMED_OUT",
+                    error_code="NODE_DEADLINE_EXCEEDED",
+                    error_message=f"{node.node_type} passed its deadline (attempt {node.attempt})",
+                ),
+                by_inspector=True,
+            )
             if result == "OK":
                 counts["timed_out"] += 1
                 metrics.INSPECTOR_TIMEOUTS.labels(node.node_type).inc()
-                log.warning("timed out %s job=%s node=%s after its deadline", node.node_type, job_id,
-                            node.node_instance_id)
+                log.warning(
+                    "timed out %s job=%s node=%s after its deadline", node.node_type, job_id, node.node_instance_id
+                )
             else:
                 counts["moved_on"] += 1
         return counts

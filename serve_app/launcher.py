@@ -6,6 +6,7 @@ application, wait until /readyz says ready, start the UI, print READY.
 A second `hitl up` on the same data directory (also after SIGKILL) finds every
 job where it was: state is in Redis's AOF, blobs in the artifact store.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -40,8 +41,10 @@ class DataDirLock:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise SystemExit(f"hitl up: another `hitl up` is running on data directory {self.path.parent}; "
-                             "stop it first or pass another --data-dir") from None
+            raise SystemExit(
+                f"hitl up: another `hitl up` is running on data directory {self.path.parent}; "
+                "stop it first or pass another --data-dir"
+            ) from None
         os.ftruncate(self.fd, 0)
         os.write(self.fd, str(os.getpid()).encode())
 
@@ -49,8 +52,10 @@ class DataDirLock:
 def setup_logging(data_dir: Path, verbose: bool = False) -> None:
     (data_dir / "logs").mkdir(parents=True, exist_ok=True)
     fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr),
-                                       logging.FileHandler(data_dir / "logs" / "hitl.log")]
+    handlers: list[logging.Handler] = [
+        logging.StreamHandler(sys.stderr),
+        logging.FileHandler(data_dir / "logs" / "hitl.log"),
+    ]
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=fmt, handlers=handlers, force=True)
 
 
@@ -72,19 +77,34 @@ def _wait_ready(api_url: str, token: str | None, timeout: float) -> dict[str, An
 def _start_ray(settings: Settings, dashboard: bool) -> None:
     import ray
 
-    kwargs: dict[str, Any] = {"namespace": "hitl", "include_dashboard": dashboard, "log_to_driver": False,
-                              "logging_level": logging.WARNING}
+    kwargs: dict[str, Any] = {
+        "namespace": "hitl",
+        "include_dashboard": dashboard,
+        "log_to_driver": False,
+        "logging_level": logging.WARNING,
+    }
     if settings.ray_address:
         ray.init(address=settings.ray_address, **kwargs)
     else:
         # A local single-machine cluster: logical CPUs are resources, not cores; give the
         # control plane and three model deployments room even on a 2-core machine.
-        ray.init(num_cpus=max(8, os.cpu_count() or 1), object_store_memory=256 * 1024 * 1024,
-                 _temp_dir=str(Path("/tmp") / f"hitl-ray-{os.getuid()}"), **kwargs)
+        ray.init(
+            num_cpus=max(8, os.cpu_count() or 1),
+            object_store_memory=256 * 1024 * 1024,
+            _temp_dir=str(Path("/tmp") / f"hitl-ray-{os.getuid()}"),
+            **kwargs,
+        )
 
 
-def up(settings: Settings, *, ui: bool = True, dashboard: bool = False, ready_timeout: float = 300,
-       on_ready: Any = None, verbose: bool = False) -> int:
+def up(
+    settings: Settings,
+    *,
+    ui: bool = True,
+    dashboard: bool = False,
+    ready_timeout: float = 300,
+    on_ready: Any = None,
+    verbose: bool = False,
+) -> int:
     settings.data_dir = settings.data_dir.resolve()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(settings.data_dir, verbose)
@@ -119,8 +139,12 @@ def up(settings: Settings, *, ui: bool = True, dashboard: bool = False, ready_ti
 
         serve.start(http_options={"host": settings.host, "port": settings.api_port}, detached=False)
         started_serve = True
-        log.info("deploying the Serve application (detector=%s, validator=%s, segmenter=%s)",
-                 settings.detector, settings.validator_backend, settings.segmenter)
+        log.info(
+            "deploying the Serve application (detector=%s, validator=%s, segmenter=%s)",
+            settings.detector,
+            settings.validator_backend,
+            settings.segmenter,
+        )
         serve.run(build_application(settings), name=APP_NAME, route_prefix="/", blocking=False)
         api_url = f"http://{settings.host}:{settings.api_port}"
         # Ray installs its own SIGTERM handler in the driver; ours must win so that
@@ -192,9 +216,20 @@ def settings_from_args(args: Any) -> Settings:
     if getattr(args, "config", None):
         models = load_config_file(args.config)
     return Settings.from_env(
-        data_dir=Path(args.data_dir) if args.data_dir else None, host=args.host, api_port=args.api_port,
-        ui_port=args.ui_port, redis_url=args.redis_url, ray_address=args.ray_address, detector=args.detector,
-        segmenter=args.segmenter, validator=args.validator, sam_checkpoint=args.sam_checkpoint,
-        sam_model_type=args.sam_model_type, detector_weights=args.detector_weights,
-        detector_arch=args.detector_arch, detector_delay_ms=args.detector_delay_ms,
-        api_replicas=args.api_replicas, models=models or None)
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        host=args.host,
+        api_port=args.api_port,
+        ui_port=args.ui_port,
+        redis_url=args.redis_url,
+        ray_address=args.ray_address,
+        detector=args.detector,
+        segmenter=args.segmenter,
+        validator=args.validator,
+        sam_checkpoint=args.sam_checkpoint,
+        sam_model_type=args.sam_model_type,
+        detector_weights=args.detector_weights,
+        detector_arch=args.detector_arch,
+        detector_delay_ms=args.detector_delay_ms,
+        api_replicas=args.api_replicas,
+        models=models or None,
+    )

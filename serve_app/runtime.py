@@ -5,6 +5,7 @@
   the protocol tests and as the baseline of the Ray Serve benchmark.
 - ``serve_app.application`` builds the Ray Serve variant from the same parts.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,9 +27,14 @@ log = logging.getLogger("hitl.runtime")
 
 
 def make_dispatcher(settings: Settings, store: Any, runner: NodeRunner) -> Dispatcher:
-    return Dispatcher(store, runner, concurrency=settings.dispatcher_concurrency,
-                      max_attempts=settings.node_max_attempts, attempt_timeout_s=settings.node_timeout_s,
-                      reclaim_idle_ms=settings.reclaim_idle_ms)
+    return Dispatcher(
+        store,
+        runner,
+        concurrency=settings.dispatcher_concurrency,
+        max_attempts=settings.node_max_attempts,
+        attempt_timeout_s=settings.node_timeout_s,
+        reclaim_idle_ms=settings.reclaim_idle_ms,
+    )
 
 
 def local_models(settings: Settings) -> Any:
@@ -37,8 +43,9 @@ def local_models(settings: Settings) -> Any:
     return build_models(settings.backend_config())
 
 
-async def local_runtime(settings: Settings, *, dispatchers: int = 1, models: Any = None,
-                        runner: NodeRunner | None = None) -> Runtime:
+async def local_runtime(
+    settings: Settings, *, dispatchers: int = 1, models: Any = None, runner: NodeRunner | None = None
+) -> Runtime:
     assert settings.redis_url, "local runtime needs a redis_url"
     store = store_for(settings, settings.redis_url)
     await store.ensure_groups()
@@ -59,8 +66,15 @@ async def local_runtime(settings: Settings, *, dispatchers: int = 1, models: Any
     async def model_stats() -> dict[str, Any]:
         return {"local": models.describe()} if models is not None and hasattr(models, "describe") else {}
 
-    rt = Runtime(settings=settings, store=store, artifacts=artifacts, auth=auth, events=events,
-                 readiness=readiness, model_stats=model_stats)
+    rt = Runtime(
+        settings=settings,
+        store=store,
+        artifacts=artifacts,
+        auth=auth,
+        events=events,
+        readiness=readiness,
+        model_stats=model_stats,
+    )
     for _ in range(dispatchers):
         rt.background.append(asyncio.create_task(make_dispatcher(settings, store, runner).run_forever()))
     return rt
@@ -71,4 +85,3 @@ def local_app(settings: Settings, **kw: Any) -> FastAPI:
         return await local_runtime(settings, **kw)
 
     return create_app(build)
-

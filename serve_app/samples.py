@@ -1,5 +1,6 @@
 """Sample images for `hitl demo` and the tests: product composites on plain
 backgrounds (made here, deterministic) and real photographs shipped by scikit-image."""
+
 from __future__ import annotations
 
 import io

@@ -10,6 +10,7 @@ pixel count is checked from the header before anything is decoded, the whole ima
 (a truncated file fails here), and a photo's EXIF orientation is applied to the pixels, so the
 stored image is upright and the boxes drawn on it line up with what a phone showed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -106,8 +107,9 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int, filename: str |
             img = Image.open(io.BytesIO(data))
             width, height = img.size
             if width * height > max_pixels:
-                raise PayloadTooLarge(f"image{name} has {width}x{height} pixels; the limit is {max_pixels}",
-                                      field="image")
+                raise PayloadTooLarge(
+                    f"image{name} has {width}x{height} pixels; the limit is {max_pixels}", field="image"
+                )
             img.load()  # decodes everything: a truncated file fails here
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise too_many from e  # PIL's own bomb guard: the header already says too many pixels
@@ -119,12 +121,18 @@ def check_image(data: bytes, *, max_bytes: int, max_pixels: int, filename: str |
         raise InvalidRequest(f"image{name} has no pixels", field="image")
     rotated = False
     if img.getexif().get(EXIF_ORIENTATION, 1) in range(2, 9):  # 1 is upright; others are not EXIF
-        img = ImageOps.exif_transpose(img)
-        width, height = img.size
-        data = _encode(img, fmt)
+        upright = ImageOps.exif_transpose(img)
+        width, height = upright.size
+        data = _encode(upright, fmt)
         rotated = True
-    return CheckedImage(data=data, sha256=hashlib.sha256(data).hexdigest(), width=width, height=height,
-                        ext=EXTENSIONS[fmt], rotated=rotated)
+    return CheckedImage(
+        data=data,
+        sha256=hashlib.sha256(data).hexdigest(),
+        width=width,
+        height=height,
+        ext=EXTENSIONS[fmt],
+        rotated=rotated,
+    )
 
 
 def _encode(img: Image.Image, fmt: str) -> bytes:
