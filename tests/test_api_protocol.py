@@ -2,6 +2,7 @@
 
 Follows seed 000's verification list; Ray Serve itself is covered by test_e2e_serve.py.
 """
+
 from __future__ import annotations
 
 import io
@@ -11,8 +12,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from .api_util import (auth, blank_with_product, get, intervene, keep_all, png, sse_events, submit,
-                       wait_status)
+from .api_util import auth, blank_with_product, get, intervene, keep_all, png, sse_events, submit, wait_status
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +63,13 @@ def test_health_ready_metrics_need_no_token(c):
     assert ready.status_code == 200 and ready.json()["redis"] is True
     assert ready.json()["backends"]["detector"] == "classical"
     text = c.get("/metrics").text
-    for name in ("hitl_jobs", "hitl_interventions_total", "hitl_oldest_pause_age_seconds", "hitl_outbox_pending",
-                 "hitl_node_duration_seconds"):
+    for name in (
+        "hitl_jobs",
+        "hitl_interventions_total",
+        "hitl_oldest_pause_age_seconds",
+        "hitl_outbox_pending",
+        "hitl_node_duration_seconds",
+    ):
         assert name in text
 
 
@@ -98,12 +103,15 @@ def test_create_idempotency_replay_and_conflict(c):
     assert theirs.status_code == 202 and theirs.json()["job_id"] != first.json()["job_id"]
 
 
-@pytest.mark.parametrize("data,why", [
-    (b"", "empty"),
-    (b"hello, this is not an image at all", "not a PNG"),
-    (png(200, 200)[:120], "truncated"),
-    (b"GIF89a" + b"\x00" * 64, "not a PNG"),
-])
+@pytest.mark.parametrize(
+    "data,why",
+    [
+        (b"", "empty"),
+        (b"hello, this is not an image at all", "not a PNG"),
+        (png(200, 200)[:120], "truncated"),
+        (b"GIF89a" + b"\x00" * 64, "not a PNG"),
+    ],
+)
 def test_bad_uploads_are_400(c, data, why):
     before = c.get("/api/v1/jobs", headers=auth("admin")).json()["jobs"]
     r = submit(c, data)
@@ -250,17 +258,23 @@ def test_bad_bboxes_are_400_and_change_nothing(c, waiting, bbox):
 def test_nan_unknown_fields_and_huge_lists_are_400(c, waiting):
     job_id = waiting["job_id"]
     tok, v = waiting["active_pause"]["pause_token"], waiting["version"]
-    raw = ('{"intervention_id":"iv_nan","pause_token":"%s","base_version":%d,"subjects":[{"bbox":[NaN,1,2,3]}]}'
-           % (tok, v))
-    r = c.post(f"/api/v1/jobs/{job_id}/interventions", content=raw, headers={**auth("rev1"),
-                                                                             "Content-Type": "application/json"})
+    body = f'"intervention_id":"iv_nan","pause_token":"{tok}","base_version":{v:d}'
+    raw = "{" + body + ',"subjects":[{"bbox":[NaN,1,2,3]}]}'
+    r = c.post(
+        f"/api/v1/jobs/{job_id}/interventions",
+        content=raw,
+        headers={**auth("rev1"), "Content-Type": "application/json"},
+    )
     assert r.status_code == 400
     r = intervene(c, job_id, waiting, keep_all(waiting), surprise=1)
     assert r.status_code == 400
     huge = [{"bbox": [1, 1, 5, 5], "label": "x"}] * 10_000
     assert intervene(c, job_id, waiting, huge).status_code == 400
-    r = c.post(f"/api/v1/jobs/{job_id}/interventions", content=b"plain text", headers={**auth("rev1"),
-                                                                                         "Content-Type": "text/plain"})
+    r = c.post(
+        f"/api/v1/jobs/{job_id}/interventions",
+        content=b"plain text",
+        headers={**auth("rev1"), "Content-Type": "text/plain"},
+    )
     assert r.status_code == 400
     missing = c.post(f"/api/v1/jobs/{job_id}/interventions", json={"subjects": []}, headers=auth("rev1"))
     assert missing.status_code == 400

@@ -1,5 +1,6 @@
 """Roles fail closed: every route of the app has an entry in the role table, and a path or method
 the table does not name is refused for every token, admin's included."""
+
 from __future__ import annotations
 
 import re
@@ -36,8 +37,15 @@ def test_every_route_of_the_app_has_a_role():
     assert checked >= 10
 
 
-@pytest.mark.parametrize("method,path", [("GET", "/api/v1/nope"), ("DELETE", "/api/v1/jobs/job_x"),
-                                         ("PUT", "/api/v1/jobs"), ("GET", "/api/v1/jobs/job_x/secret")])
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("GET", "/api/v1/nope"),
+        ("DELETE", "/api/v1/jobs/job_x"),
+        ("PUT", "/api/v1/jobs"),
+        ("GET", "/api/v1/jobs/job_x/secret"),
+    ],
+)
 @pytest.mark.parametrize("who", ["admin", "rev1", "sub1"])
 def test_a_route_outside_the_role_table_is_refused(api_server, method, path, who):
     with httpx.Client(base_url=api_server.url, timeout=10) as c:

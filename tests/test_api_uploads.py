@@ -1,6 +1,7 @@
 """Uploads against the real control plane (uvicorn, real Redis): the byte limit is enforced while
 the body streams in, the pixel limit is a 413 for images whose header really decodes, the decode
 runs off the event loop, and EXIF orientation is applied before boxes are drawn on the image."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,8 +53,10 @@ def test_a_declared_content_length_over_the_limit_is_refused_before_the_body(api
     """The server answers 413 having read only the headers: no body byte is ever sent."""
     host, port = api_server.url.removeprefix("http://").split(":")
     boundary = "b0undary"
-    head = (f"POST /api/v1/jobs HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {auth('sub1')['Authorization'][7:]}\r\n"
-            f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {10**10}\r\n\r\n")
+    head = (
+        f"POST /api/v1/jobs HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {auth('sub1')['Authorization'][7:]}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {10**10}\r\n\r\n"
+    )
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(head.encode())
         raw = b""
@@ -72,13 +75,15 @@ def test_a_streamed_body_over_the_limit_is_413_and_nothing_is_created(c, api_ser
     before = _job_count(c)
 
     def body():
-        yield b"--xyz\r\nContent-Disposition: form-data; name=\"image\"; filename=\"big.png\"\r\n\r\n"
+        yield b'--xyz\r\nContent-Disposition: form-data; name="image"; filename="big.png"\r\n\r\n'
         yield b"\x89PNG\r\n\x1a\n"
         for _ in range(limit // 65536 + 4):
             yield b"\x00" * 65536
         yield b"\r\n--xyz--\r\n"
 
-    r = c.post("/api/v1/jobs", content=body(), headers={**auth("sub1"), "Content-Type": "multipart/form-data; boundary=xyz"})
+    r = c.post(
+        "/api/v1/jobs", content=body(), headers={**auth("sub1"), "Content-Type": "multipart/form-data; boundary=xyz"}
+    )
     assert r.status_code == 413 and r.json()["code"] == "PAYLOAD_TOO_LARGE", r.text
     assert _job_count(c) == before
 
@@ -96,13 +101,21 @@ async def test_read_upload_never_pulls_or_buffers_more_than_the_limit():
         await asyncio.sleep(0)
         if pulled == 0:
             pulled += 1
-            return {"type": "http.request", "more_body": True,
-                    "body": b"--xyz\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n\r\n"}
+            return {
+                "type": "http.request",
+                "more_body": True,
+                "body": b'--xyz\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\n',
+            }
         pulled += 1
         return {"type": "http.request", "body": b"\x01" * chunk, "more_body": pulled < total_chunks}
 
-    scope = {"type": "http", "method": "POST", "path": "/api/v1/jobs", "query_string": b"",
-             "headers": [(b"content-type", b"multipart/form-data; boundary=xyz")]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/api/v1/jobs",
+        "query_string": b"",
+        "headers": [(b"content-type", b"multipart/form-data; boundary=xyz")],
+    }
     with pytest.raises(PayloadTooLarge):
         await read_upload(Request(scope, receive), field="image", max_bytes=limit)
     assert (pulled - 1) * chunk <= limit + chunk  # stopped at the first chunk past the limit

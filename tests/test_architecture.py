@@ -1,6 +1,7 @@
 """The shape of the house, checked: no import cycles among the project's modules, no module much
 over 500 lines without a reason at its top, the state core free of the serving stack, and no
 ``sys.path`` edits (everything imports through the installed project)."""
+
 from __future__ import annotations
 
 import ast
@@ -85,6 +86,9 @@ def test_no_module_is_over_about_500_lines_without_a_reason_at_its_top():
 
 
 def test_nothing_edits_sys_path():
-    offenders = [str(p.relative_to(ROOT)) for p in _tracked_python()
-                 if p.name != "test_architecture.py" and "sys.path.insert" in p.read_text()]
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in _tracked_python()
+        if p.name != "test_architecture.py" and "sys.path.insert" in p.read_text()
+    ]
     assert offenders == []

@@ -1,5 +1,6 @@
 """The artifact store on a real local disk: same-content puts racing from many threads all succeed,
 and a reader never sees a partly written file."""
+
 from __future__ import annotations
 
 import os

@@ -5,6 +5,7 @@ for ``HitlClient`` (no HTTP): they check which calls a rerun makes, not the
 protocol. The protocol is covered by ``test_client_api.py`` and, against the
 real control plane, by the integration tests listed there.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,9 +19,26 @@ import pytest
 from PIL import Image
 
 from client.api import SubmitResult
-from client.batch import (DONE, FAILED, PROCESSING, QUEUED, SUBMITTED, WAITING_REVIEW, Action, BatchSummary,
-                          FileOutcome, Manifest, Skipped, category, check_batch_name, idempotency_key,
-                          output_dir_names, resume_action, run_batch, walk_inputs)
+from client.batch import (
+    DONE,
+    FAILED,
+    PROCESSING,
+    QUEUED,
+    SUBMITTED,
+    WAITING_REVIEW,
+    Action,
+    BatchSummary,
+    FileOutcome,
+    Manifest,
+    Skipped,
+    category,
+    check_batch_name,
+    idempotency_key,
+    output_dir_names,
+    resume_action,
+    run_batch,
+    walk_inputs,
+)
 from client.errors import AuthError, InvalidRequestError
 from statecore.media import sniff
 from statecore.models import JobResults, JobSnapshot, SubjectResult
@@ -110,12 +128,33 @@ def test_output_dir_names_are_stems_made_unique(tmp_path: Path):
 def test_manifest_last_line_wins_and_torn_lines_are_ignored(tmp_path: Path):
     m = Manifest(tmp_path / "sub" / "manifest.jsonl")
     img = tmp_path / "a.png"
-    m.append({"path": str(img.resolve()), "idempotency_key": "default:1", "job_id": "job_a", "status": "CREATED",
-              "final_status": None})
-    m.append({"path": str(img.resolve()), "idempotency_key": "default:1", "job_id": "job_a", "status": "SUCCEEDED",
-              "final_status": "SUCCEEDED"})
-    m.append({"path": str(img.resolve()), "idempotency_key": "other:1", "job_id": "job_b", "status": "CREATED",
-              "final_status": None})
+    m.append(
+        {
+            "path": str(img.resolve()),
+            "idempotency_key": "default:1",
+            "job_id": "job_a",
+            "status": "CREATED",
+            "final_status": None,
+        }
+    )
+    m.append(
+        {
+            "path": str(img.resolve()),
+            "idempotency_key": "default:1",
+            "job_id": "job_a",
+            "status": "SUCCEEDED",
+            "final_status": "SUCCEEDED",
+        }
+    )
+    m.append(
+        {
+            "path": str(img.resolve()),
+            "idempotency_key": "other:1",
+            "job_id": "job_b",
+            "status": "CREATED",
+            "final_status": None,
+        }
+    )
     m.close()
     with open(m.path, "a") as fh:
         fh.write('{"path": "/x.png", "idempotency_key": "default:2", "job_')  # killed mid-write
@@ -132,8 +171,7 @@ def test_resume_action(tmp_path: Path):
     assert resume_action(None, wait=True, out_dir=out) is Action.SUBMIT
     assert resume_action({"job_id": None, "error": "INVALID_REQUEST: bad"}, wait=False, out_dir=None) is Action.SUBMIT
     assert resume_action({"job_id": "j", "status": "CREATED"}, wait=True, out_dir=out) is Action.WAIT
-    assert resume_action({"job_id": "j", "status": "WAITING_USER_SELECTION"}, wait=False,
-                         out_dir=None) is Action.WAIT
+    assert resume_action({"job_id": "j", "status": "WAITING_USER_SELECTION"}, wait=False, out_dir=None) is Action.WAIT
     assert resume_action(finished, wait=False, out_dir=None) is Action.DONE
     assert resume_action(finished, wait=True, out_dir=None) is Action.DONE
     assert resume_action(finished, wait=True, out_dir=out) is Action.DOWNLOAD
@@ -199,25 +237,43 @@ class FakeClient:
         with self.lock:
             replayed = idempotency_key in self.jobs
             job_id = self.jobs.setdefault(idempotency_key, f"job_{len(self.jobs):04d}")
-        return SubmitResult(job_id=job_id, status="CREATED", version=1, replayed=replayed,
-                            status_code=200 if replayed else 202)
+        return SubmitResult(
+            job_id=job_id, status="CREATED", version=1, replayed=replayed, status_code=200 if replayed else 202
+        )
 
     def wait_for(self, job_id: str, statuses: Any = None, timeout: float = 300, *, on_status=None, cancel=None):
         self._log("wait_for", job_id)
         for s in ("WAITING_USER_SELECTION", "PROCESSING_APPROVED_SUBJECTS", self.final):
             on_status(s)
-        return JobSnapshot.model_validate({
-            "job_id": job_id, "status": self.final, "version": 9, "round": 1, "created_at": "t", "updated_at": "t",
-            "image": {"sha256": "a" * 64, "width": 16, "height": 12, "url": "/api/v1/artifacts/i.png"},
-            "box_list": [], "approved_box_list": [], "active_pause": None, "pending_actions": [],
-            "current_node": None})
+        return JobSnapshot.model_validate(
+            {
+                "job_id": job_id,
+                "status": self.final,
+                "version": 9,
+                "round": 1,
+                "created_at": "t",
+                "updated_at": "t",
+                "image": {"sha256": "a" * 64, "width": 16, "height": 12, "url": "/api/v1/artifacts/i.png"},
+                "box_list": [],
+                "approved_box_list": [],
+                "active_pause": None,
+                "pending_actions": [],
+                "current_node": None,
+            }
+        )
 
     def results(self, job_id: str) -> JobResults:
         self._log("results", job_id)
-        subjects = [SubjectResult(box_id="box_1", bbox=(1, 1, 5, 5), status="SUCCEEDED",
-                                  mask_url=f"/api/v1/artifacts/mask_{job_id}.png",
-                                  cutout_url=f"/api/v1/artifacts/cut_{job_id}.png"),
-                    SubjectResult(box_id="box_2", bbox=(2, 2, 6, 6), status="REJECTED", reason="low score")]
+        subjects = [
+            SubjectResult(
+                box_id="box_1",
+                bbox=(1, 1, 5, 5),
+                status="SUCCEEDED",
+                mask_url=f"/api/v1/artifacts/mask_{job_id}.png",
+                cutout_url=f"/api/v1/artifacts/cut_{job_id}.png",
+            ),
+            SubjectResult(box_id="box_2", bbox=(2, 2, 6, 6), status="REJECTED", reason="low score"),
+        ]
         return JobResults(job_id=job_id, status=self.final, subjects=subjects)
 
     def download(self, url: str) -> bytes:

@@ -1,4 +1,5 @@
 """The documented --config examples must stay valid: they parse and map onto deployment options."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """What has no TTL stays bounded (real redis-server): the listing index drops finished jobs once
 their retention passed, and the outbox group forgets consumer names of dispatchers long gone."""
+
 from __future__ import annotations
 
 import asyncio

@@ -26,8 +26,10 @@ async def test_subset_goes_to_processing_and_finishes(store, image):
     st2 = await store.get(job_id)
     assert st2.status == S.PROCESSING_APPROVED_SUBJECTS
     assert [b.box_id for b in st2.approved_box_list] == [st.box_list[0].box_id, st.box_list[1].box_id]
-    subjects = [{"box_id": b.box_id, "status": "SUCCEEDED", "mask": f"m_{b.box_id}.png",
-                 "cutout": f"c_{b.box_id}.png"} for b in st2.approved_box_list]
+    subjects = [
+        {"box_id": b.box_id, "status": "SUCCEEDED", "mask": f"m_{b.box_id}.png", "cutout": f"c_{b.box_id}.png"}
+        for b in st2.approved_box_list
+    ]
     assert await report(store, job_id, {"subjects": subjects}) == "OK"
     assert (await store.get(job_id)).status == S.FINALIZING_RESULTS
     assert await report(store, job_id, {}) == "OK"

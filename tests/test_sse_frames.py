@@ -1,4 +1,5 @@
 """SSE framing: a comment line whenever nothing was sent for the keep-alive interval, then events."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,8 +11,14 @@ from statecore.models import Event
 
 async def _slow_events():
     await asyncio.sleep(0.35)
-    yield Event(id=7, type="PAUSE_OPENED", job_id="job_x", version=3, at="2026-01-01T00:00:00.000Z",
-                data={"status": "WAITING_USER_SELECTION"})
+    yield Event(
+        id=7,
+        type="PAUSE_OPENED",
+        job_id="job_x",
+        version=3,
+        at="2026-01-01T00:00:00.000Z",
+        data={"status": "WAITING_USER_SELECTION"},
+    )
 
 
 async def test_keepalive_comments_then_event_frame():

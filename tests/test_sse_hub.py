@@ -1,5 +1,6 @@
 """The SSE hub (serve_app.events.EventHub) against a real redis-server: streams that race a job's
 end still end with JOB_FINISHED, and the hub forgets a job once its last subscriber leaves."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """A cancelled job's current node says what happened to its work (real redis-server)."""
+
 from __future__ import annotations
 
 from statecore.models import NodeReport
@@ -23,8 +24,13 @@ async def test_a_running_node_of_a_cancelled_job_says_cancelled_and_its_report_i
     assert (await store.get(job_id)).current_node.status == "RUNNING"
     snap = await store.cancel(job_id, "ops")
     assert snap.current_node.status == "CANCELLED" and snap.current_node.attempt == 1
-    late = NodeReport(node_instance_id=node.node_instance_id, node_type=node.node_type, job_id=job_id,
-                      outcome="SUCCEEDED", output={"boxes": []})
+    late = NodeReport(
+        node_instance_id=node.node_instance_id,
+        node_type=node.node_type,
+        job_id=job_id,
+        outcome="SUCCEEDED",
+        output={"boxes": []},
+    )
     assert await store.apply_report(late) == "IGNORED"
     assert (await store.get(job_id)).current_node.status == "CANCELLED"
 

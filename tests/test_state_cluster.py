@@ -1,5 +1,6 @@
 """The same protocol on a real 3-master Redis Cluster: every script stays in one
 hash slot (no CROSSSLOT), jobs spread over the nodes, the outbox is readable."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,15 @@ import pytest
 import redis
 
 from statecore import keys
-from statecore.errors import (IdempotencyConflict, InvalidRequest, JobCancelled, JobTerminal, PauseNotActive,
-                              PauseTokenMismatch, VersionConflict)
+from statecore.errors import (
+    IdempotencyConflict,
+    InvalidRequest,
+    JobCancelled,
+    JobTerminal,
+    PauseNotActive,
+    PauseTokenMismatch,
+    VersionConflict,
+)
 from statecore.models import NodeReport
 from statecore.states import JobStatus as S
 
@@ -39,8 +47,9 @@ async def test_full_flow_on_cluster(cluster_store, image):
     await store.intervene(job_id, iv(st2, keep(st2, 0)), "rev")
     st3 = await store.get(job_id)
     assert st3.status == S.PROCESSING_APPROVED_SUBJECTS
-    subj = [{"box_id": b.box_id, "status": "SUCCEEDED", "mask": "m.png", "cutout": "c.png"}
-            for b in st3.approved_box_list]
+    subj = [
+        {"box_id": b.box_id, "status": "SUCCEEDED", "mask": "m.png", "cutout": "c.png"} for b in st3.approved_box_list
+    ]
     assert await report(store, job_id, {"subjects": subj}) == "OK"
     assert await report(store, job_id, {}) == "OK"
     end = await store.get(job_id)
@@ -48,7 +57,11 @@ async def test_full_flow_on_cluster(cluster_store, image):
     events = await store.events_after(job_id)
     assert [e.id for e in events] == list(range(1, len(events) + 1)) and events[-1].type == "JOB_FINISHED"
     assert [c.node_type for c in await store.outbox_commands(job_id)] == [
-        "DETECT_SUBJECTS", "VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST", "FINALIZE_RESULTS"]
+        "DETECT_SUBJECTS",
+        "VALIDATE_MANUAL_BOX_LIST",
+        "PROCESS_APPROVED_BOX_LIST",
+        "FINALIZE_RESULTS",
+    ]
     assert 0 < await store.r.ttl(keys.job(job_id).meta) <= store.config.retention_s
     assert 0 < await store.r.ttl(keys.job(job_id).idem) <= store.config.retention_s
 
@@ -119,8 +132,9 @@ async def test_create_idempotency_on_cluster(cluster_store, image):
     c = await store.create_job("bob", image, "batch/1.png")
     assert c.job_id != a.job_id
     # The creation record and the job share a hash slot (the script writes both).
-    assert redis.cluster.key_slot(keys.create_idem("alice", "batch/1.png").encode()) == \
-        redis.cluster.key_slot(keys.job(a.job_id).meta.encode())
+    assert redis.cluster.key_slot(keys.create_idem("alice", "batch/1.png").encode()) == redis.cluster.key_slot(
+        keys.job(a.job_id).meta.encode()
+    )
 
 
 async def test_jobs_spread_over_nodes_and_outbox_reads(cluster_store, image, redis_cluster):
@@ -153,9 +167,15 @@ async def test_jobs_spread_over_nodes_and_outbox_reads(cluster_store, image, red
     assert sorted(e.entry_id for e in reclaimed) == sorted(e.entry_id for e in got[10:])
     # Reports through the reclaimed commands land on whichever node owns each job.
     for e in reclaimed:
-        res = await store.apply_report(NodeReport(node_instance_id=e.command.node_instance_id,
-                                                  node_type=e.command.node_type, job_id=e.command.job_id,
-                                                  outcome="SUCCEEDED", output={"boxes": THREE_BOXES}))
+        res = await store.apply_report(
+            NodeReport(
+                node_instance_id=e.command.node_instance_id,
+                node_type=e.command.node_type,
+                job_id=e.command.job_id,
+                outcome="SUCCEEDED",
+                output={"boxes": THREE_BOXES},
+            )
+        )
         assert res == "OK"
     jobs, _ = await store.list_jobs(status="WAITING_USER_SELECTION", limit=100)
     assert sorted(j.job_id for j in jobs) == sorted(e.command.job_id for e in reclaimed)

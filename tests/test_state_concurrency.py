@@ -3,6 +3,7 @@
 Each submitter is its own ``Store`` with its own connection pool, so the 64
 calls really race on 64 Redis connections; the Lua script is the only arbiter.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,10 @@ LOSING = (errors.VersionConflict, errors.PauseNotActive, errors.PauseTokenMismat
 
 @pytest_asyncio.fixture
 async def submitters(store, redis_server):
-    stores = [Store.from_url(redis_server.url, StoreConfig(retention_s=3600, node_timeout_s=60), max_connections=2)
-              for _ in range(SUBMITTERS)]
+    stores = [
+        Store.from_url(redis_server.url, StoreConfig(retention_s=3600, node_timeout_s=60), max_connections=2)
+        for _ in range(SUBMITTERS)
+    ]
     await asyncio.gather(*(s.ping() for s in stores))  # open one connection each, up front
     yield stores
     await asyncio.gather(*(s.close() for s in stores))
@@ -52,12 +55,13 @@ async def test_64_racing_submitters_one_winner(store, image, submitters):
         calls = [reqs[k % len(reqs)] for k in range(SUBMITTERS)]  # ids 0..31, then each once more
         rng.shuffle(calls)  # who sends first changes from round to round
 
-        async def send(k: int, req, who: str):
+        async def send(k: int, req, who: str, job_id: str = job_id):
             await asyncio.sleep(rng.random() * 0.002)  # some read the job before the winner commits, some after
             return await submitters[k].intervene(job_id, req, who)
 
-        results = await asyncio.gather(*(send(k, req, who) for k, (req, who) in enumerate(calls)),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(send(k, req, who) for k, (req, who) in enumerate(calls)), return_exceptions=True
+        )
 
         wins = [(k, r) for k, r in enumerate(results) if isinstance(r, Reply)]
         losses = [r for r in results if not isinstance(r, Reply)]
@@ -99,11 +103,11 @@ async def test_cancel_racing_submissions(store, image, submitters):
         st = await store.get(job_id)
         reqs = [iv(st, keep(st, i % 3), iid=f"iv_c{i}") for i in range(8)]
 
-        async def submit(k: int):
+        async def submit(k: int, job_id: str = job_id, reqs: list = reqs):
             await asyncio.sleep(rng.random() * 0.002)
             return await submitters[k].intervene(job_id, reqs[k], "rev")
 
-        async def cancel():
+        async def cancel(job_id: str = job_id):
             await asyncio.sleep(rng.random() * 0.002)
             return await submitters[63].cancel(job_id, "admin")
 

@@ -4,6 +4,7 @@ Every refusal is checked for what it did NOT write as much as for its code:
 the job's meta, pause history, events, idempotency records, reports and its
 outbox stream are compared byte for byte before and after.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,15 @@ import json
 import pytest
 
 from statecore import keys
-from statecore.errors import (IdempotencyConflict, InvalidRequest, JobCancelled, JobTerminal, PauseNotActive,
-                              PauseTokenMismatch, VersionConflict)
+from statecore.errors import (
+    IdempotencyConflict,
+    InvalidRequest,
+    JobCancelled,
+    JobTerminal,
+    PauseNotActive,
+    PauseTokenMismatch,
+    VersionConflict,
+)
 from statecore.models import InterventionRequest, NodeReport
 from statecore.states import JobStatus as S
 
@@ -32,8 +40,10 @@ def _assert_snapshot(err, state):
 # --------------------------------------------------------------------------- 400s
 
 
-@pytest.mark.parametrize("case", ["unknown_box_id", "duplicate_box_id", "duplicate_via_candidate",
-                                  "bbox_outside_width", "bbox_outside_height"])
+@pytest.mark.parametrize(
+    "case",
+    ["unknown_box_id", "duplicate_box_id", "duplicate_via_candidate", "bbox_outside_width", "bbox_outside_height"],
+)
 async def test_400_touches_nothing(store, image, case):
     job_id = await waiting_job(store, image)
     st = await store.get(job_id)
@@ -59,12 +69,23 @@ async def test_400_touches_nothing(store, image, case):
 
 def test_degenerate_or_malformed_bodies_are_rejected_by_the_request_model():
     base = {"intervention_id": "iv_1", "pause_token": "pause_x", "base_version": 2}
-    for subjects in ([{"bbox": [10, 10, 10, 20]}], [{"bbox": [10, 20, 30, 5]}], [{"bbox": [-1, 0, 5, 5]}],
-                     [{"bbox": [0, 0, float("nan"), 5]}], [{"bbox": [0, 0, 5]}], [{"bbox": ["0", 0, 5, 5]}]):
+    for subjects in (
+        [{"bbox": [10, 10, 10, 20]}],
+        [{"bbox": [10, 20, 30, 5]}],
+        [{"bbox": [-1, 0, 5, 5]}],
+        [{"bbox": [0, 0, float("nan"), 5]}],
+        [{"bbox": [0, 0, 5]}],
+        [{"bbox": ["0", 0, 5, 5]}],
+    ):
         with pytest.raises(ValueError):
             InterventionRequest(**base, subjects=subjects)
-    for bad in ({"base_version": True}, {"base_version": "2"}, {"intervention_id": ""},
-                {"intervention_id": "iv with space"}, {"pause_token": ""}):
+    for bad in (
+        {"base_version": True},
+        {"base_version": "2"},
+        {"intervention_id": ""},
+        {"intervention_id": "iv with space"},
+        {"pause_token": ""},
+    ):
         with pytest.raises(ValueError):
             InterventionRequest(**{**base, "subjects": [], **bad})
     with pytest.raises(ValueError):
@@ -259,8 +280,9 @@ async def test_model_boxes_only_go_to_processing(store, image):
     assert body["status"] == "PROCESSING_APPROVED_SUBJECTS"
     assert body["next_node_type"] == "PROCESS_APPROVED_BOX_LIST" and body["diff"]["added"] == []
     after = await store.get(job_id)
-    assert [(b.box_id, b.bbox, b.label) for b in after.approved_box_list] == \
-        [(st.box_list[2].box_id, (1, 2, 30, 40), "glove")]
+    assert [(b.box_id, b.bbox, b.label) for b in after.approved_box_list] == [
+        (st.box_list[2].box_id, (1, 2, 30, 40), "glove")
+    ]
     cmd = (await store.outbox_commands(job_id))[-1]
     assert cmd.node_type == "PROCESS_APPROVED_BOX_LIST"
     assert [b["box_id"] for b in cmd.input["approved_box_list"]] == [st.box_list[2].box_id]
@@ -273,8 +295,10 @@ async def _to_revision(store, image, keep_model: bool):
     """Round 1 with a passing and a failing manual box -> round-2 pause."""
     job_id = await waiting_job(store, image)
     st1 = await store.get(job_id)
-    subjects = (keep(st1, 0) if keep_model else []) + [manual([300, 300, 400, 400], "ok"),
-                                                        manual([500, 300, 600, 400], "bad")]
+    subjects = (keep(st1, 0) if keep_model else []) + [
+        manual([300, 300, 400, 400], "ok"),
+        manual([500, 300, 600, 400], "bad"),
+    ]
     body = json.loads((await store.intervene(job_id, iv(st1, subjects), "rev")).body)
     good, bad = body["diff"]["added"]
     assert await validate(store, job_id, {good: True, bad: False}) == "OK"
@@ -313,7 +337,10 @@ async def test_round_two_without_the_bad_box_goes_to_processing(store, image):
     st3 = await store.get(job_id)
     assert [b.box_id for b in st3.approved_box_list] == [st1.box_list[0].box_id, good]
     assert [c.node_type for c in await store.outbox_commands(job_id)] == [
-        "DETECT_SUBJECTS", "VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST"]
+        "DETECT_SUBJECTS",
+        "VALIDATE_MANUAL_BOX_LIST",
+        "PROCESS_APPROVED_BOX_LIST",
+    ]
     assert all(h.status == "CONSUMED" for h in await store.pause_history(job_id))
     assert len(await store.pause_history(job_id)) == 2
 
@@ -327,8 +354,9 @@ async def test_round_two_revised_box_fails_again_all_rejected_fails_job(store, i
     st2 = await store.get(job_id)
     assert st2.status == S.WAITING_BOX_BATCH_REVISION and st2.active_pause.box_ids_to_revise == [bad]
     # The reviewer moves the box: it is validated again, and fails again.
-    body = json.loads((await store.intervene(job_id, iv(st2, [{"box_id": bad, "bbox": [510, 300, 600, 400]}]),
-                                             "rev")).body)
+    body = json.loads(
+        (await store.intervene(job_id, iv(st2, [{"box_id": bad, "bbox": [510, 300, 600, 400]}]), "rev")).body
+    )
     assert body["next_node_type"] == "VALIDATE_MANUAL_BOX_LIST"
     cmd = (await store.outbox_commands(job_id))[-1]
     assert cmd.input["round"] == 2 and [b["box_id"] for b in cmd.input["items_to_validate"]] == [bad]
@@ -358,27 +386,39 @@ async def test_round_two_unchanged_bad_box_kept_with_model_box_is_rejected_but_j
     assert {b.box_id: b.validation.status for b in st3.box_list if b.validation}[bad] == "REJECTED"
     assert [b.box_id for b in st3.approved_box_list] == [st1.box_list[0].box_id, good]
     # Segment what was approved; the rejected box keeps its reason in the results.
-    subj = [{"box_id": b.box_id, "status": "SUCCEEDED", "mask": "m.png", "cutout": "c.png"}
-            for b in st3.approved_box_list]
+    subj = [
+        {"box_id": b.box_id, "status": "SUCCEEDED", "mask": "m.png", "cutout": "c.png"} for b in st3.approved_box_list
+    ]
     await report(store, job_id, {"subjects": subj})
     await report(store, job_id, {})
     end = await store.get(job_id)
     assert end.status == S.PARTIAL_SUCCEEDED
-    assert {r.box_id: r.status for r in end.results} == {st1.box_list[0].box_id: "SUCCEEDED", good: "SUCCEEDED",
-                                                         bad: "REJECTED"}
+    assert {r.box_id: r.status for r in end.results} == {
+        st1.box_list[0].box_id: "SUCCEEDED",
+        good: "SUCCEEDED",
+        bad: "REJECTED",
+    }
 
 
 async def test_round_two_partial_approved(store, image):
     job_id = await waiting_job(store, image)
     st1 = await store.get(job_id)
-    body = json.loads((await store.intervene(job_id, iv(st1, [manual([10, 300, 100, 400], "a"),
-                                                             manual([500, 300, 600, 400], "b")]), "rev")).body)
+    body = json.loads(
+        (
+            await store.intervene(
+                job_id, iv(st1, [manual([10, 300, 100, 400], "a"), manual([500, 300, 600, 400], "b")]), "rev"
+            )
+        ).body
+    )
     a, b = body["diff"]["added"]
     await validate(store, job_id, {a: False, b: False})
     st2 = await store.get(job_id)
     assert sorted(st2.active_pause.box_ids_to_revise) == sorted([a, b])
-    await store.intervene(job_id, iv(st2, [{"box_id": a, "bbox": [10, 300, 110, 400]},
-                                           {"box_id": b, "bbox": [500, 300, 610, 400]}]), "rev")
+    await store.intervene(
+        job_id,
+        iv(st2, [{"box_id": a, "bbox": [10, 300, 110, 400]}, {"box_id": b, "bbox": [500, 300, 610, 400]}]),
+        "rev",
+    )
     await validate(store, job_id, {a: True, b: False})
     st3 = await store.get(job_id)
     assert st3.status == S.PROCESSING_APPROVED_SUBJECTS
@@ -427,8 +467,15 @@ async def test_cancel_while_node_running_then_late_report_is_ignored(store, imag
     assert after_cancel.status == S.CANCELLED
     assert await store.r.zscore(keys.job(job_id).running, job_id) is None
     n_events = len(await store.events_after(job_id))
-    res = await store.apply_report(NodeReport(node_instance_id=node.node_instance_id, node_type=node.node_type,
-                                              job_id=job_id, outcome="SUCCEEDED", output={"boxes": THREE_BOXES}))
+    res = await store.apply_report(
+        NodeReport(
+            node_instance_id=node.node_instance_id,
+            node_type=node.node_type,
+            job_id=job_id,
+            outcome="SUCCEEDED",
+            output={"boxes": THREE_BOXES},
+        )
+    )
     assert res == "IGNORED"
     after = await store.get(job_id)
     assert after.status == S.CANCELLED and after.version == after_cancel.version and after.box_list == []
@@ -437,8 +484,15 @@ async def test_cancel_while_node_running_then_late_report_is_ignored(store, imag
     assert events[0].data["reason"] == "JOB_TERMINAL" and events[0].data["node_instance_id"] == node.node_instance_id
     assert events[0].data["status"] == "CANCELLED"
     # A second copy of the late report is a duplicate: no second REPORT_IGNORED.
-    res2 = await store.apply_report(NodeReport(node_instance_id=node.node_instance_id, node_type=node.node_type,
-                                               job_id=job_id, outcome="SUCCEEDED", output={}))
+    res2 = await store.apply_report(
+        NodeReport(
+            node_instance_id=node.node_instance_id,
+            node_type=node.node_type,
+            job_id=job_id,
+            outcome="SUCCEEDED",
+            output={},
+        )
+    )
     assert res2 == "DUPLICATE"
     assert len(await store.events_after(job_id)) == n_events + 1
     assert not await store.node_started((await store.outbox_commands(job_id))[0])
@@ -463,8 +517,13 @@ async def test_cancel_of_other_terminal_job_is_job_terminal(store, image):
 async def test_duplicate_report_applied_once(store, image):
     job_id = await create(store, image)
     st = await store.get(job_id)
-    rep = NodeReport(node_instance_id=st.current_node.node_instance_id, node_type="DETECT_SUBJECTS",
-                     job_id=job_id, outcome="SUCCEEDED", output={"boxes": THREE_BOXES})
+    rep = NodeReport(
+        node_instance_id=st.current_node.node_instance_id,
+        node_type="DETECT_SUBJECTS",
+        job_id=job_id,
+        outcome="SUCCEEDED",
+        output={"boxes": THREE_BOXES},
+    )
     assert await store.apply_report(rep) == "OK"
     after = await store.get(job_id)
     before = await footprint(store, job_id)
@@ -484,8 +543,9 @@ async def test_report_for_superseded_node_is_ignored(store, image):
     foreign = (await store.get(other)).current_node.node_instance_id
     n = len(await store.events_after(job_id))
     for nid in (foreign, "node_" + "0" * 20):
-        res = await store.apply_report(NodeReport(node_instance_id=nid, node_type="PROCESS_APPROVED_BOX_LIST",
-                                                  job_id=job_id, outcome="FAILED"))
+        res = await store.apply_report(
+            NodeReport(node_instance_id=nid, node_type="PROCESS_APPROVED_BOX_LIST", job_id=job_id, outcome="FAILED")
+        )
         assert res == "IGNORED"
     now = await store.get(job_id)
     assert now.status == live.status and now.version == live.version and now.current_node == live.current_node
@@ -526,8 +586,16 @@ async def test_event_ids_are_contiguous_and_resumable(store, image):
     st = await store.get(job_id)
     await store.intervene(job_id, iv(st, keep(st, 0, 1)), "rev")
     st2 = await store.get(job_id)
-    await report(store, job_id, {"subjects": [{"box_id": b.box_id, "status": "SUCCEEDED", "mask": "m.png",
-                                               "cutout": "c.png"} for b in st2.approved_box_list]})
+    await report(
+        store,
+        job_id,
+        {
+            "subjects": [
+                {"box_id": b.box_id, "status": "SUCCEEDED", "mask": "m.png", "cutout": "c.png"}
+                for b in st2.approved_box_list
+            ]
+        },
+    )
     await report(store, job_id, {})
     events = await store.events_after(job_id)
     n = len(events)
@@ -578,13 +646,16 @@ async def test_retention_finished_keys_expire_live_keys_do_not(store, image):
     # Finished by a cancel, then a late report.
     cancelled = await waiting_job(store, image)
     await store.cancel(cancelled, "admin")
-    await store.apply_report(NodeReport(node_instance_id="node_late", node_type="DETECT_SUBJECTS",
-                                        job_id=cancelled, outcome="FAILED"))
+    await store.apply_report(
+        NodeReport(node_instance_id="node_late", node_type="DETECT_SUBJECTS", job_id=cancelled, outcome="FAILED")
+    )
 
     retention = store.config.retention_s
-    for job_id, expect in ((ok, {"meta", "pauses", "events", "idem", "reports"}),
-                           (empty, {"meta", "pauses", "events", "idem", "reports"}),
-                           (cancelled, {"meta", "pauses", "events", "reports"})):
+    for job_id, expect in (
+        (ok, {"meta", "pauses", "events", "idem", "reports"}),
+        (empty, {"meta", "pauses", "events", "idem", "reports"}),
+        (cancelled, {"meta", "pauses", "events", "reports"}),
+    ):
         ttls = await _ttls(store, job_id)
         assert {k for k, t in ttls.items() if t != -2} == expect, (job_id, ttls)
         for k in expect:

@@ -5,6 +5,7 @@ interventions (fresh, replayed, by another reviewer, stale) and cancels over a
 few jobs. After every operation the machine checks the outcome it predicted and
 the version delta; after every step it checks the invariants on what Redis holds.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +14,14 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from statecore import errors, keys
 from statecore.ids import new_id
@@ -27,17 +34,22 @@ from .helpers import THREE_BOXES
 IMAGE = ImageRef(sha256="c" * 64, width=640, height=480, url="/api/v1/artifacts/img_model.png")
 MAX_JOBS = 3
 REDIS_URL: str | None = None
-CONFLICTS = (errors.VersionConflict, errors.PauseNotActive, errors.PauseTokenMismatch, errors.JobCancelled,
-             errors.IdempotencyConflict)
+CONFLICTS = (
+    errors.VersionConflict,
+    errors.PauseNotActive,
+    errors.PauseTokenMismatch,
+    errors.JobCancelled,
+    errors.IdempotencyConflict,
+)
 
 
 @dataclass
 class JobModel:
     version: int = 1
-    terminal: str | None = None           # once set, the status must never change again
+    terminal: str | None = None  # once set, the status must never change again
     recorded: set[str] = field(default_factory=set)  # node ids in the job's reports set
-    tokens: list[str] = field(default_factory=list)   # every pause token ever opened
-    consumed: int = 0                     # pauses consumed by an accepted intervention
+    tokens: list[str] = field(default_factory=list)  # every pause token ever opened
+    consumed: int = 0  # pauses consumed by an accepted intervention
 
 
 @dataclass
@@ -45,7 +57,7 @@ class SentRequest:
     job_id: str
     req: InterventionRequest
     reviewer: str
-    body: str | None                      # the 200 body, or None when it was refused
+    body: str | None  # the 200 body, or None when it was refused
 
 
 class JobMachine(RuleBasedStateMachine):
@@ -56,7 +68,7 @@ class JobMachine(RuleBasedStateMachine):
         self.run(self.store.r.flushdb())
         self.jobs: list[str] = []
         self.model: dict[str, JobModel] = {}
-        self.reports: list[NodeReport] = []        # every final report ever sent
+        self.reports: list[NodeReport] = []  # every final report ever sent
         self.requests: list[SentRequest] = []
 
     def teardown(self) -> None:
@@ -78,11 +90,13 @@ class JobMachine(RuleBasedStateMachine):
 
     async def _view(self, job_id: str) -> dict:
         jk = keys.job(job_id)
-        return {"meta": await self.store.r.hgetall(jk.meta),
-                "events": await self.store.r.llen(jk.events),
-                "cmds": [c.node_instance_id for c in await self.store.outbox_commands(job_id)],
-                "pauses": await self.store.r.hgetall(jk.pauses),
-                "idem": await self.store.r.hgetall(jk.idem)}
+        return {
+            "meta": await self.store.r.hgetall(jk.meta),
+            "events": await self.store.r.llen(jk.events),
+            "cmds": [c.node_instance_id for c in await self.store.outbox_commands(job_id)],
+            "pauses": await self.store.r.hgetall(jk.pauses),
+            "idem": await self.store.r.hgetall(jk.idem),
+        }
 
     def view(self, job_id: str) -> dict:
         return self.run(self._view(job_id))
@@ -146,8 +160,9 @@ class JobMachine(RuleBasedStateMachine):
         node = st_.current_node
         if node is None:
             return
-        cmd = next(c for c in self.run(self.store.outbox_commands(job_id))
-                   if c.node_instance_id == node.node_instance_id)
+        cmd = next(
+            c for c in self.run(self.store.outbox_commands(job_id)) if c.node_instance_id == node.node_instance_id
+        )
         ok = self.run(self.store.node_started(cmd))
         should = st_.status not in TERMINAL and node.node_instance_id not in self.model[job_id].recorded
         assert ok == should
@@ -158,12 +173,20 @@ class JobMachine(RuleBasedStateMachine):
             assert after["events"] == before["events"], "a refused start records nothing"
 
     @precondition(lambda self: self.jobs)
-    @rule(i=st.integers(0, MAX_JOBS - 1), flags=st.integers(0, 63),
-          outcome=st.sampled_from(["SUCCEEDED"] * 10 + ["FAILED", "TIMED_OUT"]), any_job=st.booleans())
+    @rule(
+        i=st.integers(0, MAX_JOBS - 1),
+        flags=st.integers(0, 63),
+        outcome=st.sampled_from(["SUCCEEDED"] * 10 + ["FAILED", "TIMED_OUT"]),
+        any_job=st.booleans(),
+    )
     def report_current_node(self, i: int, flags: int, outcome: str, any_job: bool) -> None:
         """The executor reports the job's current node (which may already be reported or dead)."""
-        job_id = self.pick(i, None if any_job else
-                           (lambda s: s.current_node is not None and s.current_node.status in ("QUEUED", "RUNNING")))
+        job_id = self.pick(
+            i,
+            None
+            if any_job
+            else (lambda s: s.current_node is not None and s.current_node.status in ("QUEUED", "RUNNING")),
+        )
         self._report_current(job_id, flags, outcome)
 
     def _report_current(self, job_id: str, flags: int, outcome: str) -> None:
@@ -175,22 +198,43 @@ class JobMachine(RuleBasedStateMachine):
         if node.node_type == "DETECT_SUBJECTS":
             output = {"boxes": [b for k, b in enumerate(THREE_BOXES) if (flags >> k) & 1]}
         elif node.node_type == "VALIDATE_MANUAL_BOX_LIST":
-            cmd = next(c for c in self.run(self.store.outbox_commands(job_id))
-                       if c.node_instance_id == node.node_instance_id)
-            output = {"results": [{"box_id": b["box_id"], "passed": bool((flags >> k) & 1),
-                                   "score": 0.5, "reason": "model says so"}
-                                  for k, b in enumerate(cmd.input["items_to_validate"])]}
+            cmd = next(
+                c for c in self.run(self.store.outbox_commands(job_id)) if c.node_instance_id == node.node_instance_id
+            )
+            output = {
+                "results": [
+                    {"box_id": b["box_id"], "passed": bool((flags >> k) & 1), "score": 0.5, "reason": "model says so"}
+                    for k, b in enumerate(cmd.input["items_to_validate"])
+                ]
+            }
         elif node.node_type == "PROCESS_APPROVED_BOX_LIST":
-            output = {"subjects": [{"box_id": b.box_id, "status": "SUCCEEDED" if (flags >> k) & 1 else "FAILED",
-                                    "mask": "m.png", "cutout": "c.png"}
-                                   for k, b in enumerate(st_.approved_box_list)]}
-        rep = NodeReport(node_instance_id=node.node_instance_id, node_type=node.node_type, job_id=job_id,
-                         outcome=outcome, output=output)
+            output = {
+                "subjects": [
+                    {
+                        "box_id": b.box_id,
+                        "status": "SUCCEEDED" if (flags >> k) & 1 else "FAILED",
+                        "mask": "m.png",
+                        "cutout": "c.png",
+                    }
+                    for k, b in enumerate(st_.approved_box_list)
+                ]
+            }
+        rep = NodeReport(
+            node_instance_id=node.node_instance_id,
+            node_type=node.node_type,
+            job_id=job_id,
+            outcome=outcome,
+            output=output,
+        )
         self._send_report(rep)
 
     @precondition(lambda self: self.jobs)
-    @rule(kind=st.sampled_from(["replay", "replay", "superseded"]), k=st.integers(0, 10_000),
-          i=st.integers(0, MAX_JOBS - 1), j=st.integers(0, MAX_JOBS - 1))
+    @rule(
+        kind=st.sampled_from(["replay", "replay", "superseded"]),
+        k=st.integers(0, 10_000),
+        i=st.integers(0, MAX_JOBS - 1),
+        j=st.integers(0, MAX_JOBS - 1),
+    )
     def stray_report(self, kind: str, k: int, i: int, j: int) -> None:
         if kind == "replay" and self.reports:
             self.replay_old_report(k)
@@ -211,8 +255,15 @@ class JobMachine(RuleBasedStateMachine):
         job_id, other = self.pick(i), self.pick(j)
         node = self.state(other).current_node
         nid = node.node_instance_id if other != job_id and node else new_id("node")
-        self._send_report(NodeReport(node_instance_id=nid, node_type="DETECT_SUBJECTS", job_id=job_id,
-                                     outcome="SUCCEEDED", output={"boxes": THREE_BOXES}))
+        self._send_report(
+            NodeReport(
+                node_instance_id=nid,
+                node_type="DETECT_SUBJECTS",
+                job_id=job_id,
+                outcome="SUCCEEDED",
+                output={"boxes": THREE_BOXES},
+            )
+        )
 
     def _send_report(self, rep: NodeReport) -> None:
         job_id = rep.job_id
@@ -236,7 +287,7 @@ class JobMachine(RuleBasedStateMachine):
         if res == "DUPLICATE":
             assert after["events"] == before["events"]
         if res == "OK":
-            new_cmds = after["cmds"][len(before["cmds"]):]
+            new_cmds = after["cmds"][len(before["cmds"]) :]
             status = JobStatus(after["meta"]["status"])
             if status in TERMINAL or status in WAITING:
                 assert new_cmds == []
@@ -248,8 +299,14 @@ class JobMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ rules: interventions and cancel
 
     @precondition(lambda self: self.jobs)
-    @rule(i=st.integers(0, MAX_JOBS - 1), mask=st.integers(0, 63), move=st.booleans(),
-          add=st.integers(0, 2), reviewer=st.sampled_from(["ann", "bob"]), any_job=st.booleans())
+    @rule(
+        i=st.integers(0, MAX_JOBS - 1),
+        mask=st.integers(0, 63),
+        move=st.booleans(),
+        add=st.integers(0, 2),
+        reviewer=st.sampled_from(["ann", "bob"]),
+        any_job=st.booleans(),
+    )
     def intervene_fresh(self, i: int, mask: int, move: bool, add: int, reviewer: str, any_job: bool) -> None:
         job_id = self.pick(i, None if any_job else (lambda s: s.active_pause is not None))
         self._intervene_fresh(job_id, mask, move, add, reviewer)
@@ -265,8 +322,12 @@ class JobMachine(RuleBasedStateMachine):
                 subjects.append({"box_id": b.box_id, "bbox": bbox})
         subjects += [{"bbox": [20 + 50 * n, 400, 60 + 50 * n, 470], "label": f"drawn{n}"} for n in range(add)]
         pause = st_.active_pause
-        req = InterventionRequest(intervention_id=new_id("iv"), pause_token=pause.pause_token if pause else "pause_x",
-                                  base_version=st_.version, subjects=subjects)
+        req = InterventionRequest(
+            intervention_id=new_id("iv"),
+            pause_token=pause.pause_token if pause else "pause_x",
+            base_version=st_.version,
+            subjects=subjects,
+        )
         if st_.status == JobStatus.CANCELLED:
             expected: type | None = errors.JobCancelled
         elif pause is None:
@@ -276,9 +337,21 @@ class JobMachine(RuleBasedStateMachine):
         self._send_intervention(job_id, req, reviewer, expected)
 
     @precondition(lambda self: self.jobs)
-    @rule(kind=st.sampled_from(["replay", "replay_other_reviewer", "old_version", "future_version", "old_token",
-                                "bogus_token", "unknown_box"]),
-          k=st.integers(0, 10_000), i=st.integers(0, MAX_JOBS - 1))
+    @rule(
+        kind=st.sampled_from(
+            [
+                "replay",
+                "replay_other_reviewer",
+                "old_version",
+                "future_version",
+                "old_token",
+                "bogus_token",
+                "unknown_box",
+            ]
+        ),
+        k=st.integers(0, 10_000),
+        i=st.integers(0, MAX_JOBS - 1),
+    )
     def stale_intervention(self, kind: str, k: int, i: int) -> None:
         """A replayed submission (by its reviewer or another), or one made from an out-of-date view."""
         if kind.startswith("replay") and self.requests:
@@ -320,8 +393,9 @@ class JobMachine(RuleBasedStateMachine):
             token = new_id("pause")
         else:
             subjects = [{"box_id": "box_not_in_list", "bbox": [1, 1, 2, 2]}]
-        req = InterventionRequest(intervention_id=new_id("iv"), pause_token=token, base_version=version,
-                                  subjects=subjects)
+        req = InterventionRequest(
+            intervention_id=new_id("iv"), pause_token=token, base_version=version, subjects=subjects
+        )
         # SPEC §4 order: cancelled, version, pause active, token, then the box ids (400).
         if st_.status == JobStatus.CANCELLED:
             expected: type | None = errors.JobCancelled
@@ -349,7 +423,7 @@ class JobMachine(RuleBasedStateMachine):
             m.consumed += 1
             after = self.expect_version(job_id, before, changed=True)
             body = json.loads(reply.body)
-            new_cmds = after["cmds"][len(before["cmds"]):]
+            new_cmds = after["cmds"][len(before["cmds"]) :]
             if body["next_node_type"] is None:
                 assert after["meta"]["status"] == "EMPTY_SELECTION" and new_cmds == []
             else:
@@ -451,8 +525,10 @@ class JobMachine(RuleBasedStateMachine):
             if e.data["next_node_type"] is None:
                 assert "EMPTY_SELECTION_SUBMITTED" in {x.type for x in same_commit}
         moved_to = [e.data["to"] for e in events if e.type == "STATUS_CHANGED"]
-        by_type = {t: sum(1 for c in cmds if c.node_type == t) for t in
-                   ("DETECT_SUBJECTS", "VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST", "FINALIZE_RESULTS")}
+        by_type = {
+            t: sum(1 for c in cmds if c.node_type == t)
+            for t in ("DETECT_SUBJECTS", "VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST", "FINALIZE_RESULTS")
+        }
         assert len(cmds) == sum(by_type.values())
         assert by_type == {
             "DETECT_SUBJECTS": 1,
@@ -466,6 +542,12 @@ class JobMachine(RuleBasedStateMachine):
 def test_state_machine(redis_server):
     global REDIS_URL
     REDIS_URL = redis_server.url
-    run_state_machine_as_test(JobMachine, settings=settings(
-        max_examples=30, stateful_step_count=25, deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]))
+    run_state_machine_as_test(
+        JobMachine,
+        settings=settings(
+            max_examples=30,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        ),
+    )
