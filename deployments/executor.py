@@ -5,36 +5,55 @@ control plane's local runner (threads, no Ray). It reads the image from the
 ArtifactStore, calls a backend, writes masks and cut-outs back to the store and returns
 only names; it never touches job state.
 
-Outputs, as ``statecore.decide`` reads them:
-- ``DETECT_SUBJECTS`` -> ``{"boxes": [{"bbox", "label", "score"}], "backend"}``
-- ``VALIDATE_MANUAL_BOX_LIST`` -> ``{"results": [{"box_id", "passed", "score", "reason"}],
-  "backend", "threshold", "policy_version"}``
-- ``PROCESS_APPROVED_BOX_LIST`` -> ``{"subjects": [{"box_id", "status", "reason", "mask", "cutout"}],
-  "backend"}``
+Inputs and outputs are the models of ``statecore.nodes`` (docs/protocol.md § Executors and
+the outbox): ``DETECT_SUBJECTS`` ``DetectInput -> DetectOutput``, ``VALIDATE_MANUAL_BOX_LIST``
+``ValidateInput -> ValidateOutput``, ``PROCESS_APPROVED_BOX_LIST`` ``ProcessInput ->
+ProcessOutput``. ``run_node`` takes and returns their JSON form, as the outbox and Ray carry it.
+A backend answer that does not fit the contract fails the node for good (``INVALID_NODE_OUTPUT``).
 """
+
 from __future__ import annotations
 
 import hashlib
 import io
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
+from pydantic import ValidationError
 
 from statecore.errors import NodeExecutionError
+from statecore.nodes import (
+    INVALID_NODE_INPUT,
+    INVALID_NODE_OUTPUT,
+    MODEL_NODES,
+    UNSUPPORTED_NODE_TYPE,
+    DetectInput,
+    Detection,
+    DetectOutput,
+    NodeBox,
+    NodeInput,
+    ProcessInput,
+    ProcessOutput,
+    SubjectOutcome,
+    ValidateInput,
+    ValidateOutput,
+    Verdict,
+    parse_input,
+    spec_of,
+)
+from statecore.states import NodeType
 
-from .backends.base import (DetectorBackend, SegmenterBackend, ValidatorBackend, make_detector, make_segmenter,
-                            make_validator)
+from .backends.base import DetectorBackend, Role, SegmenterBackend, ValidatorBackend, make_backend
 
 if TYPE_CHECKING:  # fsspec is imported when a store is built, so a bare GPU box can import this module
     from statecore.artifacts import ArtifactStore
 
 log = logging.getLogger("hitl.executor")
-
-MODEL_NODES = ("DETECT_SUBJECTS", "VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST")
 
 
 @dataclass
@@ -55,11 +74,16 @@ class Models:
             out["validator_policy"] = self.validator.policy_version
         if self.segmenter is not None:
             out["segmenter"] = self.segmenter.name
-        encoders = {id(e): e for e in (getattr(b, "encoder", None) for b in (self.detector, self.validator,
-                                                                              self.segmenter)) if e is not None}
+        encoders = {
+            id(e): e
+            for e in (getattr(b, "encoder", None) for b in (self.detector, self.validator, self.segmenter))
+            if e is not None
+        }
         if encoders:  # SAM roles of one process share an encoder and its embedding cache
-            out["embedding_cache"] = {k: sum(getattr(e, k) for e in encoders.values())
-                                      for k in ("memory_hits", "store_hits", "misses", "encoder_forwards")}
+            out["embedding_cache"] = {
+                k: sum(getattr(e, k) for e in encoders.values())
+                for k in ("memory_hits", "store_hits", "misses", "encoder_forwards")
+            }
         return out
 
 
@@ -108,19 +132,19 @@ def _store(artifacts: Any) -> ArtifactStore | None:
     return ArtifactStore(artifacts)
 
 
-def build_backend(role: str, config: Mapping[str, Any], artifacts: Any = None) -> Any:
+def build_backend(role: Role, config: Mapping[str, Any], artifacts: Any = None) -> Any:
     """One backend (``role``: detector, validator or segmenter) from ``Settings.backend_config()``."""
     deployment = {"detector": "Detector", "validator": "BoxValidator", "segmenter": "Segmenter"}[role]
     name, kwargs = backend_kwargs(config.get(role) or {}, deployment_overrides(config, role, deployment))
     store = _store(artifacts if artifacts is not None else config.get("artifacts"))
-    factory = {"detector": make_detector, "validator": make_validator, "segmenter": make_segmenter}[role]
     if role != "detector":
         kwargs.pop("delay_ms", None)
-    return factory(name, artifacts=store, **kwargs)
+    return make_backend(role, name, artifacts=store, **kwargs)
 
 
-def build_models(config: Mapping[str, Any], roles: tuple[str, ...] = ("detector", "validator", "segmenter"),
-                 artifacts: Any = None) -> Models:
+def build_models(
+    config: Mapping[str, Any], roles: tuple[Role, ...] = ("detector", "validator", "segmenter"), artifacts: Any = None
+) -> Models:
     """All backends of one process (the local runner): SAM roles share one model and cache."""
     return Models(**{role: build_backend(role, config, artifacts) for role in roles})
 
@@ -142,39 +166,33 @@ def load_image(artifacts: ArtifactStore, name: str) -> np.ndarray:
     try:
         data = artifacts.get(name)
     except (FileNotFoundError, ValueError) as exc:
-        raise NodeExecutionError(f"image artifact {name!r} is not in the store", code="ARTIFACT_NOT_FOUND",
-                                 retryable=False) from exc
+        raise NodeExecutionError(
+            f"image artifact {name!r} is not in the store", code="ARTIFACT_NOT_FOUND", retryable=False
+        ) from exc
     except OSError as exc:  # the store itself hiccupped (network, S3): worth another try
-        raise NodeExecutionError(f"could not read image artifact {name!r}: {exc}", code="ARTIFACT_READ_FAILED",
-                                 retryable=True) from exc
+        raise NodeExecutionError(
+            f"could not read image artifact {name!r}: {exc}", code="ARTIFACT_READ_FAILED", retryable=True
+        ) from exc
     try:
         with Image.open(io.BytesIO(data)) as img:
             return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
     except Exception as exc:
-        raise NodeExecutionError(f"image artifact {name!r} cannot be decoded: {exc}", code="IMAGE_UNREADABLE",
-                                 retryable=False) from exc
+        raise NodeExecutionError(
+            f"image artifact {name!r} cannot be decoded: {exc}", code="IMAGE_UNREADABLE", retryable=False
+        ) from exc
 
 
-def _image_of(input: Mapping[str, Any], artifacts: ArtifactStore,
-              image: np.ndarray | None) -> tuple[np.ndarray, str]:
-    ref = input.get("image")
-    if not isinstance(ref, Mapping) or not ref.get("url"):
-        raise NodeExecutionError("node input has no image reference (input.image.url)", code="INVALID_NODE_INPUT",
-                                 retryable=False)
+def _image_of(
+    inp: DetectInput | ValidateInput | ProcessInput, artifacts: ArtifactStore, image: np.ndarray | None
+) -> tuple[np.ndarray, str]:
     if image is None:
-        image = load_image(artifacts, str(ref["url"]))
-    sha = str(ref.get("sha256") or hashlib.sha256(image.tobytes()).hexdigest())
-    return image, sha
+        image = load_image(artifacts, inp.image.url)
+    return image, inp.image.sha256 or hashlib.sha256(image.tobytes()).hexdigest()
 
 
-def _boxes(input: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
-    items = input.get(key)
-    if not isinstance(items, list) or not all(isinstance(b, Mapping) and "box_id" in b and "bbox" in b
-                                              for b in items):
-        raise NodeExecutionError(f"node input {key!r} must be a list of boxes with box_id and bbox",
-                                 code="INVALID_NODE_INPUT", retryable=False)
-    return [{"box_id": str(b["box_id"]), "bbox": [float(v) for v in b["bbox"]], "label": b.get("label")}
-            for b in items]
+def _backend_boxes(boxes: list[NodeBox]) -> list[dict[str, Any]]:
+    """The plain ``{"box_id", "bbox", "label"}`` dicts the backend protocols take."""
+    return [{"box_id": b.box_id, "bbox": list(b.bbox), "label": b.label} for b in boxes]
 
 
 def _png(img: Image.Image) -> bytes:
@@ -202,8 +220,9 @@ def cutout_png(image: np.ndarray, alpha: np.ndarray) -> bytes:
 
 def _need(backend: Any, role: str, node_type: str) -> Any:
     if backend is None:
-        raise NodeExecutionError(f"this executor has no {role} backend for {node_type}",
-                                 code="BACKEND_NOT_CONFIGURED", retryable=False)
+        raise NodeExecutionError(
+            f"this executor has no {role} backend for {node_type}", code="BACKEND_NOT_CONFIGURED", retryable=False
+        )
     return backend
 
 
@@ -211,97 +230,135 @@ def _models(models: Any) -> Models:
     if isinstance(models, Models):
         return models
     if isinstance(models, Mapping):
-        return Models(detector=models.get("detector"), validator=models.get("validator"),
-                      segmenter=models.get("segmenter"))
-    return Models(detector=getattr(models, "detector", None), validator=getattr(models, "validator", None),
-                  segmenter=getattr(models, "segmenter", None))
+        return Models(
+            detector=models.get("detector"), validator=models.get("validator"), segmenter=models.get("segmenter")
+        )
+    return Models(
+        detector=getattr(models, "detector", None),
+        validator=getattr(models, "validator", None),
+        segmenter=getattr(models, "segmenter", None),
+    )
 
 
-def detect_subjects(input: Mapping[str, Any], models: Models, artifacts: ArtifactStore,
-                    image: np.ndarray | None = None) -> dict[str, Any]:
-    detector = _need(models.detector, "detector", "DETECT_SUBJECTS")
-    img, sha = _image_of(input, artifacts, image)
+def detect_subjects(
+    inp: DetectInput, models: Models, artifacts: ArtifactStore, image: np.ndarray | None = None
+) -> DetectOutput:
+    detector = _need(models.detector, "detector", NodeType.DETECT_SUBJECTS)
+    img, sha = _image_of(inp, artifacts, image)
     boxes = detector.detect(img, sha)
-    return {"boxes": [{"bbox": [float(v) for v in b["bbox"]], "label": b.get("label"),
-                       "score": float(b["score"]) if b.get("score") is not None else None} for b in boxes],
-            "backend": detector.name}
+    return DetectOutput(boxes=[Detection.model_validate(b) for b in boxes], backend=detector.name)
 
 
-def validate_boxes(input: Mapping[str, Any], models: Models, artifacts: ArtifactStore,
-                   image: np.ndarray | None = None) -> dict[str, Any]:
-    validator = _need(models.validator, "validator", "VALIDATE_MANUAL_BOX_LIST")
-    boxes = _boxes(input, "items_to_validate")
-    out = {"results": [], "backend": validator.name, "threshold": validator.threshold,
-           "policy_version": validator.policy_version}
-    if not boxes:
+def validate_boxes(
+    inp: ValidateInput, models: Models, artifacts: ArtifactStore, image: np.ndarray | None = None
+) -> ValidateOutput:
+    validator = _need(models.validator, "validator", NodeType.VALIDATE_MANUAL_BOX_LIST)
+    out = ValidateOutput(
+        results=[], backend=validator.name, threshold=validator.threshold, policy_version=validator.policy_version
+    )
+    if not inp.items_to_validate:
         return out
-    img, sha = _image_of(input, artifacts, image)
-    verdicts = {r["box_id"]: r for r in validator.validate(img, sha, boxes)}
-    for b in boxes:
-        r = verdicts.get(b["box_id"]) or {"passed": False, "score": 0.0,
-                                         "reason": "the validator returned no verdict for this box"}
-        out["results"].append({"box_id": b["box_id"], "passed": bool(r["passed"]), "score": float(r["score"]),
-                               "reason": r.get("reason")})
+    img, sha = _image_of(inp, artifacts, image)
+    answers = validator.validate(img, sha, _backend_boxes(inp.items_to_validate))
+    verdicts = {v.box_id: v for v in (Verdict.model_validate(r) for r in answers)}
+    for b in inp.items_to_validate:
+        out.results.append(
+            verdicts.get(b.box_id)
+            or Verdict(
+                box_id=b.box_id, passed=False, score=0.0, reason="the validator returned no verdict for this box"
+            )
+        )
     return out
 
 
-def process_boxes(input: Mapping[str, Any], models: Models, artifacts: ArtifactStore,
-                  image: np.ndarray | None = None) -> dict[str, Any]:
-    segmenter = _need(models.segmenter, "segmenter", "PROCESS_APPROVED_BOX_LIST")
-    boxes = _boxes(input, "approved_box_list")
-    out: dict[str, Any] = {"subjects": [], "backend": segmenter.name}
-    if not boxes:
+def process_boxes(
+    inp: ProcessInput, models: Models, artifacts: ArtifactStore, image: np.ndarray | None = None
+) -> ProcessOutput:
+    segmenter = _need(models.segmenter, "segmenter", NodeType.PROCESS_APPROVED_BOX_LIST)
+    out = ProcessOutput(subjects=[], backend=segmenter.name)
+    if not inp.approved_box_list:
         return out
-    img, sha = _image_of(input, artifacts, image)
+    img, sha = _image_of(inp, artifacts, image)
     h, w = img.shape[:2]
-    results = {r["box_id"]: r for r in segmenter.segment(img, sha, boxes)}
-    for b in boxes:
-        r = results.get(b["box_id"])
-        mask = None if r is None else r.get("mask")
-        if mask is None or mask.shape != (h, w) or not mask.any():
-            reason = (r or {}).get("reason") or "the segmenter returned no mask for this box"
-            out["subjects"].append({"box_id": b["box_id"], "status": "FAILED", "reason": reason,
-                                    "mask": None, "cutout": None})
+    results = {r["box_id"]: r for r in segmenter.segment(img, sha, _backend_boxes(inp.approved_box_list))}
+    for b in inp.approved_box_list:
+        r = results.get(b.box_id) or {}
+        mask = r.get("mask")
+        if not isinstance(mask, np.ndarray) or mask.shape != (h, w) or not mask.any():
+            reason = r.get("reason") or "the segmenter returned no mask for this box"
+            out.subjects.append(SubjectOutcome(box_id=b.box_id, status="FAILED", reason=str(reason)))
             continue
         mask = mask.astype(bool)
         alpha = r.get("alpha")
-        if alpha is None or alpha.shape != (h, w):
+        if not isinstance(alpha, np.ndarray) or alpha.shape != (h, w):
             alpha = np.where(mask, 255, 0).astype(np.uint8)
         mask_name = artifacts.put("mask", mask_png(mask), "png")
         cutout_name = artifacts.put("cutout", cutout_png(img, alpha), "png")
-        out["subjects"].append({"box_id": b["box_id"], "status": "SUCCEEDED", "reason": None,
-                                "mask": mask_name, "cutout": cutout_name})
+        out.subjects.append(SubjectOutcome(box_id=b.box_id, status="SUCCEEDED", mask=mask_name, cutout=cutout_name))
     return out
 
 
-HANDLERS = {
-    "DETECT_SUBJECTS": detect_subjects,
-    "VALIDATE_MANUAL_BOX_LIST": validate_boxes,
-    "PROCESS_APPROVED_BOX_LIST": process_boxes,
-}
+def _unsupported(node_type: str) -> NodeExecutionError:
+    return NodeExecutionError(
+        f"unsupported workflow node type: {node_type}", code=UNSUPPORTED_NODE_TYPE, retryable=False
+    )
 
 
-def run_node(node_type: str, input: Mapping[str, Any], models: Any, artifacts: ArtifactStore, *,
-             image: np.ndarray | None = None) -> dict[str, Any]:
+def model_input(node_type: str, input: Mapping[str, Any] | NodeInput) -> NodeInput:
+    """``input`` parsed for a node that a model runs. ``UNSUPPORTED_NODE_TYPE`` for any other
+    type (the control plane's own nodes, types without a contract: there is no "wait for a
+    person" node); ``INVALID_NODE_INPUT`` when it does not fit."""
+    if spec_of(node_type).node_type not in MODEL_NODES:
+        raise _unsupported(node_type)
+    return parse_input(node_type, input)
+
+
+def execute_node(
+    node_type: str, inp: NodeInput, models: Any, artifacts: ArtifactStore, image: np.ndarray | None = None
+) -> DetectOutput | ValidateOutput | ProcessOutput:
+    """The typed core of ``run_node``: a model node's parsed input in, its output out."""
+    m = _models(models)
+    if isinstance(inp, DetectInput):
+        return detect_subjects(inp, m, artifacts, image)
+    if isinstance(inp, ValidateInput):
+        return validate_boxes(inp, m, artifacts, image)
+    if isinstance(inp, ProcessInput):
+        return process_boxes(inp, m, artifacts, image)
+    raise _unsupported(node_type)
+
+
+def run_node(
+    node_type: str,
+    input: Mapping[str, Any] | NodeInput,
+    models: Any,
+    artifacts: ArtifactStore,
+    *,
+    image: np.ndarray | None = None,
+) -> dict[str, Any]:
     """Run one node; ``image`` lets a caller that already decoded the image skip the reload.
 
-    Unknown node types fail at once and for good (``UNSUPPORTED_NODE_TYPE``): there is no
-    "wait for a person" handler here. Bad input and unusable artifacts are not retryable;
-    an unexpected backend error is (a CUDA OOM, a flaky store)."""
-    handler = HANDLERS.get(node_type)
-    if handler is None:
-        raise NodeExecutionError(f"unsupported workflow node type: {node_type}", code="UNSUPPORTED_NODE_TYPE",
-                                 retryable=False)
+    Unknown node types fail at once and for good (``UNSUPPORTED_NODE_TYPE``). Bad input,
+    unusable artifacts and backend answers outside the contract are not retryable; an
+    unexpected backend error is (a CUDA OOM, a flaky store)."""
+    inp = model_input(node_type, input)
     t0 = time.perf_counter()
     try:
-        out = handler(input, _models(models), artifacts, image)
+        out = execute_node(node_type, inp, models, artifacts, image)
     except NodeExecutionError:
         raise
+    except ValidationError as exc:  # a backend answered outside the contract: no retry makes it fit
+        log.error("%s: backend output does not fit the node contract: %s", node_type, exc)
+        raise NodeExecutionError(
+            f"{node_type}: the model's output does not fit the node contract: {exc}",
+            code=INVALID_NODE_OUTPUT,
+            retryable=False,
+        ) from exc
     except ValueError as exc:
-        raise NodeExecutionError(f"{node_type}: {exc}", code="INVALID_NODE_INPUT", retryable=False) from exc
+        raise NodeExecutionError(f"{node_type}: {exc}", code=INVALID_NODE_INPUT, retryable=False) from exc
     except Exception as exc:
         log.exception("%s failed", node_type)
-        raise NodeExecutionError(f"{node_type}: {type(exc).__name__}: {exc}", code="MODEL_ERROR",
-                                 retryable=True) from exc
-    log.info("%s done in %.0f ms (backend %s)", node_type, 1000 * (time.perf_counter() - t0), out.get("backend"))
-    return out
+        raise NodeExecutionError(
+            f"{node_type}: {type(exc).__name__}: {exc}", code="MODEL_ERROR", retryable=True
+        ) from exc
+    log.info("%s done in %.0f ms (backend %s)", node_type, 1000 * (time.perf_counter() - t0), out.backend)
+    return out.model_dump(mode="json")

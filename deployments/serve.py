@@ -14,30 +14,46 @@ same code. The control plane reaches them through DeploymentHandles
 - Blocking model calls run in a worker thread, so a replica keeps accepting (and
   batching) requests while one computes.
 """
+
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from ray import serve
 
 from statecore.artifacts import ArtifactStore
+from statecore.nodes import image_to_read
 
-from .backends.base import make_detector, make_segmenter, make_validator
-from .executor import Models, backend_kwargs, deployment_overrides, load_image, run_node
+from .backends.base import Role, make_backend
+from .executor import Models, backend_kwargs, deployment_overrides, load_image, model_input, run_node
 
 log = logging.getLogger("hitl.deployments")
 
 TORCH_BACKENDS = {"sam", "sam-auto", "torchvision"}
-AUTOSCALING_KEYS = ("min_replicas", "max_replicas", "initial_replicas", "target_ongoing_requests",
-                    "upscale_delay_s", "downscale_delay_s", "metrics_interval_s", "look_back_period_s",
-                    "upscale_smoothing_factor", "downscale_smoothing_factor")
+AUTOSCALING_KEYS = (
+    "min_replicas",
+    "max_replicas",
+    "initial_replicas",
+    "target_ongoing_requests",
+    "upscale_delay_s",
+    "downscale_delay_s",
+    "metrics_interval_s",
+    "look_back_period_s",
+    "upscale_smoothing_factor",
+    "downscale_smoothing_factor",
+)
 DEFAULT_AUTOSCALING: dict[str, Any] = {
-    "min_replicas": 1, "max_replicas": 2, "initial_replicas": 1, "target_ongoing_requests": 2,
-    "upscale_delay_s": 5.0, "downscale_delay_s": 60.0,
+    "min_replicas": 1,
+    "max_replicas": 2,
+    "initial_replicas": 1,
+    "target_ongoing_requests": 2,
+    "upscale_delay_s": 5.0,
+    "downscale_delay_s": 60.0,
 }
 DEFAULT_BATCH = {"max_batch_size": 4, "batch_wait_timeout_s": 0.02}
 DEFAULT_GPU_FRACTION = 0.15  # three roles x two replicas fit one GPU; SAM ViT-H needs ~8 GB each
@@ -46,17 +62,17 @@ DEFAULT_GPU_FRACTION = 0.15  # three roles x two replicas fit one GPU; SAM ViT-H
 class _ModelDeployment:
     """What the three deployments share; ``ROLE`` picks the backend factory."""
 
-    ROLE = ""
+    ROLE: Role = "detector"
 
-    def __init__(self, backend: str, config: Mapping[str, Any], artifact_root: str,
-                 batch: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, backend: str, config: Mapping[str, Any], artifact_root: str, batch: Mapping[str, Any] | None = None
+    ) -> None:
         self.artifacts = ArtifactStore(artifact_root)
-        factory = {"detector": make_detector, "validator": make_validator, "segmenter": make_segmenter}[self.ROLE]
-        instance = factory(backend, artifacts=self.artifacts, **dict(config))
+        instance = make_backend(self.ROLE, backend, artifacts=self.artifacts, **dict(config))
         self.models = Models(**{self.ROLE: instance})
         self.backend = instance
         # SAM backends expose their shared encoder; the encoder path is then batched.
-        self.encoder = getattr(instance, "encoder", None)
+        self.encoder: Any = getattr(instance, "encoder", None)
         b = {**DEFAULT_BATCH, **(batch or {})}
         self._embed.set_max_batch_size(int(b["max_batch_size"]))
         self._embed.set_batch_wait_timeout_s(float(b["batch_wait_timeout_s"]))
@@ -68,34 +84,31 @@ class _ModelDeployment:
         model = getattr(self.encoder, "model", None)
         if model is not None:
             info["model"] = model.describe
-            info["embedding_cache"] = {"memory_hits": self.encoder.memory_hits,
-                                       "store_hits": self.encoder.store_hits, "misses": self.encoder.misses,
-                                       "encoder_forwards": self.encoder.encoder_forwards}
+            info["embedding_cache"] = {
+                "memory_hits": self.encoder.memory_hits,
+                "store_hits": self.encoder.store_hits,
+                "misses": self.encoder.misses,
+                "encoder_forwards": self.encoder.encoder_forwards,
+            }
         return info
 
     async def run(self, node_type: str, input: dict[str, Any]) -> dict[str, Any]:
+        inp = model_input(node_type, input)  # a bad command fails here, before any model work
         image = None
-        if self.encoder is not None and _uses_image(node_type, input):
-            image = await asyncio.to_thread(load_image, self.artifacts, str(input["image"]["url"]))
-            sha = str(input["image"].get("sha256") or hashlib.sha256(image.tobytes()).hexdigest())
-            await self._embed(image, sha)
-        return await asyncio.to_thread(run_node, node_type, input, self.models, self.artifacts, image=image)
+        ref = image_to_read(inp)
+        if self.encoder is not None and ref is not None:
+            image = await asyncio.to_thread(load_image, self.artifacts, ref.url)
+            await self._embed(image, ref.sha256 or hashlib.sha256(image.tobytes()).hexdigest())
+        return await asyncio.to_thread(run_node, node_type, inp, self.models, self.artifacts, image=image)
 
-    @serve.batch(max_batch_size=DEFAULT_BATCH["max_batch_size"],
-                 batch_wait_timeout_s=DEFAULT_BATCH["batch_wait_timeout_s"])
+    # Ray's stubs expect a batched method of one argument; this one takes two lists.
+    @serve.batch(  # type: ignore[call-overload]
+        max_batch_size=DEFAULT_BATCH["max_batch_size"], batch_wait_timeout_s=DEFAULT_BATCH["batch_wait_timeout_s"]
+    )
     async def _embed(self, images: list[np.ndarray], shas: list[str]) -> list[None]:
         """Warm the embedding cache for a batch of requests with one encoder forward."""
         await asyncio.to_thread(self.encoder.embed_batch, images, shas)
         return [None] * len(images)
-
-
-def _uses_image(node_type: str, input: Mapping[str, Any]) -> bool:
-    if not isinstance(input.get("image"), Mapping) or not input["image"].get("url"):
-        return False
-    if node_type == "DETECT_SUBJECTS":
-        return True
-    key = {"VALIDATE_MANUAL_BOX_LIST": "items_to_validate", "PROCESS_APPROVED_BOX_LIST": "approved_box_list"}
-    return bool(input.get(key.get(node_type, ""), None))
 
 
 @serve.deployment(name="Detector")
@@ -126,16 +139,16 @@ def deployment_options(backend: str, overrides: Mapping[str, Any], gpu: bool) ->
     limits and actor resources, defaults overlaid with the ``--config`` section."""
     opts: dict[str, Any] = {}
     batch = {**DEFAULT_BATCH, **{k: overrides[k] for k in DEFAULT_BATCH if k in overrides}}
-    opts["max_ongoing_requests"] = int(overrides.get("max_ongoing_requests",
-                                                     max(8, 2 * int(batch["max_batch_size"]))))
+    opts["max_ongoing_requests"] = int(overrides.get("max_ongoing_requests", max(8, 2 * int(batch["max_batch_size"]))))
     if "num_replicas" in overrides:
         opts["num_replicas"] = int(overrides["num_replicas"])
     else:
         auto = dict(DEFAULT_AUTOSCALING)
         auto.update({k: overrides[k] for k in AUTOSCALING_KEYS if k in overrides})
         auto.update(overrides.get("autoscaling_config") or {})
-        auto["initial_replicas"] = max(int(auto["min_replicas"]), min(int(auto.get("initial_replicas", 1)),
-                                                                      int(auto["max_replicas"])))
+        auto["initial_replicas"] = max(
+            int(auto["min_replicas"]), min(int(auto.get("initial_replicas", 1)), int(auto["max_replicas"]))
+        )
         opts["autoscaling_config"] = auto
     actor: dict[str, Any] = {"num_cpus": float(overrides.get("num_cpus", 1))}
     if gpu and backend in TORCH_BACKENDS:
@@ -159,7 +172,12 @@ def build_model_deployments(config: Mapping[str, Any]) -> dict[str, Any]:
     gpu = _cuda_available()
     artifact_root = str(config.get("artifacts") or "file://.hitl/artifacts")
     out: dict[str, Any] = {}
-    for role, cls in (("detector", Detector), ("validator", BoxValidator), ("segmenter", Segmenter)):
+    deployments: tuple[tuple[Role, Any], ...] = (
+        ("detector", Detector),
+        ("validator", BoxValidator),
+        ("segmenter", Segmenter),
+    )
+    for role, cls in deployments:
         name = cls.name
         overrides = deployment_overrides(config, role, name)
         backend, kwargs = backend_kwargs(config.get(role) or {}, overrides)

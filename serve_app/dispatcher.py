@@ -5,6 +5,7 @@ reclaim of entries a dead dispatcher held) plus at-most-once application
 (reports keyed by node_instance_id in the Lua script) gives exactly-once effect.
 Executors never write job status; they only return a node's output.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,9 +16,9 @@ import socket
 import time
 from typing import Any, Protocol
 
-from statecore.decide import CONTROL_PLANE_NODES
 from statecore.errors import NodeExecutionError
 from statecore.models import NodeCommand, NodeReport
+from statecore.nodes import CONTROL_PLANE_NODES, parse_output
 from statecore.store import OutboxEntry, Store
 
 from . import metrics
@@ -31,10 +32,21 @@ class NodeRunner(Protocol):
 
 
 class Dispatcher:
-    def __init__(self, store: Store, runner: NodeRunner, *, consumer: str | None = None, concurrency: int = 64,
-                 max_attempts: int = 4, backoff_s: float = 0.25, backoff_cap_s: float = 10.0,
-                 attempt_timeout_s: float = 600.0, reclaim_idle_ms: int = 60_000,
-                 reclaim_every_s: float = 5.0, inspect_every_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        runner: NodeRunner,
+        *,
+        consumer: str | None = None,
+        concurrency: int = 64,
+        max_attempts: int = 4,
+        backoff_s: float = 0.25,
+        backoff_cap_s: float = 10.0,
+        attempt_timeout_s: float = 600.0,
+        reclaim_idle_ms: int = 60_000,
+        reclaim_every_s: float = 5.0,
+        inspect_every_s: float = 30.0,
+    ) -> None:
         self.store = store
         self.runner = runner
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{random.randrange(1 << 30):x}"
@@ -63,8 +75,12 @@ class Dispatcher:
                 if time.monotonic() - last_reclaim > self.reclaim_every_s:
                     last_reclaim = time.monotonic()
                     for entry in await self.store.outbox_reclaim(self.consumer, self.reclaim_idle_ms):
-                        log.warning("reclaimed %s node=%s job=%s from a silent dispatcher",
-                                    entry.command.node_type, entry.command.node_instance_id, entry.command.job_id)
+                        log.warning(
+                            "reclaimed %s node=%s job=%s from a silent dispatcher",
+                            entry.command.node_type,
+                            entry.command.node_instance_id,
+                            entry.command.job_id,
+                        )
                         self._spawn(entry)
                 free = max(1, self.sem._value)  # read only as a batch-size hint
                 for entry in await self.store.outbox_read(self.consumer, count=free, block_ms=1000):
@@ -108,17 +124,33 @@ class Dispatcher:
         result = await self.store.apply_report(report)
         metrics.REPORTS.labels(result).inc()
         await self.store.outbox_ack(entry)
-        log.info("node %s job=%s node=%s outcome=%s report=%s", cmd.node_type, cmd.job_id, cmd.node_instance_id,
-                 report.outcome, result)
+        log.info(
+            "node %s job=%s node=%s outcome=%s report=%s",
+            cmd.node_type,
+            cmd.job_id,
+            cmd.node_instance_id,
+            report.outcome,
+            result,
+        )
 
     async def execute(self, cmd: NodeCommand) -> NodeReport:
         """Run the node with retries: transient errors back off exponentially (capped); a
-        non-retryable error fails at once; running past the time limit on the last attempt is TIMED_OUT."""
-        def report(outcome: str, code: str | None = None, message: str | None = None,
-                   output: dict[str, Any] | None = None) -> NodeReport:
-            return NodeReport(node_instance_id=cmd.node_instance_id, node_type=cmd.node_type, job_id=cmd.job_id,
-                              outcome=outcome, error_code=code, error_message=message,  # type: ignore[arg-type]
-                              output=output or {})
+        non-retryable error fails at once, and so does an output that does not parse as the
+        node's contract (``INVALID_NODE_OUTPUT``: the same answer would not parse on a retry);
+        running past the time limit on the last attempt is TIMED_OUT."""
+
+        def report(
+            outcome: str, code: str | None = None, message: str | None = None, output: dict[str, Any] | None = None
+        ) -> NodeReport:
+            return NodeReport(
+                node_instance_id=cmd.node_instance_id,
+                node_type=cmd.node_type,
+                job_id=cmd.job_id,
+                outcome=outcome,
+                error_code=code,
+                error_message=message,
+                output=output or {},
+            )
 
         if cmd.node_type in CONTROL_PLANE_NODES:
             return report("SUCCEEDED")
@@ -126,7 +158,8 @@ class Dispatcher:
         for attempt in range(1, self.max_attempts + 1):
             t0 = time.perf_counter()
             try:
-                output = await asyncio.wait_for(self.runner.run(cmd), timeout=self.attempt_timeout_s)
+                raw = await asyncio.wait_for(self.runner.run(cmd), timeout=self.attempt_timeout_s)
+                output = parse_output(cmd.node_type, raw).model_dump(mode="json")
                 metrics.NODE_SECONDS.labels(cmd.node_type, "SUCCEEDED").observe(time.perf_counter() - t0)
                 return report("SUCCEEDED", output=output)
             except NodeExecutionError as e:
@@ -134,7 +167,7 @@ class Dispatcher:
                 if not e.retryable:
                     return report("FAILED", e.code, e.message)
                 last = ("FAILED", e.code, e.message)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 metrics.NODE_SECONDS.labels(cmd.node_type, "TIMED_OUT").observe(time.perf_counter() - t0)
                 last = ("TIMED_OUT", "NODE_TIMED_OUT", f"attempt exceeded {self.attempt_timeout_s}s")
             except Exception as e:  # model crash, replica gone, network: transient
@@ -142,8 +175,15 @@ class Dispatcher:
                 last = ("FAILED", "NODE_FAILED", f"{type(e).__name__}: {e}")
             if attempt < self.max_attempts:
                 delay = min(self.backoff_cap_s, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-                log.warning("%s job=%s attempt %d/%d failed (%s); retrying in %.2fs", cmd.node_type, cmd.job_id,
-                            attempt, self.max_attempts, last[2], delay)
+                log.warning(
+                    "%s job=%s attempt %d/%d failed (%s); retrying in %.2fs",
+                    cmd.node_type,
+                    cmd.job_id,
+                    attempt,
+                    self.max_attempts,
+                    last[2],
+                    delay,
+                )
                 await asyncio.sleep(delay)
         return report(*last)
 
@@ -183,13 +223,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reclaim-idle-ms", type=int, default=60_000)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings(data_dir=Path(args.data_dir).resolve(), redis_url=args.redis_url,
-                        detector_delay_ms=args.detector_delay_ms, reclaim_idle_ms=args.reclaim_idle_ms)
+    settings = Settings(
+        data_dir=Path(args.data_dir).resolve(),
+        redis_url=args.redis_url,
+        detector_delay_ms=args.detector_delay_ms,
+        reclaim_idle_ms=args.reclaim_idle_ms,
+    )
     store = Store.from_url(args.redis_url)
     artifacts = ArtifactStore(settings.artifacts)
     runner = LocalRunner(build_models(settings.backend_config()), artifacts)
-    dispatcher = Dispatcher(store, runner, consumer=args.consumer, reclaim_idle_ms=args.reclaim_idle_ms,
-                            max_attempts=settings.node_max_attempts, attempt_timeout_s=settings.node_timeout_s)
+    dispatcher = Dispatcher(
+        store,
+        runner,
+        consumer=args.consumer,
+        reclaim_idle_ms=args.reclaim_idle_ms,
+        max_attempts=settings.node_max_attempts,
+        attempt_timeout_s=settings.node_timeout_s,
+    )
     try:
         asyncio.run(dispatcher.run_forever())
     except KeyboardInterrupt:

@@ -1,4 +1,6 @@
-"""Domain models: the JSON shapes of SPEC §3–§5, used as they are by HTTP, SSE and the client."""
+"""Domain models: the JSON shapes of docs/protocol.md (§ Pause, § Routes, § Intervention, § Events),
+used as they are by HTTP, SSE and the client. Node inputs and outputs live in ``statecore.nodes``."""
+
 from __future__ import annotations
 
 import math
@@ -6,14 +8,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .states import JobStatus
+from .states import JobStatus, NodeType
 
 BBox = tuple[float, float, float, float]
 PauseStage = Literal["WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION"]
-NodeType = Literal[
-    "DETECT_SUBJECTS", "VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST", "SEGMENT_SUBJECT",
-    "QUALITY_GATE_SUBJECT", "REFINE_SUBJECT", "FINALIZE_RESULTS",
-]
 PENDING_ACTIONS_WAITING = ["SUBMIT_BOX_LIST", "DRAW_MANUAL_BOX"]
 
 
@@ -78,7 +76,7 @@ class ImageRef(BaseModel):
 
 class CurrentNode(BaseModel):
     node_instance_id: str
-    node_type: str
+    node_type: NodeType
     status: Literal["QUEUED", "RUNNING", "COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED"]
     attempt: int = 0
 
@@ -185,6 +183,10 @@ class Event(BaseModel):
 
 
 class NodeCommand(BaseModel):
+    """One outbox entry. ``node_type`` and ``input`` stay plain on the wire: an executor answers
+    a type it does not know with ``UNSUPPORTED_NODE_TYPE`` and reads ``input`` through
+    ``statecore.nodes.parse_input`` (docs/protocol.md § Executors and the outbox)."""
+
     node_instance_id: str
     node_type: str
     job_id: str
@@ -194,6 +196,8 @@ class NodeCommand(BaseModel):
 
 
 class NodeReport(BaseModel):
+    """An executor's answer; the decider reads ``output`` through ``statecore.nodes.parse_output``."""
+
     node_instance_id: str
     node_type: str
     job_id: str
@@ -203,7 +207,7 @@ class NodeReport(BaseModel):
     output: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _error_has_code(self) -> "NodeReport":
+    def _error_has_code(self) -> NodeReport:
         if self.outcome != "SUCCEEDED" and not self.error_code:
             self.error_code = "NODE_" + self.outcome
         return self

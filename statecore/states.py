@@ -1,4 +1,7 @@
-"""Job states and the one transition table (SPEC §2). Pure: no I/O."""
+"""Job states, node types and the one transition table (docs/protocol.md § States, § Transitions).
+
+Pure: no I/O."""
+
 from __future__ import annotations
 
 from enum import StrEnum
@@ -24,6 +27,24 @@ class JobStatus(StrEnum):
 
 S = JobStatus
 
+
+class NodeType(StrEnum):
+    """Every kind of node the workflow knows (docs/protocol.md § Executors and the outbox).
+
+    A ``str`` enum, so the wire format (HTTP, SSE, Redis, the outbox) stays the plain name.
+    ``statecore.nodes`` says which of them have an input/output contract and who runs them;
+    the others (``SEGMENT_SUBJECT``, ``QUALITY_GATE_SUBJECT``, ``REFINE_SUBJECT``) are named
+    by the protocol but not implemented, so an executor answers ``UNSUPPORTED_NODE_TYPE``."""
+
+    DETECT_SUBJECTS = "DETECT_SUBJECTS"
+    VALIDATE_MANUAL_BOX_LIST = "VALIDATE_MANUAL_BOX_LIST"
+    PROCESS_APPROVED_BOX_LIST = "PROCESS_APPROVED_BOX_LIST"
+    SEGMENT_SUBJECT = "SEGMENT_SUBJECT"
+    QUALITY_GATE_SUBJECT = "QUALITY_GATE_SUBJECT"
+    REFINE_SUBJECT = "REFINE_SUBJECT"
+    FINALIZE_RESULTS = "FINALIZE_RESULTS"
+
+
 TERMINAL: frozenset[JobStatus] = frozenset(
     {S.SUCCEEDED, S.PARTIAL_SUCCEEDED, S.FAILED, S.EMPTY_SELECTION, S.CANCELLED, S.TIMED_OUT}
 )
@@ -40,12 +61,24 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
         {S.VALIDATING_MANUAL_BOXES, S.PROCESSING_APPROVED_SUBJECTS, S.EMPTY_SELECTION, S.FAILED, S.CANCELLED}
     ),
     S.VALIDATING_MANUAL_BOXES: frozenset(
-        {S.WAITING_BOX_BATCH_REVISION, S.PROCESSING_APPROVED_SUBJECTS, S.FINALIZING_RESULTS,
-         S.FAILED, S.CANCELLED, S.TIMED_OUT}
+        {
+            S.WAITING_BOX_BATCH_REVISION,
+            S.PROCESSING_APPROVED_SUBJECTS,
+            S.FINALIZING_RESULTS,
+            S.FAILED,
+            S.CANCELLED,
+            S.TIMED_OUT,
+        }
     ),
     S.WAITING_BOX_BATCH_REVISION: frozenset(
-        {S.VALIDATING_MANUAL_BOXES, S.PROCESSING_APPROVED_SUBJECTS, S.FINALIZING_RESULTS,
-         S.EMPTY_SELECTION, S.FAILED, S.CANCELLED}
+        {
+            S.VALIDATING_MANUAL_BOXES,
+            S.PROCESSING_APPROVED_SUBJECTS,
+            S.FINALIZING_RESULTS,
+            S.EMPTY_SELECTION,
+            S.FAILED,
+            S.CANCELLED,
+        }
     ),
     S.PROCESSING_APPROVED_SUBJECTS: frozenset({S.FINALIZING_RESULTS, S.FAILED, S.CANCELLED, S.TIMED_OUT}),
     S.FINALIZING_RESULTS: frozenset({S.SUCCEEDED, S.PARTIAL_SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT}),

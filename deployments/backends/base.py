@@ -1,21 +1,27 @@
-"""The model backend interface and the registry the deployments build backends from.
+"""The model backend interface: protocols, shared geometry and the name -> class registry.
 
 Three roles, each a small protocol so a backend is any object with the method and
 attributes below. Everything here is plain Python (numpy only): importing it pulls in
 neither Ray nor torch, so the control plane, the tests and the GPU benchmark can use
-the backends without a Ray cluster. Heavy backends are imported lazily by the factories.
+the backends without a Ray cluster. Backend modules import this one and register their
+classes; this one imports none of them: the factories import a backend's module by name
+on first use (``BACKEND_MODULES``).
 
 Shapes shared by every backend:
 - ``image``: ``np.ndarray`` RGB ``uint8`` ``H x W x 3``; ``image_sha``: the image's sha256,
   used as a cache key (SAM keeps the image embedding under it).
 - ``bbox``: ``[x1, y1, x2, y2]`` floats, pixels of the original image.
 """
+
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import time
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -43,8 +49,7 @@ class ValidatorBackend(Protocol):
     threshold: float
     policy_version: str
 
-    def validate(self, image: np.ndarray, image_sha: str,
-                 boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def validate(self, image: np.ndarray, image_sha: str, boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """For ``[{"box_id", "bbox", "label"}]`` return ``[{"box_id", "passed", "score", "reason"}]``
         in the same order; ``passed`` is ``score >= threshold`` and ``reason`` is None when passed."""
         ...
@@ -54,8 +59,7 @@ class ValidatorBackend(Protocol):
 class SegmenterBackend(Protocol):
     name: str
 
-    def segment(self, image: np.ndarray, image_sha: str,
-                boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def segment(self, image: np.ndarray, image_sha: str, boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """For ``[{"box_id", "bbox"}]`` return ``[{"box_id", "mask"}]`` (``mask``: bool ``H x W``,
         the image's size), all boxes of the image in one call. A result may also carry
         ``"alpha"`` (uint8 ``H x W``, a feathered edge for the cut-out) and ``"reason"``."""
@@ -91,8 +95,12 @@ def box_problem(bbox: Any, width: int, height: int) -> str | None:
 def int_box(bbox: Any, width: int, height: int) -> tuple[int, int, int, int]:
     """Pixel bounds covering ``bbox`` (x2, y2 exclusive), clipped to the image."""
     x1, y1, x2, y2 = (float(v) for v in bbox)
-    return (max(0, int(math.floor(x1))), max(0, int(math.floor(y1))),
-            min(width, int(math.ceil(x2))), min(height, int(math.ceil(y2))))
+    return (
+        max(0, int(math.floor(x1))),
+        max(0, int(math.floor(y1))),
+        min(width, int(math.ceil(x2))),
+        min(height, int(math.ceil(y2))),
+    )
 
 
 def box_iou(a: Any, b: Any) -> float:
@@ -139,35 +147,88 @@ class DelayedDetector:
 
 # --------------------------------------------------------------------------- registry
 
-DETECTORS = ("classical", "sam-auto", "sam", "torchvision")
-VALIDATORS = ("classical", "sam", "sam-auto")
-SEGMENTERS = ("classical", "sam", "sam-auto")
+Role = Literal["detector", "validator", "segmenter"]
+T = TypeVar("T")
+
+# Where each backend lives, by role and name. The module is imported on first use (by name,
+# so this file imports no backend and choosing the classical default never imports torch);
+# on import it registers its classes with ``register``.
+_CLASSICAL = "deployments.backends.classical"
+_SAM = "deployments.backends.sam.backends"
+_TORCHVISION = "deployments.backends.tv_detector"
+BACKEND_MODULES: dict[Role, dict[str, str]] = {
+    "detector": {"classical": _CLASSICAL, "sam-auto": _SAM, "sam": _SAM, "torchvision": _TORCHVISION},
+    "validator": {"classical": _CLASSICAL, "sam": _SAM, "sam-auto": _SAM},
+    "segmenter": {"classical": _CLASSICAL, "sam": _SAM, "sam-auto": _SAM},
+}
+DETECTORS = tuple(BACKEND_MODULES["detector"])
+VALIDATORS = tuple(BACKEND_MODULES["validator"])
+SEGMENTERS = tuple(BACKEND_MODULES["segmenter"])
 
 
-def _unknown(role: str, name: str, known: tuple[str, ...]) -> ValueError:
-    return ValueError(f"unknown {role} backend {name!r}; choose one of {', '.join(known)}")
+@dataclass(frozen=True)
+class _Entry:
+    cls: Callable[..., Any]
+    takes_artifacts: bool
 
 
-def make_detector(name: str | None = None, *, delay_ms: float = 0, artifacts: Any = None,
-                  **cfg: Any) -> DetectorBackend:
+_REGISTRY: dict[tuple[Role, str], _Entry] = {}
+
+
+def register(role: Role, *names: str, takes_artifacts: bool = False) -> Callable[[type[T]], type[T]]:
+    """Class decorator: the backend for ``role`` under ``names``. ``takes_artifacts``: its
+    constructor wants the ArtifactStore (``artifacts=``), e.g. to persist SAM embeddings."""
+
+    def deco(cls: type[T]) -> type[T]:
+        for name in names:
+            _REGISTRY[(role, name)] = _Entry(cls, takes_artifacts)
+        return cls
+
+    return deco
+
+
+def backend_class(role: Role, name: str) -> Callable[..., Any]:
+    """The class registered for ``role`` and ``name``, importing its module on first use."""
+    return _entry(role, name.lower()).cls
+
+
+def _entry(role: Role, name: str) -> _Entry:
+    if (role, name) not in _REGISTRY:
+        module = BACKEND_MODULES[role].get(name)
+        if module is None:
+            raise ValueError(f"unknown {role} backend {name!r}; choose one of {', '.join(BACKEND_MODULES[role])}")
+        importlib.import_module(module)
+    try:
+        return _REGISTRY[(role, name)]
+    except KeyError:
+        raise ValueError(f"{BACKEND_MODULES[role][name]} registers no {role} backend {name!r}") from None
+
+
+def make_backend(role: Role, name: str | None = None, *, artifacts: Any = None, **cfg: Any) -> Any:
+    """A backend for ``role`` by name (default ``classical``); the detector also takes ``delay_ms``."""
+    if role == "detector":
+        return make_detector(name, artifacts=artifacts, **cfg)
+    if role == "validator":
+        return make_validator(name, artifacts=artifacts, **cfg)
+    return make_segmenter(name, artifacts=artifacts, **cfg)
+
+
+def _build(role: Role, name: str | None, artifacts: Any, cfg: dict[str, Any]) -> Any:
+    entry = _entry(role, (name or DEFAULT_BACKEND).lower())
+    if entry.takes_artifacts:
+        cfg = {**cfg, "artifacts": artifacts}
+    return entry.cls(**cfg)
+
+
+def make_detector(
+    name: str | None = None, *, delay_ms: float = 0, artifacts: Any = None, **cfg: Any
+) -> DetectorBackend:
     """``classical`` (default, weight-free), ``sam-auto``/``sam`` (SamAutomaticMaskGenerator proposals,
     needs ``checkpoint``), ``torchvision`` (needs ``weights``; ``arch`` picks the architecture).
 
     ``artifacts`` (an ArtifactStore) is where SAM persists image embeddings; the other
     backends keep nothing and ignore it."""
-    name = (name or DEFAULT_BACKEND).lower()
-    backend: DetectorBackend
-    if name == "classical":
-        from .classical import ClassicalDetector
-        backend = ClassicalDetector(**cfg)
-    elif name in ("sam-auto", "sam"):
-        from .sam import SamAutoDetector
-        backend = SamAutoDetector(artifacts=artifacts, **cfg)
-    elif name == "torchvision":
-        from .tv_detector import TorchvisionDetector
-        backend = TorchvisionDetector(**cfg)
-    else:
-        raise _unknown("detector", name, DETECTORS)
+    backend: DetectorBackend = _build("detector", name, artifacts, cfg)
     if delay_ms and delay_ms > 0:
         backend = DelayedDetector(backend, delay_ms)
     log.info("detector backend: %s", backend.name)
@@ -176,32 +237,15 @@ def make_detector(name: str | None = None, *, delay_ms: float = 0, artifacts: An
 
 def make_validator(name: str | None = None, *, artifacts: Any = None, **cfg: Any) -> ValidatorBackend:
     """``classical`` (default) or ``sam`` (the decoder's predicted IoU for the box prompt)."""
-    name = (name or DEFAULT_BACKEND).lower()
-    backend: ValidatorBackend
-    if name == "classical":
-        from .classical import ClassicalValidator
-        backend = ClassicalValidator(**cfg)
-    elif name in ("sam", "sam-auto"):
-        from .sam import SamValidator
-        backend = SamValidator(artifacts=artifacts, **cfg)
-    else:
-        raise _unknown("validator", name, VALIDATORS)
-    log.info("validator backend: %s (threshold %.2f, policy %s)", backend.name, backend.threshold,
-             backend.policy_version)
+    backend: ValidatorBackend = _build("validator", name, artifacts, cfg)
+    log.info(
+        "validator backend: %s (threshold %.2f, policy %s)", backend.name, backend.threshold, backend.policy_version
+    )
     return backend
 
 
 def make_segmenter(name: str | None = None, *, artifacts: Any = None, **cfg: Any) -> SegmenterBackend:
     """``classical`` (default, GrabCut seeded by the box) or ``sam`` (batched box prompts)."""
-    name = (name or DEFAULT_BACKEND).lower()
-    backend: SegmenterBackend
-    if name == "classical":
-        from .classical import ClassicalSegmenter
-        backend = ClassicalSegmenter(**cfg)
-    elif name in ("sam", "sam-auto"):
-        from .sam import SamSegmenter
-        backend = SamSegmenter(artifacts=artifacts, **cfg)
-    else:
-        raise _unknown("segmenter", name, SEGMENTERS)
+    backend: SegmenterBackend = _build("segmenter", name, artifacts, cfg)
     log.info("segmenter backend: %s", backend.name)
     return backend

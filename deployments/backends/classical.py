@@ -13,6 +13,7 @@ that differs from it by clearly more than the background's own noise.
 - ``ClassicalSegmenter``: GrabCut seeded by the box (plus the ring's background model), a
   threshold mask when GrabCut gives up, then largest component and hole filling.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,77 +23,16 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .base import box_problem, check_image, int_box, invalid_result
+from .background import BoxEvidence, fit_background, noise_threshold, resize_max, soft_ramp, to_lab
+from .base import box_problem, check_image, int_box, invalid_result, register
 from .postprocess import clean_mask, feather
 
 log = logging.getLogger(__name__)
 
-MIN_CONTRAST = 6.0  # Delta E: below this nobody calls it "a different colour"
-
-
-def _resize_max(image: np.ndarray, max_side: int) -> tuple[np.ndarray, float]:
-    """Downscale so the long side is at most ``max_side``; returns the image and the factor applied."""
-    h, w = image.shape[:2]
-    s = min(1.0, max_side / float(max(h, w)))
-    if s >= 1.0:
-        return image, 1.0
-    return cv2.resize(image, (max(1, round(w * s)), max(1, round(h * s))), interpolation=cv2.INTER_AREA), s
-
-
-def _lab(rgb: np.ndarray) -> np.ndarray:
-    """float32 CIELAB (L in 0..100), light denoising first so sensor noise does not read as texture."""
-    smooth = cv2.GaussianBlur(rgb, (3, 3), 0)
-    return cv2.cvtColor(smooth.astype(np.float32) / 255.0, cv2.COLOR_RGB2LAB)
-
-
-def _noise_threshold(residuals: np.ndarray, k: float = 4.0) -> float:
-    """Distance above which a pixel is not background: k times the median background residual.
-
-    The median stays put while up to half the samples belong to something else (an
-    object touching the border, a neighbour inside a box's ring); for Gaussian sensor
-    noise k=4 is about six standard deviations."""
-    if residuals.size == 0:
-        return MIN_CONTRAST
-    return max(MIN_CONTRAST, k * float(np.median(residuals)))
-
-
-def _fit_background(lab: np.ndarray, border: int) -> tuple[np.ndarray, np.ndarray]:
-    """Fit ``colour = a + b*x + c*y`` per channel to the border strip, robustly.
-
-    A plane absorbs the light fall-off of studio shots; two reweighting passes drop
-    border pixels that belong to an object touching the edge. Returns the predicted
-    background (H x W x 3) and the inlier residuals of the border."""
-    h, w = lab.shape[:2]
-    sel = np.zeros((h, w), bool)
-    sel[:border], sel[-border:], sel[:, :border], sel[:, -border:] = True, True, True, True
-    ys, xs = np.nonzero(sel)
-    step = max(1, ys.size // 20000)
-    ys, xs = ys[::step], xs[::step]
-    vals = lab[ys, xs].astype(np.float64)
-    design = np.stack([np.ones_like(xs, dtype=np.float64), xs / w, ys / h], axis=1)
-    keep = np.ones(len(vals), bool)
-    coef = np.zeros((3, 3))
-    for _ in range(3):
-        coef, *_ = np.linalg.lstsq(design[keep], vals[keep], rcond=None)
-        res = np.linalg.norm(design @ coef - vals, axis=1)
-        cut = max(np.percentile(res, 60) * 2.0, 1.0)
-        keep = res <= cut
-        if keep.sum() < 10:
-            keep = res <= np.percentile(res, 50)
-    gx, gy = np.meshgrid(np.arange(w, dtype=np.float32) / w, np.arange(h, dtype=np.float32) / h)
-    bg = coef[0][None, None, :] + gx[..., None] * coef[1][None, None, :] + gy[..., None] * coef[2][None, None, :]
-    return bg.astype(np.float32), res[keep]
-
-
-def _soft_ramp(x: float, lo: float, hi: float) -> float:
-    if hi <= lo:
-        return 1.0 if x >= hi else 0.0
-    return float(np.clip((x - lo) / (hi - lo), 0.0, 1.0))
-
-
 # --------------------------------------------------------------------------- detector
 
 
+@register("detector", "classical")
 class ClassicalDetector:
     """Boxes around whatever stands out from the border's background colour.
 
@@ -105,9 +45,16 @@ class ClassicalDetector:
 
     name = "classical"
 
-    def __init__(self, max_detections: int = 10, min_score: float = 0.2, min_area_frac: float = 0.002,
-                 work_size: int = 512, border_frac: float = 0.03, clutter_threshold: float = 25.0,
-                 label: str = "object") -> None:
+    def __init__(
+        self,
+        max_detections: int = 10,
+        min_score: float = 0.2,
+        min_area_frac: float = 0.002,
+        work_size: int = 512,
+        border_frac: float = 0.03,
+        clutter_threshold: float = 25.0,
+        label: str = "object",
+    ) -> None:
         self.clutter_threshold = float(clutter_threshold)
         self.max_detections = int(max_detections)
         self.min_score = float(min_score)
@@ -118,13 +65,13 @@ class ClassicalDetector:
 
     def foreground(self, image: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
         """The work-size difference map, its binary foreground, the threshold and the scale."""
-        small, scale = _resize_max(check_image(image), self.work_size)
-        lab = _lab(small)
+        small, scale = resize_max(check_image(image), self.work_size)
+        lab = to_lab(small)
         h, w = lab.shape[:2]
         border = max(2, round(self.border_frac * min(h, w)))
-        bg, residuals = _fit_background(lab, border)
+        bg, residuals = fit_background(lab, border)
         diff = np.linalg.norm(lab - bg, axis=2)
-        thr = _noise_threshold(residuals, 5.0)
+        thr = noise_threshold(residuals, 5.0)
         fg = (diff > thr).astype(np.uint8)
         fg = cv2.morphologyEx(fg, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
         k = max(3, round(0.012 * math.hypot(h, w))) | 1
@@ -145,15 +92,20 @@ class ClassicalDetector:
             if score < self.min_score:
                 continue
             x1, y1, x2, y2 = bbox
-            bbox = [round(max(0.0, x1), 2), round(max(0.0, y1), 2), round(min(float(ow), x2), 2),
-                    round(min(float(oh), y2), 2)]
+            bbox = [
+                round(max(0.0, x1), 2),
+                round(max(0.0, y1), 2),
+                round(min(float(ow), x2), 2),
+                round(min(float(oh), y2), 2),
+            ]
             out.append({"bbox": bbox, "label": self.label, "score": round(float(score), 4)})
             if len(out) >= self.max_detections:
                 break
         return out
 
-    def _blob_proposals(self, diff: np.ndarray, fg: np.ndarray, thr: float,
-                        scale: float) -> list[tuple[list[float], float]]:
+    def _blob_proposals(
+        self, diff: np.ndarray, fg: np.ndarray, thr: float, scale: float
+    ) -> list[tuple[list[float], float]]:
         h, w = fg.shape
         n, labels, stats, _ = cv2.connectedComponentsWithStats(fg, connectivity=8)
         out: list[tuple[list[float], float]] = []
@@ -165,8 +117,8 @@ class ClassicalDetector:
             sides = (x == 0) + (y == 0) + (x + bw >= w) + (y + bh >= h)
             if sides >= 3:
                 continue  # spans the frame: uneven background, not a subject
-            comp = labels[y:y + bh, x:x + bw] == i
-            contrast = float(diff[y:y + bh, x:x + bw][comp].mean()) / thr
+            comp = labels[y : y + bh, x : x + bw] == i
+            contrast = float(diff[y : y + bh, x : x + bw][comp].mean()) / thr
             s_contrast = 1.0 - math.exp(-1.5 * max(0.0, contrast - 1.0))
             s_edge = 1.0 if sides == 0 else (0.85 if sides == 1 else 0.6)
             score = s_contrast * self._shape_area_score(comp, area, min_area) * s_edge
@@ -177,7 +129,7 @@ class ClassicalDetector:
         """Subjects of a scene photo: GrabCut from a frame inset by 5%, one box per blob,
         scored by how well the blob's colours separate from the rest (at most 0.8: this
         cue is weaker than a plain background)."""
-        small, scale = _resize_max(image, 256)
+        small, scale = resize_max(image, 256)
         h, w = small.shape[:2]
         gc = np.zeros((h, w), np.uint8)
         rect = (max(1, round(0.05 * w)), max(1, round(0.05 * h)), round(0.9 * w), round(0.9 * h))
@@ -189,7 +141,7 @@ class ClassicalDetector:
             return []
         fg = ((gc == cv2.GC_FGD) | (gc == cv2.GC_PR_FGD)).astype(np.uint8)
         fg = cv2.morphologyEx(fg, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
-        lab = _lab(small)
+        lab = to_lab(small)
         n, labels, stats, _ = cv2.connectedComponentsWithStats(fg, connectivity=8)
         rest = lab[fg == 0]
         if rest.shape[0] < 10:
@@ -200,8 +152,8 @@ class ClassicalDetector:
             x, y, bw, bh, area = (int(v) for v in stats[i])
             if area < 4 * min_area:
                 continue
-            comp = labels[y:y + bh, x:x + bw] == i
-            inside = lab[y:y + bh, x:x + bw][comp]
+            comp = labels[y : y + bh, x : x + bw] == i
+            inside = lab[y : y + bh, x : x + bw][comp]
             spread = math.sqrt(0.5 * (float(inside.var(axis=0).sum()) + float(rest.var(axis=0).sum()))) + 1e-6
             sep = float(np.linalg.norm(inside.mean(axis=0) - rest.mean(axis=0))) / spread
             score = 0.8 * (1.0 - math.exp(-2.0 * sep)) * self._shape_area_score(comp, area, min_area)
@@ -217,13 +169,14 @@ class ClassicalDetector:
         hull_area = cv2.contourArea(cv2.convexHull(np.concatenate(contours)))
         filled = float(cv2.contourArea(max(contours, key=cv2.contourArea)))
         solidity = min(1.0, max(filled, area) / hull_area) if hull_area > 0 else 0.0
-        s_shape = 0.6 + 0.4 * _soft_ramp(solidity, 0.3, 0.8)
-        s_area = 0.5 + 0.5 * _soft_ramp(math.log10(max(area, 1) / min_area), 0.0, 1.5)
+        s_shape = 0.6 + 0.4 * soft_ramp(solidity, 0.3, 0.8)
+        s_area = 0.5 + 0.5 * soft_ramp(math.log10(max(area, 1) / min_area), 0.0, 1.5)
         return s_shape * s_area
 
 
-def _merge_boxes(cands: list[tuple[list[float], float]], contain: float = 0.7,
-                 iou: float = 0.5) -> list[tuple[list[float], float]]:
+def _merge_boxes(
+    cands: list[tuple[list[float], float]], contain: float = 0.7, iou: float = 0.5
+) -> list[tuple[list[float], float]]:
     """Union boxes that are mostly inside one another or overlap a lot (a shoe's sole
     and upper split by a seam are one subject); keep the higher score."""
     boxes = [(list(b), s) for b, s in cands]
@@ -251,77 +204,10 @@ def _merge_boxes(cands: list[tuple[list[float], float]], contain: float = 0.7,
     return boxes
 
 
-# --------------------------------------------------------------------------- box evidence
-
-
-class BoxEvidence:
-    """What the neighbourhood of one box says, on the work-size image.
-
-    ``d``/``fg`` cover the box plus its ring (``region`` in image pixels, ``inner`` the box
-    inside the region); ``ref``/``thr`` are the ring's background colour and threshold."""
-
-    def __init__(self, lab: np.ndarray, box: tuple[int, int, int, int], margin_frac: float) -> None:
-        h, w = lab.shape[:2]
-        x1, y1, x2, y2 = box
-        m = max(3, round(margin_frac * max(x2 - x1, y2 - y1)))
-        rx1, ry1, rx2, ry2 = max(0, x1 - m), max(0, y1 - m), min(w, x2 + m), min(h, y2 + m)
-        region = lab[ry1:ry2, rx1:rx2]
-        ring = np.ones(region.shape[:2], bool)
-        ring[y1 - ry1:y2 - ry1, x1 - rx1:x2 - rx1] = False
-        samples = region[ring]
-        if samples.shape[0] < 50:
-            # The box reaches the image edge all round: the image's border stands in for the ring.
-            b = max(2, round(0.03 * min(h, w)))
-            edge = np.ones((h, w), bool)
-            edge[b:-b, b:-b] = False
-            samples = lab[edge]
-        self.ref = np.median(samples, axis=0).astype(np.float32)
-        self.thr = _noise_threshold(np.linalg.norm(samples - self.ref, axis=1))
-        self.region = (rx1, ry1, rx2, ry2)
-        self.inner = (x1 - rx1, y1 - ry1, x2 - rx1, y2 - ry1)
-        delta = region - self.ref
-        self.d = np.linalg.norm(delta, axis=2)
-        fg = (self.d > self.thr).astype(np.uint8)
-        if min(fg.shape) >= 5:
-            fg = cv2.morphologyEx(fg, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
-        self.fg = fg.astype(bool)
-        # Cast shadows on a studio floor: darker, same hue, not much darker.
-        chroma = np.linalg.norm(delta[..., 1:], axis=2)
-        ratio = region[..., 0] / max(float(self.ref[0]), 1e-3)
-        self.shadow = (chroma < max(self.thr, 8.0)) & (ratio > 0.6) & (ratio < 1.0)
-
-    def box_d(self) -> np.ndarray:
-        ix1, iy1, ix2, iy2 = self.inner
-        return self.d[iy1:iy2, ix1:ix2]
-
-    def box_fg(self) -> np.ndarray:
-        ix1, iy1, ix2, iy2 = self.inner
-        return self.fg[iy1:iy2, ix1:ix2]
-
-    def cut_fraction(self) -> float:
-        """How much of the box's worst side has foreground running on past it.
-
-        Per side, a strip just outside the box; a position along the side counts when most
-        of its strip is (non-shadow) foreground. A box drawn tight or a few pixels inside
-        the object's outline does not count as cutting it."""
-        ix1, iy1, ix2, iy2 = self.inner
-        solid = self.fg & ~self.shadow
-        width = max(3, round(0.04 * max(ix2 - ix1, iy2 - iy1)))
-        strips = []
-        if ix1 > 0:
-            strips.append(solid[iy1:iy2, max(0, ix1 - width):ix1].mean(axis=1))
-        if ix2 < solid.shape[1]:
-            strips.append(solid[iy1:iy2, ix2:ix2 + width].mean(axis=1))
-        if iy1 > 0:
-            strips.append(solid[max(0, iy1 - width):iy1, ix1:ix2].mean(axis=0))
-        if iy2 < solid.shape[0]:
-            strips.append(solid[iy2:iy2 + width, ix1:ix2].mean(axis=0))
-        return max((float((s > 0.5).mean()) for s in strips if s.size), default=0.0)
-
-
 # --------------------------------------------------------------------------- validator
 
 
+@register("validator", "classical")
 class ClassicalValidator:
     """Scores whether a box encloses one segmentable object.
 
@@ -337,8 +223,9 @@ class ClassicalValidator:
     name = "classical"
     policy_version = "classical-ring-contrast-v1"
 
-    def __init__(self, threshold: float = 0.5, work_size: int = 512, margin_frac: float = 0.15,
-                 clutter_threshold: float = 25.0) -> None:
+    def __init__(
+        self, threshold: float = 0.5, work_size: int = 512, margin_frac: float = 0.15, clutter_threshold: float = 25.0
+    ) -> None:
         if not 0.0 <= float(threshold) <= 1.0:
             raise ValueError("threshold must lie in [0, 1]")
         self.clutter_threshold = float(clutter_threshold)
@@ -346,8 +233,9 @@ class ClassicalValidator:
         self.work_size = int(work_size)
         self.margin_frac = float(margin_frac)
 
-    def score_box(self, lab: np.ndarray, box: tuple[int, int, int, int],
-                  global_fg: np.ndarray | None = None) -> tuple[float, str | None]:
+    def score_box(
+        self, lab: np.ndarray, box: tuple[int, int, int, int], global_fg: np.ndarray | None = None
+    ) -> tuple[float, str | None]:
         """Score one box (work-size pixel bounds); ``global_fg`` is the image's foreground
         against its border background, used only to word the reason of a failed box."""
         ev = BoxEvidence(lab, box, self.margin_frac)
@@ -355,15 +243,17 @@ class ClassicalValidator:
         fill = float(fg.mean())
         contrast = float(d[fg].mean()) / ev.thr if fg.any() else 0.0
         cut = ev.cut_fraction()
-        s_fill = _soft_ramp(fill, 0.03, 0.15)
+        s_fill = soft_ramp(fill, 0.03, 0.15)
         s_contrast = 1.0 - math.exp(-1.5 * max(0.0, contrast - 1.0))
-        s_contain = 1.0 - 0.8 * _soft_ramp(cut, 0.2, 0.6)
+        s_contain = 1.0 - 0.8 * soft_ramp(cut, 0.2, 0.6)
         score = s_fill * s_contrast * s_contain
         if score >= self.threshold:
             return score, None
         if ev.thr > self.clutter_threshold:
-            return score, (f"the surroundings are too busy for the weight-free validator to confirm a subject "
-                           f"(score {score:.2f} < {self.threshold:.2f}); the SAM validator handles scene photos")
+            return score, (
+                f"the surroundings are too busy for the weight-free validator to confirm a subject "
+                f"(score {score:.2f} < {self.threshold:.2f}); the SAM validator handles scene photos"
+            )
         x1, y1, x2, y2 = box
         inside_object = global_fg is not None and float(global_fg[y1:y2, x1:x2].mean()) > 0.6
         if s_contain < min(s_fill, s_contrast) or (inside_object and fill < 0.15):
@@ -374,14 +264,13 @@ class ClassicalValidator:
             reason = "the box content barely differs from its surroundings"
         return score, f"{reason} (score {score:.2f} < {self.threshold:.2f})"
 
-    def validate(self, image: np.ndarray, image_sha: str,
-                 boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def validate(self, image: np.ndarray, image_sha: str, boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
         oh, ow = check_image(image).shape[:2]
-        small, scale = _resize_max(image, self.work_size)
-        lab = _lab(small)
+        small, scale = resize_max(image, self.work_size)
+        lab = to_lab(small)
         h, w = lab.shape[:2]
-        bg, residuals = _fit_background(lab, max(2, round(0.03 * min(h, w))))
-        global_fg = np.linalg.norm(lab - bg, axis=2) > _noise_threshold(residuals, 5.0)
+        bg, residuals = fit_background(lab, max(2, round(0.03 * min(h, w))))
+        global_fg = np.linalg.norm(lab - bg, axis=2) > noise_threshold(residuals, 5.0)
         out = []
         for b in boxes:
             problem = box_problem(b.get("bbox"), ow, oh)
@@ -393,14 +282,14 @@ class ClassicalValidator:
                 out.append(invalid_result(b["box_id"], "bbox is too small to hold a subject"))
                 continue
             score, reason = self.score_box(lab, (x1, y1, x2, y2), global_fg)
-            out.append({"box_id": b["box_id"], "passed": reason is None, "score": round(score, 4),
-                        "reason": reason})
+            out.append({"box_id": b["box_id"], "passed": reason is None, "score": round(score, 4), "reason": reason})
         return out
 
 
 # --------------------------------------------------------------------------- segmenter
 
 
+@register("segmenter", "classical")
 class ClassicalSegmenter:
     """GrabCut seeded by the box, with a threshold mask as the fallback.
 
@@ -412,16 +301,21 @@ class ClassicalSegmenter:
 
     name = "classical"
 
-    def __init__(self, work_size: int = 320, iterations: int = 4, margin_frac: float = 0.1,
-                 max_hole_frac: float = 0.1, feather_px: float = 0.0) -> None:
+    def __init__(
+        self,
+        work_size: int = 320,
+        iterations: int = 4,
+        margin_frac: float = 0.1,
+        max_hole_frac: float = 0.1,
+        feather_px: float = 0.0,
+    ) -> None:
         self.work_size = int(work_size)
         self.iterations = int(iterations)
         self.margin_frac = float(margin_frac)
         self.max_hole_frac = float(max_hole_frac)
         self.feather_px = float(feather_px)
 
-    def segment(self, image: np.ndarray, image_sha: str,
-                boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def segment(self, image: np.ndarray, image_sha: str, boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
         oh, ow = check_image(image).shape[:2]
         out = []
         for b in boxes:
@@ -444,12 +338,12 @@ class ClassicalSegmenter:
         x1, y1, x2, y2 = int_box(bbox, ow, oh)
         m = max(4, round(self.margin_frac * max(x2 - x1, y2 - y1)))
         rx1, ry1, rx2, ry2 = max(0, x1 - m), max(0, y1 - m), min(ow, x2 + m), min(oh, y2 + m)
-        crop, s = _resize_max(image[ry1:ry2, rx1:rx2], self.work_size)
+        crop, s = resize_max(image[ry1:ry2, rx1:rx2], self.work_size)
         ch, cw = crop.shape[:2]
         bx1, by1 = int(round((x1 - rx1) * s)), int(round((y1 - ry1) * s))
         bx2, by2 = max(bx1 + 1, int(round((x2 - rx1) * s))), max(by1 + 1, int(round((y2 - ry1) * s)))
         bx2, by2 = min(cw, bx2), min(ch, by2)
-        lab = _lab(crop)
+        lab = to_lab(crop)
         ev = BoxEvidence(lab, (bx1, by1, bx2, by2), self.margin_frac)
 
         small = self._grabcut(crop, (bx1, by1, bx2, by2), ev)
@@ -489,8 +383,9 @@ class ClassicalSegmenter:
             return None
         bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
         try:
-            cv2.grabCut(cv2.cvtColor(crop, cv2.COLOR_RGB2BGR), gc, None, bgd, fgd, self.iterations,
-                        cv2.GC_INIT_WITH_MASK)
+            bgr = cv2.cvtColor(crop, cv2.COLOR_RGB2BGR)
+            # opencv's stubs want a Rect for ``rect`` even with GC_INIT_WITH_MASK, which ignores it
+            cv2.grabCut(bgr, gc, None, bgd, fgd, self.iterations, cv2.GC_INIT_WITH_MASK)  # type: ignore[call-overload]
         except cv2.error as exc:
             log.debug("grabcut failed, using the threshold mask: %s", exc)
             return None

@@ -3,6 +3,7 @@
 OpenCV is imported on first use, not with the module: the SAM backends import this file,
 and a bare GPU box (torch, torchvision, segment_anything only) can still load them and
 time the encoder and decoder."""
+
 from __future__ import annotations
 
 from types import ModuleType

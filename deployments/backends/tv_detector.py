@@ -5,6 +5,7 @@ downloaded) and the user's file is loaded into it. Label names come from the wei
 enum's metadata, which ships inside torchvision (no download), unless ``labels`` is given
 for a model trained on other classes.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,10 +15,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torchvision.models import get_model, get_model_weights, list_models
 from torchvision.models import detection as tv_detection
+from torchvision.models import get_model, get_model_weights, list_models
 
-from .base import ModelLoadError, check_image
+from .base import ModelLoadError, check_image, register
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +39,27 @@ def _threshold_kwargs(arch: str, score_threshold: float, max_detections: int) ->
     return {}
 
 
+@register("detector", "torchvision")
 class TorchvisionDetector:
     """``detect`` returns boxes with COCO (or ``labels``) names, scores at or above
     ``score_threshold``, best first, at most ``max_detections``; ``include_labels`` keeps
     only those class names (e.g. the product classes of a shop)."""
 
-    def __init__(self, weights: str | os.PathLike[str] | None = None,
-                 arch: str = "fasterrcnn_mobilenet_v3_large_320_fpn", score_threshold: float = 0.5,
-                 max_detections: int = 20, device: str | None = None, labels: list[str] | None = None,
-                 include_labels: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        weights: str | os.PathLike[str] | None = None,
+        arch: str = "fasterrcnn_mobilenet_v3_large_320_fpn",
+        score_threshold: float = 0.5,
+        max_detections: int = 20,
+        device: str | None = None,
+        labels: list[str] | None = None,
+        include_labels: list[str] | None = None,
+    ) -> None:
         if arch not in list_models(module=tv_detection):
-            raise ModelLoadError(f"unknown torchvision detection architecture {arch!r}; choose one of "
-                                 f"{', '.join(list_models(module=tv_detection))}")
+            raise ModelLoadError(
+                f"unknown torchvision detection architecture {arch!r}; choose one of "
+                f"{', '.join(list_models(module=tv_detection))}"
+            )
         if not 0.0 <= float(score_threshold) <= 1.0:
             raise ValueError("score_threshold must lie in [0, 1]")
         self.arch = arch
@@ -77,14 +87,21 @@ class TorchvisionDetector:
             state = state["model"]
         if not isinstance(state, dict):
             raise ModelLoadError(f"detector weights {str(path)!r} hold a {type(state).__name__}, not a state dict")
-        model = get_model(self.arch, weights=None, weights_backbone=None, num_classes=len(self.categories),
-                          **_threshold_kwargs(self.arch, self.score_threshold, self.max_detections))
+        model = get_model(
+            self.arch,
+            weights=None,
+            weights_backbone=None,
+            num_classes=len(self.categories),
+            **_threshold_kwargs(self.arch, self.score_threshold, self.max_detections),
+        )
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as exc:
             detail = " ".join(str(exc).splitlines()[:3])[:400]
-            raise ModelLoadError(f"detector weights {str(path)!r} do not match architecture {self.arch!r} "
-                                 f"with {len(self.categories)} classes: {detail}") from exc
+            raise ModelLoadError(
+                f"detector weights {str(path)!r} do not match architecture {self.arch!r} "
+                f"with {len(self.categories)} classes: {detail}"
+            ) from exc
         if self.device.type == "cpu":
             log.info("torchvision detector %s runs on CPU", self.arch)
         return model.to(self.device).eval()
@@ -109,8 +126,13 @@ class TorchvisionDetector:
             x1, y1, x2, y2 = max(0.0, x1), max(0.0, y1), min(float(w), x2), min(float(h), y2)
             if x2 - x1 < 1 or y2 - y1 < 1:
                 continue
-            out.append({"bbox": [round(x1, 2), round(y1, 2), round(x2, 2), round(y2, 2)], "label": label,
-                        "score": round(min(1.0, max(0.0, score)), 4)})
+            out.append(
+                {
+                    "bbox": [round(x1, 2), round(y1, 2), round(x2, 2), round(y2, 2)],
+                    "label": label,
+                    "score": round(min(1.0, max(0.0, score)), 4),
+                }
+            )
             if len(out) >= self.max_detections:
                 break
         return out

@@ -1,0 +1,107 @@
+"""A job as the decider sees it: the fields of its meta hash, parsed (one HGETALL).
+
+See docs/protocol.md § Redis layout for the hash and § Routes for the snapshot it answers with.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import JobNotFound
+from .models import PENDING_ACTIONS_WAITING, Box, CurrentNode, ImageRef, JobSnapshot, JobSummary, Pause, SubjectResult
+from .states import JobStatus
+
+
+@dataclass
+class JobState:
+    """A job as read from its meta hash (one HGETALL)."""
+
+    job_id: str
+    submitter: str
+    status: JobStatus
+    version: int
+    round: int
+    created_at: str
+    updated_at: str
+    image: ImageRef
+    box_list: list[Box]
+    approved_box_list: list[Box]
+    active_pause: Pause | None
+    current_node: CurrentNode | None
+    reason_code: str | None
+    cancel_requested: bool
+    empty_selection: bool
+    results: list[SubjectResult]
+    idem_key: str | None
+    policy: dict[str, Any]
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, str]) -> JobState:
+        def j(name: str, default: Any = None) -> Any:
+            raw = meta.get(name)
+            return json.loads(raw) if raw else default
+
+        pause = j("active_pause")
+        node = j("current_node")
+        return cls(
+            job_id=meta["job_id"],
+            submitter=meta.get("submitter", ""),
+            status=JobStatus(meta["status"]),
+            version=int(meta["version"]),
+            round=int(meta.get("round", 1)),
+            created_at=meta["created_at"],
+            updated_at=meta["updated_at"],
+            image=ImageRef(**j("image")),
+            box_list=[Box(**b) for b in j("box_list", [])],
+            approved_box_list=[Box(**b) for b in j("approved_box_list", [])],
+            active_pause=Pause(**pause) if pause else None,
+            current_node=CurrentNode(**node) if node else None,
+            reason_code=meta.get("reason_code") or None,
+            cancel_requested=meta.get("cancel_requested") == "1",
+            empty_selection=meta.get("empty_selection") == "1",
+            results=[SubjectResult(**r) for r in j("results", [])],
+            idem_key=meta.get("idem_key") or None,
+            policy=j("policy", {}),
+        )
+
+    def snapshot(self) -> JobSnapshot:
+        waiting = self.active_pause is not None and self.active_pause.status == "WAITING"
+        return JobSnapshot(
+            job_id=self.job_id,
+            status=self.status,
+            version=self.version,
+            round=self.round,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            image=self.image,
+            box_list=self.box_list,
+            approved_box_list=self.approved_box_list,
+            active_pause=self.active_pause,
+            pending_actions=list(PENDING_ACTIONS_WAITING) if waiting else [],
+            current_node=self.current_node,
+            reason_code=self.reason_code,
+            cancel_requested=self.cancel_requested,
+            empty_selection=self.empty_selection,
+        )
+
+    def summary(self) -> JobSummary:
+        p = self.active_pause
+        return JobSummary(
+            job_id=self.job_id,
+            status=self.status,
+            version=self.version,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            submitter=self.submitter,
+            box_count=len(self.box_list),
+            stage=p.stage if p else None,
+            pause_created_at=p.created_at if p else None,
+        )
+
+
+def require(meta: dict[str, str], job_id: str) -> JobState:
+    if not meta:
+        raise JobNotFound(f"job {job_id} not found", job_id=job_id)
+    return JobState.from_meta(meta)

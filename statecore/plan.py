@@ -1,0 +1,166 @@
+"""What one atomic write of a job changes (``Plan``), and the steps the decider builds it from.
+
+Pure: the store serialises a ``Plan`` and one Lua script applies it (docs/protocol.md § Redis layout).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from .ids import canonical_json, new_id
+from .jobstate import JobState
+from .models import Box, CurrentNode, ImageRef, NodeCommand, Pause, PauseStage
+from .nodes import NodeBox, NodeInput, ProcessInput
+from .states import JobStatus, NodeType, transition
+
+# The workflow definition recorded with every snapshot id, so a pause names
+# exactly what the reviewer was shown (docs/protocol.md § Pause).
+WORKFLOW_VERSION = "cutout-v1"
+
+
+@dataclass
+class Plan:
+    """Everything one atomic write changes. Serialised to JSON for the Lua side."""
+
+    expect_version: int
+    status: JobStatus
+    meta: dict[str, str] = field(default_factory=dict)
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    outbox: NodeCommand | None = None
+    pause_history: dict[str, str] = field(default_factory=dict)
+    waiting: tuple[str, int] | None = None  # ("add", score_ms) | ("del", 0)
+    running: tuple[str, int] | None = None  # ("add", deadline_ms) | ("del", 0)
+    terminal: bool = False
+
+    def to_json(self, now: str) -> str:
+        meta = {"status": self.status.value, "updated_at": now, **self.meta}
+        if self.terminal:
+            meta["terminal"] = "1"
+        return canonical_json(
+            {
+                "meta": meta,
+                "events": [[t, self.status.value, canonical_json(d)] for t, d in self.events],
+                "outbox": self.outbox.model_dump_json() if self.outbox else "",
+                "pauses": self.pause_history,
+                "waiting": list(self.waiting) if self.waiting else [],
+                "running": list(self.running) if self.running else [],
+                "terminal": self.terminal,
+            }
+        )
+
+
+def dump(model: Any) -> str:
+    if model is None:
+        return ""
+    if isinstance(model, list):
+        return canonical_json([m.model_dump(mode="json") for m in model])
+    return canonical_json(model.model_dump(mode="json"))
+
+
+def move(plan: Plan, state: JobState, target: JobStatus) -> None:
+    """Check the move against the table, record it and its STATUS_CHANGED event."""
+    new = transition(state.status, target, job_id=state.job_id)
+    if new != state.status:
+        plan.events.append(("STATUS_CHANGED", {"from": state.status.value, "to": new.value}))
+    plan.status = new
+
+
+def finish(plan: Plan, reason_code: str | None) -> None:
+    plan.terminal = True
+    plan.waiting = ("del", 0)
+    plan.running = ("del", 0)
+    plan.meta["reason_code"] = reason_code or ""
+    plan.events.append(("JOB_FINISHED", {"status": plan.status.value, "reason_code": reason_code}))
+
+
+def command(job_id: str, node_type: NodeType, now: str, inp: NodeInput) -> NodeCommand:
+    return NodeCommand(
+        node_instance_id=new_id("node"),
+        node_type=node_type.value,
+        job_id=job_id,
+        attempt=0,
+        enqueued_at=now,
+        input=inp.model_dump(mode="json"),
+    )
+
+
+def enqueue(plan: Plan, cmd: NodeCommand, deadline_ms: int) -> None:
+    plan.outbox = cmd
+    node = CurrentNode(
+        node_instance_id=cmd.node_instance_id, node_type=NodeType(cmd.node_type), status="QUEUED", attempt=0
+    )
+    plan.meta["current_node"] = dump(node)
+    plan.meta["node_id"] = cmd.node_instance_id
+    plan.running = ("add", deadline_ms)
+
+
+def open_pause(
+    plan: Plan,
+    state: JobState,
+    stage: PauseStage,
+    round_: int,
+    box_list: list[Box],
+    to_revise: list[str],
+    now: str,
+    now_ms: int,
+) -> Pause:
+    pause = Pause(
+        pause_token=new_id("pause"),
+        status="WAITING",
+        stage=stage,
+        base_version=state.version + 1,
+        round=round_,
+        snapshot_id=snapshot_id(state.image.sha256, box_list),
+        box_ids_to_revise=to_revise,
+        created_at=now,
+    )
+    plan.meta["active_pause"] = dump(pause)
+    plan.meta["pause_token"] = pause.pause_token
+    plan.meta["round"] = str(round_)
+    plan.waiting = ("add", now_ms)
+    plan.running = ("del", 0)
+    plan.events.append(
+        (
+            "PAUSE_OPENED",
+            {
+                "active_pause": pause.model_dump(mode="json"),
+                "box_list": [b.model_dump(mode="json") for b in box_list],
+            },
+        )
+    )
+    return pause
+
+
+def snapshot_id(image_sha: str, box_list: list[Box]) -> str:
+    """Names the exact boxes, image and workflow version a reviewer is shown."""
+    digest = hashlib.sha256(
+        canonical_json(
+            {
+                "image": image_sha,
+                "workflow": WORKFLOW_VERSION,
+                "boxes": [b.model_dump(mode="json") for b in box_list],
+            }
+        ).encode()
+    ).hexdigest()
+    return "snap_" + digest[:20]
+
+
+def needs_validation(box: Box) -> bool:
+    return box.source == "manual" and (box.validation is None or box.validation.status != "PASSED")
+
+
+def approved_of(box_list: list[Box]) -> list[Box]:
+    """Boxes allowed to go on: model boxes and manual boxes that passed naming, marked SEGMENT."""
+    return [
+        b
+        for b in box_list
+        if b.target_policy == "SEGMENT"
+        and not needs_validation(b)
+        and not (b.validation and b.validation.status == "REJECTED")
+    ]
+
+
+def process_input(image: ImageRef, approved: list[Box]) -> ProcessInput:
+    return ProcessInput(image=image, approved_box_list=[NodeBox.of(b) for b in approved])

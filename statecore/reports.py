@@ -1,0 +1,238 @@
+"""The decider's half for executor reports: a node started, a node answered.
+
+Pure, like ``statecore.decide``: each function returns the ``Plan`` the store commits. A
+report is applied only to the job's current node (docs/protocol.md § Executors and the outbox);
+the rounds of naming manual boxes follow docs/protocol.md § Second round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+from .errors import NodeExecutionError
+from .ids import new_id
+from .jobstate import JobState
+from .models import Box, NodeReport, SubjectResult, Validation
+from .nodes import DetectOutput, FinalizeInput, FinalizeOutput, NodeOutput, ProcessOutput, ValidateOutput, parse_output
+from .plan import Plan, approved_of, command, dump, enqueue, finish, move, open_pause, process_input
+from .states import JobStatus, NodeType
+
+S = JobStatus
+
+
+class RoundDecision(StrEnum):
+    NEED_BATCH_REVISION = "NEED_BATCH_REVISION"
+    ALL_REJECTED = "ALL_REJECTED"
+    PARTIAL_APPROVED = "PARTIAL_APPROVED"
+    ALL_PASSED = "ALL_PASSED"
+
+
+def decide_round(round_: int, results: list[Validation]) -> RoundDecision:
+    """Seed 000: round 1 with any problem box goes back to the reviewer once;
+    round 2 decides per box and never waits again."""
+    problems = [r for r in results if r.status != "PASSED"]
+    if round_ <= 1 and problems:
+        return RoundDecision.NEED_BATCH_REVISION
+    if results and len(problems) == len(results):
+        return RoundDecision.ALL_REJECTED
+    if problems:
+        return RoundDecision.PARTIAL_APPROVED
+    return RoundDecision.ALL_PASSED
+
+
+def plan_node_started(state: JobState, node_instance_id: str) -> Plan:
+    node = state.current_node
+    assert node is not None and node.node_instance_id == node_instance_id
+    plan = Plan(expect_version=state.version, status=state.status)
+    started = node.model_copy(update={"status": "RUNNING", "attempt": node.attempt + 1})
+    plan.meta["current_node"] = dump(started)
+    plan.events.append(
+        (
+            "NODE_STARTED",
+            {"node_instance_id": node.node_instance_id, "node_type": node.node_type, "attempt": started.attempt},
+        )
+    )
+    return plan
+
+
+def plan_report(
+    state: JobState,
+    report: NodeReport,
+    now: str,
+    now_ms: int,
+    deadline_ms: int,
+    artifact_url: Callable[[str], str] = lambda n: f"/api/v1/artifacts/{n}",
+) -> Plan:
+    """Apply one node's result. The caller has checked the node is current.
+
+    A SUCCEEDED report whose output does not parse fails the node at once with
+    ``INVALID_NODE_OUTPUT``: the same output would never parse on a retry."""
+    node = state.current_node
+    assert node is not None and node.node_instance_id == report.node_instance_id
+    output: NodeOutput | None = None
+    if report.outcome == "SUCCEEDED":
+        try:
+            output = parse_output(node.node_type, report.output)
+        except NodeExecutionError as e:
+            report = report.model_copy(update={"outcome": "FAILED", "error_code": e.code, "error_message": e.message})
+    plan = Plan(expect_version=state.version, status=state.status)
+    done_status = {"SUCCEEDED": "COMPLETED", "FAILED": "FAILED", "TIMED_OUT": "TIMED_OUT"}[report.outcome]
+    plan.meta["current_node"] = dump(node.model_copy(update={"status": done_status}))
+    ev: dict[str, Any] = {
+        "node_instance_id": node.node_instance_id,
+        "node_type": node.node_type.value,
+        "outcome": report.outcome,
+    }
+    if output is None:
+        ev.update(error_code=report.error_code, error_message=report.error_message)
+        plan.events.append(("NODE_COMPLETED", ev))
+        move(plan, state, S.TIMED_OUT if report.outcome == "TIMED_OUT" else S.FAILED)
+        finish(plan, report.error_code)
+        return plan
+    plan.events.append(("NODE_COMPLETED", ev))
+    if isinstance(output, DetectOutput):
+        _on_detect(plan, state, output, now, now_ms)
+    elif isinstance(output, ValidateOutput):
+        _on_validate(plan, state, output, now, now_ms, deadline_ms)
+    elif isinstance(output, ProcessOutput):
+        _on_process(plan, state, output, now, deadline_ms, artifact_url)
+    else:
+        _on_finalize(plan, state, output)
+    return plan
+
+
+def _on_detect(plan: Plan, state: JobState, output: DetectOutput, now: str, now_ms: int) -> None:
+    boxes = []
+    for d in output.boxes:
+        bbox = _clip(d.bbox, state.image.width, state.image.height)
+        if bbox is None:
+            continue
+        boxes.append(
+            Box(
+                box_id=new_id("box"),
+                bbox=bbox,
+                label=d.label,
+                score=d.score,
+                source="model",
+                target_policy="SEGMENT",
+                validation=None,
+            )
+        )
+    plan.meta["box_list"] = dump(boxes)
+    plan.meta["detector"] = output.backend
+    move(plan, state, S.WAITING_USER_SELECTION)
+    # Always a pause, even with zero boxes: the reviewer may draw what the model missed.
+    open_pause(plan, state, "WAITING_USER_SELECTION", 1, boxes, [], now, now_ms)
+
+
+def _clip(bbox: tuple[float, ...], width: int, height: int) -> tuple[float, float, float, float] | None:
+    x1, y1, x2, y2 = (float(v) for v in bbox)
+    x1, x2 = max(0.0, min(x1, width)), max(0.0, min(x2, width))
+    y1, y2 = max(0.0, min(y1, height)), max(0.0, min(y2, height))
+    if x2 - x1 < 1 or y2 - y1 < 1:
+        return None
+    return (round(x1, 2), round(y1, 2), round(x2, 2), round(y2, 2))
+
+
+def _on_validate(plan: Plan, state: JobState, output: ValidateOutput, now: str, now_ms: int, deadline_ms: int) -> None:
+    verdicts: dict[str, Validation] = {}
+    for r in output.results:
+        verdicts[r.box_id] = Validation(
+            status="PASSED" if r.passed else "NEEDS_REVISION", score=r.score, reason=r.reason
+        )
+    round_ = state.round
+    decision = decide_round(round_, list(verdicts.values()))
+    if round_ >= 2:
+        # The second round decides: problem boxes are rejected with their reason.
+        verdicts = {
+            k: (v if v.status == "PASSED" else v.model_copy(update={"status": "REJECTED"})) for k, v in verdicts.items()
+        }
+    box_list = [
+        b.model_copy(update={"validation": verdicts[b.box_id]}) if b.box_id in verdicts else b for b in state.box_list
+    ]
+    plan.meta["box_list"] = dump(box_list)
+    approved = approved_of(box_list)
+    plan.meta["approved_box_list"] = dump(approved)
+    plan.meta["round_decision"] = decision.value
+    if decision == RoundDecision.NEED_BATCH_REVISION:
+        to_revise = [k for k, v in verdicts.items() if v.status != "PASSED"]
+        move(plan, state, S.WAITING_BOX_BATCH_REVISION)
+        open_pause(plan, state, "WAITING_BOX_BATCH_REVISION", 2, box_list, to_revise, now, now_ms)
+        return
+    rejected = [b for b in box_list if b.validation and b.validation.status == "REJECTED"]
+    if not approved:
+        # ALL_REJECTED with no model box left approved: the job ends FAILED.
+        plan.meta["results"] = dump([rejected_result(b) for b in rejected])
+        move(plan, state, S.FAILED)
+        finish(plan, "ALL_REJECTED")
+        return
+    move(plan, state, S.PROCESSING_APPROVED_SUBJECTS)
+    cmd = command(state.job_id, NodeType.PROCESS_APPROVED_BOX_LIST, now, process_input(state.image, approved))
+    enqueue(plan, cmd, deadline_ms)
+
+
+def rejected_result(b: Box) -> SubjectResult:
+    reason = b.validation.reason if b.validation else None
+    return SubjectResult(
+        box_id=b.box_id,
+        bbox=b.bbox,
+        label=b.label,
+        status="REJECTED",
+        reason=reason or "did not pass naming in the revision round",
+    )
+
+
+def _on_process(
+    plan: Plan, state: JobState, output: ProcessOutput, now: str, deadline_ms: int, artifact_url: Callable[[str], str]
+) -> None:
+    by_id = {b.box_id: b for b in state.approved_box_list}
+    results: list[SubjectResult] = []
+    for s in output.subjects:
+        box = by_id.get(s.box_id)
+        if box is None:
+            continue
+        ok = s.status == "SUCCEEDED"
+        r = SubjectResult(
+            box_id=box.box_id,
+            bbox=box.bbox,
+            label=box.label,
+            status=s.status,
+            reason=s.reason,
+            mask_url=artifact_url(s.mask) if ok and s.mask else None,
+            cutout_url=artifact_url(s.cutout) if ok and s.cutout else None,
+        )
+        results.append(r)
+        plan.events.append(("SUBJECT_SEGMENTED", r.model_dump(mode="json")))
+    for b in state.approved_box_list:
+        if b.box_id not in {r.box_id for r in results}:
+            results.append(
+                SubjectResult(
+                    box_id=b.box_id,
+                    bbox=b.bbox,
+                    label=b.label,
+                    status="FAILED",
+                    reason="segmenter returned no result for this box",
+                )
+            )
+    results += [rejected_result(b) for b in state.box_list if b.validation and b.validation.status == "REJECTED"]
+    plan.meta["results"] = dump(results)
+    move(plan, state, S.FINALIZING_RESULTS)
+    cmd = command(state.job_id, NodeType.FINALIZE_RESULTS, now, FinalizeInput())
+    enqueue(plan, cmd, deadline_ms)
+
+
+def _on_finalize(plan: Plan, state: JobState, output: FinalizeOutput) -> None:
+    segmented = [r for r in state.results if r.status != "REJECTED"]
+    ok = [r for r in segmented if r.status == "SUCCEEDED"]
+    if ok and len(ok) == len(state.results):
+        target, reason = S.SUCCEEDED, None
+    elif ok:
+        target, reason = S.PARTIAL_SUCCEEDED, "SOME_SUBJECTS_FAILED"
+    elif not state.results:
+        target, reason = S.SUCCEEDED, "NOTHING_TO_SEGMENT"
+    else:
+        target, reason = S.FAILED, "ALL_SUBJECTS_FAILED"
+    move(plan, state, target)
+    finish(plan, reason)
