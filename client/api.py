@@ -22,29 +22,20 @@ import httpx
 from statecore.models import Event, JobList, JobResults, JobSnapshot, JobSummary
 
 from .config import DEFAULT_API_URL, ClientConfig
-from .core import (
+from .core import ClientCore
+from .retry import RetryPolicy
+from .steps import Close, Driver, Emit, Plan, ReadLine, Send, Sleep, Step, emit_result
+from .waiting import TERMINAL_STATUSES, WaitCancelled
+from .wire import (
     API,
-    TERMINAL_STATUSES,
-    ClientCore,
-    Close,
-    Driver,
-    Emit,
     ImageInput,
     InterventionResult,
-    Plan,
-    ReadLine,
-    Send,
-    Sleep,
-    Step,
     SubjectInput,
     SubmitResult,
-    WaitCancelled,
-    emit_result,
     new_intervention_id,
     normalize_base_url,
     read_image,
 )
-from .retry import RetryPolicy
 
 __all__ = [
     "API",

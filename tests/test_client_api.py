@@ -37,10 +37,11 @@ from client import (
     is_conflict,
 )
 from client.api import WaitCancelled, normalize_base_url
-from client.core import ClientCore, Send, Sleep
+from client.core import ClientCore
 from client.errors import error_from_response, parse_retry_after
 from client.retry import MAX_RETRY_AFTER, RetryMode, RetryPolicy
 from client.sse import EventCursor, SSEDecoder, to_event
+from client.steps import Send, Sleep
 from statecore.models import Event
 
 BASE = "http://hitl.test"
