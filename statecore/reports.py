@@ -30,7 +30,7 @@ class RoundDecision(StrEnum):
 
 
 def decide_round(round_: int, results: list[Validation]) -> RoundDecision:
-    """Seed 000: round 1 with any problem box goes back to the reviewer once;
+    """docs/protocol.md § Second round: round 1 with any problem box goes back to the reviewer once;
     round 2 decides per box and never waits again."""
     problems = [r for r in results if r.status != "PASSED"]
     if round_ <= 1 and problems:

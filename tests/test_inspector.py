@@ -1,4 +1,5 @@
 """The inspector times out model work past its deadline, never a waiting job."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,13 @@ async def test_overdue_node_is_timed_out_once_and_late_report_ignored(redis_serv
         assert (await inspector.sweep())["timed_out"] == 0  # a second inspector pass changes nothing
         from statecore.models import NodeReport
 
-        late = NodeReport(node_instance_id=stale_node.node_instance_id, node_type=stale_node.node_type,
-                          job_id=job_id, outcome="SUCCEEDED", output={"boxes": THREE_BOXES})
+        late = NodeReport(
+            node_instance_id=stale_node.node_instance_id,
+            node_type=stale_node.node_type,
+            job_id=job_id,
+            outcome="SUCCEEDED",
+            output={"boxes": THREE_BOXES},
+        )
         # The model's own report, arriving after the timeout, is ignored with an event (not a silent
         # DUPLICATE: it is the first time this report is seen); its replay is the duplicate.
         assert await fast.apply_report(late) == "IGNORED"

@@ -4,6 +4,7 @@ Composites: a red "shoe" (ellipse, with a soft cast shadow) and a blue "box" (te
 rectangle) on a light studio background with a vertical light fall-off and sensor noise.
 The assertions are about working on such pictures (boxes found, empty background
 refused, masks close to the truth), not about state-of-the-art quality."""
+
 from __future__ import annotations
 
 import cv2
@@ -106,7 +107,7 @@ def test_grabcut_masks_follow_the_objects(scene):
     boxes = [{"box_id": "shoe", "bbox": [60, 225, 320, 372]}, {"box_id": "box", "bbox": [390, 110, 570, 370]}]
     out = seg.segment(img, "sha", boxes)
     assert [r["box_id"] for r in out] == ["shoe", "box"]
-    for r, b in zip(out, boxes):
+    for r, b in zip(out, boxes, strict=True):
         m = r["mask"]
         assert m.dtype == bool and m.shape == img.shape[:2]
         x1, y1, x2, y2 = (int(v) for v in b["bbox"])
@@ -118,9 +119,15 @@ def test_grabcut_masks_follow_the_objects(scene):
 def test_segmenter_fallback_and_feather(scene):
     img, _ = scene
     seg = ClassicalSegmenter(feather_px=3)
-    out = seg.segment(img, "sha", [{"box_id": "empty", "bbox": [10, 10, 120, 110]},
-                                   {"box_id": "box", "bbox": [390, 110, 570, 370]},
-                                   {"box_id": "bad", "bbox": [5, 5, 5, 50]}])
+    out = seg.segment(
+        img,
+        "sha",
+        [
+            {"box_id": "empty", "bbox": [10, 10, 120, 110]},
+            {"box_id": "box", "bbox": [390, 110, 570, 370]},
+            {"box_id": "bad", "bbox": [5, 5, 5, 50]},
+        ],
+    )
     empty, box, bad = out
     assert not empty["mask"].any() and empty["reason"]
     assert bad["reason"] and not bad["mask"].any()

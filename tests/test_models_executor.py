@@ -1,6 +1,7 @@
 """``deployments.executor.run_node`` with the classical backends and a real ArtifactStore on disk,
 in the shapes ``statecore.decide`` sends and reads; plus the Serve wrappers' wiring,
 without starting Ray."""
+
 from __future__ import annotations
 
 import asyncio
@@ -45,14 +46,24 @@ def image_ref(store):
 
 @pytest.fixture(scope="module")
 def models():
-    return Models(detector=make_detector("classical"), validator=build_models({}, ("validator",)).validator,
-                  segmenter=build_models({}, ("segmenter",)).segmenter)
+    return Models(
+        detector=make_detector("classical"),
+        validator=build_models({}, ("validator",)).validator,
+        segmenter=build_models({}, ("segmenter",)).segmenter,
+    )
 
 
 def box(box_id, bbox, source="manual"):
     """A Box as the control plane dumps it into node input."""
-    return {"box_id": box_id, "bbox": bbox, "label": None, "score": None, "source": source,
-            "target_policy": "SEGMENT", "validation": None}
+    return {
+        "box_id": box_id,
+        "bbox": bbox,
+        "label": None,
+        "score": None,
+        "source": source,
+        "target_policy": "SEGMENT",
+        "validation": None,
+    }
 
 
 def test_load_image(store, image_ref):
@@ -74,8 +85,12 @@ def test_detect_subjects(models, store, image_ref):
 
 def test_validate_manual_boxes(models, store, image_ref):
     items = [box("box_obj", [30, 90, 210, 230]), box("box_empty", [10, 260, 200, 295])]
-    out = run_node("VALIDATE_MANUAL_BOX_LIST", {"image": image_ref, "round": 1, "items_to_validate": items,
-                                                 "box_list": items, "reusable_valid_items": []}, models, store)
+    out = run_node(
+        "VALIDATE_MANUAL_BOX_LIST",
+        {"image": image_ref, "round": 1, "items_to_validate": items, "box_list": items, "reusable_valid_items": []},
+        models,
+        store,
+    )
     assert out["backend"] == "classical" and out["threshold"] == 0.5 and out["policy_version"]
     res = {r["box_id"]: r for r in out["results"]}
     assert set(res["box_obj"]) == {"box_id", "passed", "score", "reason"}
@@ -86,8 +101,11 @@ def test_validate_manual_boxes(models, store, image_ref):
 
 
 def test_process_approved_boxes_writes_masks_and_cutouts(models, store, image_ref):
-    approved = [box("box_a", [30, 90, 210, 230], "model"), box("box_b", [250, 50, 390, 260], "model"),
-                box("box_empty", [10, 262, 120, 298], "model")]
+    approved = [
+        box("box_a", [30, 90, 210, 230], "model"),
+        box("box_b", [250, 50, 390, 260], "model"),
+        box("box_empty", [10, 262, 120, 298], "model"),
+    ]
     out = run_node("PROCESS_APPROVED_BOX_LIST", {"image": image_ref, "approved_box_list": approved}, models, store)
     subjects = {s["box_id"]: s for s in out["subjects"]}
     assert list(subjects) == ["box_a", "box_b", "box_empty"]
@@ -117,8 +135,9 @@ def test_unsupported_and_bad_input(models, store, image_ref):
         run_node("DETECT_SUBJECTS", {}, models, store)
     assert e.value.code == "INVALID_NODE_INPUT" and not e.value.retryable
     with pytest.raises(NodeExecutionError) as e:
-        run_node("PROCESS_APPROVED_BOX_LIST", {"image": image_ref, "approved_box_list": [{"bbox": [1, 2]}]},
-                 models, store)
+        run_node(
+            "PROCESS_APPROVED_BOX_LIST", {"image": image_ref, "approved_box_list": [{"bbox": [1, 2]}]}, models, store
+        )
     assert e.value.code == "INVALID_NODE_INPUT"
     with pytest.raises(NodeExecutionError) as e:
         run_node("DETECT_SUBJECTS", {"image": image_ref}, Models(), store)
@@ -129,8 +148,13 @@ def test_build_models_from_settings_and_detector_delay(store, image_ref):
     cfg = Settings(detector_delay_ms=60).backend_config()
     built = build_models(cfg, artifacts=store)
     assert isinstance(built.detector, DelayedDetector) and built.detector.name == "classical"
-    assert built.describe() == {"detector": "classical", "validator": "classical", "validator_threshold": 0.5,
-                                "validator_policy": built.validator.policy_version, "segmenter": "classical"}
+    assert built.describe() == {
+        "detector": "classical",
+        "validator": "classical",
+        "validator_threshold": 0.5,
+        "validator_policy": built.validator.policy_version,
+        "segmenter": "classical",
+    }
     t0 = time.perf_counter()
     run_node("DETECT_SUBJECTS", {"image": image_ref}, built, store)
     assert time.perf_counter() - t0 >= 0.06
@@ -144,9 +168,15 @@ def test_serve_wrappers_without_ray(store, image_ref):
 
     cfg = Settings(detector_delay_ms=5).backend_config()
     cfg["artifacts"] = store.root
-    cfg["deployments"] = {"Segmenter": {"max_replicas": 4, "target_ongoing_requests": 3, "max_batch_size": 8,
-                                        "options": {"feather_px": 2}},
-                          "detector": {"num_replicas": 2}}
+    cfg["deployments"] = {
+        "Segmenter": {
+            "max_replicas": 4,
+            "target_ongoing_requests": 3,
+            "max_batch_size": 8,
+            "options": {"feather_px": 2},
+        },
+        "detector": {"num_replicas": 2},
+    }
     apps = build_model_deployments(cfg)
     assert set(apps) == {"Detector", "BoxValidator", "Segmenter"}
     seg = apps["Segmenter"]._bound_deployment

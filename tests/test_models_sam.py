@@ -4,6 +4,7 @@ The checkpoint is written here and read back through the production loader
 (``load_sam`` -> ``SAM_BUILDERS`` -> strict ``load_state_dict``), so the vit_b/l/h path is
 the one under test; only the architecture is narrower. Assertions are about shapes,
 coordinates, batching and caching, never mask quality (the weights are random)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -98,8 +99,12 @@ def test_segment_batches_boxes_and_maps_coordinates(checkpoint, store, image):
     seg = make_segmenter("sam", checkpoint=checkpoint, model_type="vit_tiny", device="cpu", artifacts=store)
     model = seg.encoder.model
     decoder, prompts = Counter(model.sam.mask_decoder), Counter(model.sam.prompt_encoder)
-    boxes = [{"box_id": "a", "bbox": [50, 60, 170, 180]}, {"box_id": "b", "bbox": [250, 100, 380, 220]},
-             {"box_id": "c", "bbox": [0, 0, 400, 240]}, {"box_id": "bad", "bbox": [390, 10, 420, 30]}]
+    boxes = [
+        {"box_id": "a", "bbox": [50, 60, 170, 180]},
+        {"box_id": "b", "bbox": [250, 100, 380, 220]},
+        {"box_id": "c", "bbox": [0, 0, 400, 240]},
+        {"box_id": "bad", "bbox": [390, 10, 420, 30]},
+    ]
     out = seg.segment(image, SHA, boxes)
     assert decoder.calls == 1  # every valid box of the image in one decoder call
     assert [r["box_id"] for r in out] == ["a", "b", "c", "bad"]
@@ -108,7 +113,7 @@ def test_segment_batches_boxes_and_maps_coordinates(checkpoint, store, image):
     scale_x, scale_y = 1024 / 400, 614 / 240
     expected = np.array([b["bbox"] for b in boxes[:3]], np.float32) * [scale_x, scale_y, scale_x, scale_y]
     np.testing.assert_allclose(sent, expected, rtol=1e-5)
-    for r, b in zip(out[:3], boxes[:3]):
+    for r, b in zip(out[:3], boxes[:3], strict=True):
         m = r["mask"]
         assert m.shape == (240, 400) and m.dtype == bool
         x1, y1, x2, y2 = (int(v) for v in b["bbox"])
@@ -152,8 +157,9 @@ def test_embedding_cache_memory_store_and_second_replica(checkpoint, store, imag
     torch.testing.assert_close(emb.features, enc.embed(image, SHA).features, atol=2e-2, rtol=1e-2)  # fp16 copy
 
     # An empty store: a fresh encoder has to encode.
-    cold = S.get_encoder(checkpoint, "vit_tiny", device="cpu", share=False,
-                         artifacts=ArtifactStore(store.root + "-other"))
+    cold = S.get_encoder(
+        checkpoint, "vit_tiny", device="cpu", share=False, artifacts=ArtifactStore(store.root + "-other")
+    )
     cold.embed(image, SHA)
     assert cold.misses == 1 and cold.encoder_forwards == 1
 
@@ -173,9 +179,11 @@ def test_embed_batch_is_one_forward_and_matches_single(checkpoint, image):
 
 
 def test_validator_scores_and_threshold(checkpoint, image):
-    boxes = [{"box_id": "a", "bbox": [50, 60, 170, 180], "label": None},
-             {"box_id": "b", "bbox": [0, 0, 60, 50], "label": None},
-             {"box_id": "bad", "bbox": [10, 10, 10, 40], "label": None}]
+    boxes = [
+        {"box_id": "a", "bbox": [50, 60, 170, 180], "label": None},
+        {"box_id": "b", "bbox": [0, 0, 60, 50], "label": None},
+        {"box_id": "bad", "bbox": [10, 10, 10, 40], "label": None},
+    ]
     lenient = make_validator("sam", checkpoint=checkpoint, model_type="vit_tiny", device="cpu", threshold=0.0)
     strict = make_validator("sam", checkpoint=checkpoint, model_type="vit_tiny", device="cpu", threshold=1.0)
     assert lenient.policy_version.startswith("sam-vit_tiny") and lenient.name == "sam-vit_tiny"
@@ -194,9 +202,18 @@ def test_validator_scores_and_threshold(checkpoint, image):
 
 def test_sam_auto_detector_format_and_shared_embedding(checkpoint, image):
     # Random weights propose little: accept every mask, even a frame-filling one.
-    det = make_detector("sam-auto", checkpoint=checkpoint, model_type="vit_tiny", device="cpu",
-                        points_per_side=4, pred_iou_thresh=0.0, stability_score_thresh=0.0, max_detections=5,
-                        min_area_frac=0.0, max_area_frac=1.0)
+    det = make_detector(
+        "sam-auto",
+        checkpoint=checkpoint,
+        model_type="vit_tiny",
+        device="cpu",
+        points_per_side=4,
+        pred_iou_thresh=0.0,
+        stability_score_thresh=0.0,
+        max_detections=5,
+        min_area_frac=0.0,
+        max_area_frac=1.0,
+    )
     forwards = Counter(det.encoder.model.sam.image_encoder)
     boxes = det.detect(image, SHA)
     assert det.name == "sam-auto-vit_tiny"
@@ -217,18 +234,21 @@ def test_sam_auto_detector_format_and_shared_embedding(checkpoint, image):
 def test_sam_auto_proposals_to_boxes(checkpoint, image, monkeypatch):
     """The conversion: XYWH with inclusive ends -> xyxy, score = IoU x stability, frame-filling
     and tiny masks dropped, NMS, best first, capped."""
-    det = S.SamAutoDetector(encoder=S.get_encoder(checkpoint, "vit_tiny", device="cpu"), max_detections=2,
-                            nms_iou=0.5, min_area_frac=0.01)
+    det = S.SamAutoDetector(
+        encoder=S.get_encoder(checkpoint, "vit_tiny", device="cpu"), max_detections=2, nms_iou=0.5, min_area_frac=0.01
+    )
 
     def rec(x, y, w, h, iou, stab):
         return {"bbox": [x, y, w, h], "area": (w + 1) * (h + 1), "predicted_iou": iou, "stability_score": stab}
 
-    records = [rec(50, 60, 119, 119, 0.9, 0.9),    # the red square
-               rec(52, 61, 117, 118, 0.8, 0.9),    # a near duplicate of it: NMS
-               rec(250, 100, 129, 119, 1.2, 0.5),  # IoU head above 1 is clipped
-               rec(0, 0, 399, 239, 0.99, 0.99),    # the whole frame: background
-               rec(5, 5, 3, 3, 0.99, 0.99),        # a speck
-               rec(200, 10, 30, 30, 0.3, 0.5)]     # a real but weak one: beyond the cap
+    records = [
+        rec(50, 60, 119, 119, 0.9, 0.9),  # the red square
+        rec(52, 61, 117, 118, 0.8, 0.9),  # a near duplicate of it: NMS
+        rec(250, 100, 129, 119, 1.2, 0.5),  # IoU head above 1 is clipped
+        rec(0, 0, 399, 239, 0.99, 0.99),  # the whole frame: background
+        rec(5, 5, 3, 3, 0.99, 0.99),  # a speck
+        rec(200, 10, 30, 30, 0.3, 0.5),
+    ]  # a real but weak one: beyond the cap
     monkeypatch.setattr(det.generator, "generate", lambda img: records)
     assert det.detect(image, SHA) == [
         {"bbox": [50.0, 60.0, 170.0, 180.0], "label": "object", "score": 0.81},
@@ -240,8 +260,17 @@ def test_sdpa_attention_matches_the_original():
     from segment_anything.modeling import ImageEncoderViT
 
     torch.manual_seed(0)
-    enc = ImageEncoderViT(img_size=128, patch_size=16, embed_dim=32, depth=2, num_heads=2, out_chans=16,
-                          use_rel_pos=True, window_size=4, global_attn_indexes=(1,)).eval()
+    enc = ImageEncoderViT(
+        img_size=128,
+        patch_size=16,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        out_chans=16,
+        use_rel_pos=True,
+        window_size=4,
+        global_attn_indexes=(1,),
+    ).eval()
     with torch.no_grad():
         for name, p in enc.named_parameters():
             if "rel_pos" in name:
@@ -262,22 +291,38 @@ def test_serve_deployment_batches_the_encoder(checkpoint, store, monkeypatch):
     from deployments.serve import Segmenter
 
     # Outside a replica the queue cannot read the replica's max_ongoing_requests for its warning.
-    monkeypatch.setattr(batching._BatchQueue, "_warn_if_max_batch_size_exceeds_max_ongoing_requests",
-                        lambda self: None)
-    dep = Segmenter.func_or_class("sam", {"checkpoint": checkpoint, "model_type": "vit_tiny", "device": "cpu"},
-                                  store.root, {"max_batch_size": 4, "batch_wait_timeout_s": 0.5})
+    monkeypatch.setattr(batching._BatchQueue, "_warn_if_max_batch_size_exceeds_max_ongoing_requests", lambda self: None)
+    dep = Segmenter.func_or_class(
+        "sam",
+        {"checkpoint": checkpoint, "model_type": "vit_tiny", "device": "cpu"},
+        store.root,
+        {"max_batch_size": 4, "batch_wait_timeout_s": 0.5},
+    )
     refs = []
     for i in range(3):
         img = np.full((200 + 20 * i, 300, 3), 40 * i, np.uint8)
         buf = io.BytesIO()
         Image.fromarray(img).save(buf, "PNG")
         name = store.put("img", buf.getvalue(), "png")
-        refs.append({"sha256": hashlib.sha256(buf.getvalue()).hexdigest(), "width": 300, "height": 200 + 20 * i,
-                     "url": store.url(name)})
+        refs.append(
+            {
+                "sha256": hashlib.sha256(buf.getvalue()).hexdigest(),
+                "width": 300,
+                "height": 200 + 20 * i,
+                "url": store.url(name),
+            }
+        )
 
     async def all_three():
-        return await asyncio.gather(*[dep.run("PROCESS_APPROVED_BOX_LIST", {
-            "image": r, "approved_box_list": [{"box_id": "b", "bbox": [10, 10, 150, 150]}]}) for r in refs])
+        return await asyncio.gather(
+            *[
+                dep.run(
+                    "PROCESS_APPROVED_BOX_LIST",
+                    {"image": r, "approved_box_list": [{"box_id": "b", "bbox": [10, 10, 150, 150]}]},
+                )
+                for r in refs
+            ]
+        )
 
     outs = asyncio.run(all_three())
     assert [len(o["subjects"]) for o in outs] == [1, 1, 1]

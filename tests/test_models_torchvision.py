@@ -2,6 +2,7 @@
 loaded back through the backend's own loader (nothing downloaded). The classifier's bias
 is set so that every proposal reads as "person" with a known confidence, which makes the
 label names and the score threshold checkable without trained weights."""
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,7 @@ def test_categories_come_from_torchvision_metadata():
 
 @pytest.fixture(scope="module")
 def detector(weights):
-    return make_detector("torchvision", weights=weights, arch=ARCH, score_threshold=0.5, max_detections=7,
-                         device="cpu")
+    return make_detector("torchvision", weights=weights, arch=ARCH, score_threshold=0.5, max_detections=7, device="cpu")
 
 
 def test_loads_and_detects(detector, image):

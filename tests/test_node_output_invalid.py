@@ -48,8 +48,9 @@ async def test_unparseable_model_output_fails_the_node_at_once(redis_server, ima
     await store.r.flushdb()
     await store.ensure_groups()
     model = JunkModel(output)
-    dispatcher = Dispatcher(store, model, consumer="a7", backoff_s=0.01, reclaim_idle_ms=100,
-                            reclaim_every_s=0.1, inspect_every_s=0.2)
+    dispatcher = Dispatcher(
+        store, model, consumer="a7", backoff_s=0.01, reclaim_idle_ms=100, reclaim_every_s=0.1, inspect_every_s=0.2
+    )
     dispatcher.inspector = Inspector(store, grace_s=0)
     task = asyncio.create_task(dispatcher.run_forever())
     try:
@@ -86,8 +87,13 @@ async def test_report_with_unparseable_output_is_applied_as_failed(store, image)
     job_id = (await store.create_job("alice", image)).job_id
     node = (await store.get(job_id)).current_node
     assert node is not None
-    bad = NodeReport(node_instance_id=node.node_instance_id, node_type=node.node_type, job_id=job_id,
-                     outcome="SUCCEEDED", output={"boxes": [{"label": "shoe"}]})
+    bad = NodeReport(
+        node_instance_id=node.node_instance_id,
+        node_type=node.node_type,
+        job_id=job_id,
+        outcome="SUCCEEDED",
+        output={"boxes": [{"label": "shoe"}]},
+    )
     assert await store.apply_report(bad) == "OK"
     state = await store.get(job_id)
     assert state.status == "FAILED" and state.reason_code == "INVALID_NODE_OUTPUT"

@@ -3,6 +3,7 @@
 Pairs are generated from ``JobStatus`` x ``JobStatus`` so a state added to the
 enum without a row in the table, or an edge added by mistake, shows up here.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -21,16 +22,16 @@ PAIRS = [(a, b) for a, b in itertools.product(ALL, ALL) if a != b]
 ALLOWED = [(a, b) for a, b in PAIRS if b in TRANSITIONS[a]]
 DISALLOWED = [(a, b) for a, b in PAIRS if b not in TRANSITIONS[a]]
 
-# The table of SPEC §2, written out once more independently of statecore, so a
+# The table of docs/protocol.md § Transitions, written out once more independently of statecore, so a
 # wrong edge in TRANSITIONS cannot make the generated cases agree with itself.
 SPEC_TABLE = {
     "CREATED": "DETECTING CANCELLED FAILED",
     "DETECTING": "WAITING_USER_SELECTION PROCESSING_APPROVED_SUBJECTS FAILED CANCELLED TIMED_OUT",
     "WAITING_USER_SELECTION": "VALIDATING_MANUAL_BOXES PROCESSING_APPROVED_SUBJECTS EMPTY_SELECTION FAILED CANCELLED",
     "VALIDATING_MANUAL_BOXES": "WAITING_BOX_BATCH_REVISION PROCESSING_APPROVED_SUBJECTS FINALIZING_RESULTS FAILED "
-                               "CANCELLED TIMED_OUT",
+    "CANCELLED TIMED_OUT",
     "WAITING_BOX_BATCH_REVISION": "VALIDATING_MANUAL_BOXES PROCESSING_APPROVED_SUBJECTS FINALIZING_RESULTS "
-                                  "EMPTY_SELECTION FAILED CANCELLED",
+    "EMPTY_SELECTION FAILED CANCELLED",
     "PROCESSING_APPROVED_SUBJECTS": "FINALIZING_RESULTS FAILED CANCELLED TIMED_OUT",
     "FINALIZING_RESULTS": "SUCCEEDED PARTIAL_SUCCEEDED FAILED CANCELLED TIMED_OUT",
 }
@@ -42,11 +43,28 @@ def _id(p):
 
 def test_table_matches_spec():
     assert {s.value for s in ALL} == {
-        "CREATED", "DETECTING", "WAITING_USER_SELECTION", "VALIDATING_MANUAL_BOXES", "WAITING_BOX_BATCH_REVISION",
-        "PROCESSING_APPROVED_SUBJECTS", "FINALIZING_RESULTS", "SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED",
-        "EMPTY_SELECTION", "CANCELLED", "TIMED_OUT"}
-    assert {t.value for t in TERMINAL} == {"SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED", "EMPTY_SELECTION",
-                                           "CANCELLED", "TIMED_OUT"}
+        "CREATED",
+        "DETECTING",
+        "WAITING_USER_SELECTION",
+        "VALIDATING_MANUAL_BOXES",
+        "WAITING_BOX_BATCH_REVISION",
+        "PROCESSING_APPROVED_SUBJECTS",
+        "FINALIZING_RESULTS",
+        "SUCCEEDED",
+        "PARTIAL_SUCCEEDED",
+        "FAILED",
+        "EMPTY_SELECTION",
+        "CANCELLED",
+        "TIMED_OUT",
+    }
+    assert {t.value for t in TERMINAL} == {
+        "SUCCEEDED",
+        "PARTIAL_SUCCEEDED",
+        "FAILED",
+        "EMPTY_SELECTION",
+        "CANCELLED",
+        "TIMED_OUT",
+    }
     assert set(TRANSITIONS) == set(ALL), "every state needs a row, terminal ones an empty one"
     for state in ALL:
         want = set(SPEC_TABLE.get(state.value, "").split())
@@ -123,12 +141,22 @@ def test_every_live_state_reaches_a_terminal_state():
 
 
 def _box(i: int, source: str = "model", validation: Validation | None = None, label: str = "shoe") -> Box:
-    return Box(box_id=f"box_{i}", bbox=(10.0 * i, 10.0, 10.0 * i + 5, 20.0), label=label,
-               score=0.9 if source == "model" else None, source=source, validation=validation)
+    return Box(
+        box_id=f"box_{i}",
+        bbox=(10.0 * i, 10.0, 10.0 * i + 5, 20.0),
+        label=label,
+        score=0.9 if source == "model" else None,
+        source=source,
+        validation=validation,
+    )
 
 
-PANEL = [_box(1), _box(2), _box(3, source="manual", validation=Validation(status="PASSED", score=0.8)),
-         _box(4, source="manual", validation=Validation(status="NEEDS_REVISION", score=0.1, reason="blurry"))]
+PANEL = [
+    _box(1),
+    _box(2),
+    _box(3, source="manual", validation=Validation(status="PASSED", score=0.8)),
+    _box(4, source="manual", validation=Validation(status="NEEDS_REVISION", score=0.1, reason="blurry")),
+]
 
 
 def _counter():
@@ -138,11 +166,11 @@ def _counter():
 
 def test_diff_keeps_moves_relabels_adds_and_deletes():
     subjects = [
-        Subject(box_id="box_1", bbox=(10, 10, 15, 20)),                        # unchanged
-        Subject(box_id="box_2", bbox=(0, 0, 50, 50), label="bag"),             # moved + relabelled
-        Subject(candidate_id="box_3", bbox=(30, 10, 35, 20)),                  # candidate_id names a box
-        Subject(bbox=(100, 100, 200, 200), label="hat"),                       # new manual box
-        Subject(candidate_id="cand_unknown", bbox=(1, 1, 2, 2)),               # unknown candidate -> new box
+        Subject(box_id="box_1", bbox=(10, 10, 15, 20)),  # unchanged
+        Subject(box_id="box_2", bbox=(0, 0, 50, 50), label="bag"),  # moved + relabelled
+        Subject(candidate_id="box_3", bbox=(30, 10, 35, 20)),  # candidate_id names a box
+        Subject(bbox=(100, 100, 200, 200), label="hat"),  # new manual box
+        Subject(candidate_id="cand_unknown", bbox=(1, 1, 2, 2)),  # unknown candidate -> new box
     ]
     d = diff_subjects(PANEL, subjects, new_box_id=_counter())
     assert d.kept == ["box_1", "box_2", "box_3"]
@@ -182,11 +210,15 @@ def test_diff_empty_selection_deletes_all():
     assert d.deleted == [b.box_id for b in PANEL]
 
 
-@pytest.mark.parametrize("subjects", [
-    [Subject(box_id="box_999", bbox=(1, 1, 2, 2))],
-    [Subject(box_id="box_1", bbox=(1, 1, 2, 2)), Subject(box_id="box_1", bbox=(1, 1, 3, 3))],
-    [Subject(box_id="box_1", bbox=(1, 1, 2, 2)), Subject(candidate_id="box_1", bbox=(1, 1, 3, 3))],
-], ids=["unknown", "duplicate", "duplicate-via-candidate"])
+@pytest.mark.parametrize(
+    "subjects",
+    [
+        [Subject(box_id="box_999", bbox=(1, 1, 2, 2))],
+        [Subject(box_id="box_1", bbox=(1, 1, 2, 2)), Subject(box_id="box_1", bbox=(1, 1, 3, 3))],
+        [Subject(box_id="box_1", bbox=(1, 1, 2, 2)), Subject(candidate_id="box_1", bbox=(1, 1, 3, 3))],
+    ],
+    ids=["unknown", "duplicate", "duplicate-via-candidate"],
+)
 def test_diff_unknown_or_duplicate_ids_are_400(subjects):
     with pytest.raises(InvalidRequest) as ei:
         diff_subjects(PANEL, subjects)
@@ -208,28 +240,34 @@ def test_next_hop():
 
 
 def test_approved_of_skips_unvalidated_rejected_and_skip_policy():
-    boxes = [_box(1), _box(2).model_copy(update={"target_policy": "SKIP"}),
-             _box(3, source="manual", validation=Validation(status="PASSED")),
-             _box(4, source="manual", validation=Validation(status="REJECTED")),
-             _box(5, source="manual")]
+    boxes = [
+        _box(1),
+        _box(2).model_copy(update={"target_policy": "SKIP"}),
+        _box(3, source="manual", validation=Validation(status="PASSED")),
+        _box(4, source="manual", validation=Validation(status="REJECTED")),
+        _box(5, source="manual"),
+    ]
     assert [b.box_id for b in decide.approved_of(boxes)] == ["box_1", "box_3"]
 
 
 P, F = Validation(status="PASSED", score=0.9), Validation(status="NEEDS_REVISION", score=0.1)
 
 
-@pytest.mark.parametrize("round_,results,want", [
-    (1, [P, P], RoundDecision.ALL_PASSED),
-    (1, [P, F], RoundDecision.NEED_BATCH_REVISION),
-    (1, [F], RoundDecision.NEED_BATCH_REVISION),
-    (1, [], RoundDecision.ALL_PASSED),
-    (2, [F, F], RoundDecision.ALL_REJECTED),
-    (2, [F], RoundDecision.ALL_REJECTED),
-    (2, [P, F], RoundDecision.PARTIAL_APPROVED),
-    (2, [P, P], RoundDecision.ALL_PASSED),
-    (2, [], RoundDecision.ALL_PASSED),
-    (3, [F], RoundDecision.ALL_REJECTED),
-])
+@pytest.mark.parametrize(
+    "round_,results,want",
+    [
+        (1, [P, P], RoundDecision.ALL_PASSED),
+        (1, [P, F], RoundDecision.NEED_BATCH_REVISION),
+        (1, [F], RoundDecision.NEED_BATCH_REVISION),
+        (1, [], RoundDecision.ALL_PASSED),
+        (2, [F, F], RoundDecision.ALL_REJECTED),
+        (2, [F], RoundDecision.ALL_REJECTED),
+        (2, [P, F], RoundDecision.PARTIAL_APPROVED),
+        (2, [P, P], RoundDecision.ALL_PASSED),
+        (2, [], RoundDecision.ALL_PASSED),
+        (3, [F], RoundDecision.ALL_REJECTED),
+    ],
+)
 def test_decide_round(round_, results, want):
     assert decide_round(round_, results) == want
 
