@@ -381,7 +381,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         # 2. redis-benchmark ceiling --------------------------------------------------------------
         target_id, target_req = jobs.popleft() if jobs else (await prepare(store, 1, label="ceiling job"))[0]
         command, sha = await ceiling_command(store, target_id, target_req)
-        check = sync.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped in redis-py
+        check = sync.execute_command(*command)
         assert check[0] == "INVALID_REQUEST", check  # every check passed, nothing written
         version_before = (await store.get(target_id)).version
         outbox_before = sync.xlen(keys.job(target_id).outbox)
