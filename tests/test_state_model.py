@@ -4,6 +4,10 @@ Random interleavings of executor reports (current, duplicated, late, foreign),
 interventions (fresh, replayed, by another reviewer, stale) and cancels over a
 few jobs. After every operation the machine checks the outcome it predicted and
 the version delta; after every step it checks the invariants on what Redis holds.
+
+Why this module is long: it is one hypothesis state machine; its rules, the model's predictions
+and the invariants read the same model state, and split across modules they would only be
+harder to follow.
 """
 
 from __future__ import annotations
