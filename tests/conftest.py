@@ -5,6 +5,8 @@ Locally a missing redis-server skips; under CI it fails the run (``harness.ci``)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import pytest_asyncio
 
@@ -15,6 +17,7 @@ from harness.uvicorn import LocalServer
 from serve_app.redis_server import RedisServer
 from statecore.models import ImageRef
 from statecore.store import Store, StoreConfig
+from tests.client_fakes import CLIENT_KINDS, ClientFactory, client_factory
 
 
 @pytest.fixture(scope="session")
@@ -71,3 +74,13 @@ def api_server(tmp_path_factory: pytest.TempPathFactory):
     server = LocalServer(tmp_path_factory.mktemp("api"), tokens=TOKENS_SPEC, max_upload_bytes=3_000_000).start()
     yield server
     server.stop()
+
+
+# ---------------------------------------------------------------------------- the two clients
+
+
+@pytest.fixture(params=CLIENT_KINDS)
+def client_for(request: pytest.FixtureRequest) -> Iterator[ClientFactory]:
+    """``client_for(script, **kw)`` → (a client on ``script``, the delays it slept), for each of the
+    two clients, so one test runs through HitlClient and AsyncHitlClient alike."""
+    yield from client_factory(request.param)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -34,24 +33,15 @@ from client import (
 )
 from tests.client_fakes import (
     BASE,
-    CLIENT_KINDS,
     JOB,
     ClientFactory,
     Script,
-    client_factory,
     error_body,
     intervention_response,
     json_response,
     png_bytes,
     snapshot,
 )
-
-
-@pytest.fixture(params=CLIENT_KINDS)
-def client_for(request: pytest.FixtureRequest) -> Iterator[ClientFactory]:
-    """``client_for(script, **kw)`` → (a client on ``script``, the delays it slept), for each of the two clients."""
-    yield from client_factory(request.param)
-
 
 # ---------------------------------------------------------------------- retry policy over the wire
 

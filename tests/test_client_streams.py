@@ -5,7 +5,6 @@ timeouts, cancelling). The network is scripted as in ``test_client_api.py``."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -20,25 +19,16 @@ from client import (
 from client.api import WaitCancelled
 from tests.client_fakes import (
     BASE,
-    CLIENT_KINDS,
     JOB,
     ClientFactory,
     CutStream,
     Script,
-    client_factory,
     error_body,
     frame,
     json_response,
     snapshot,
     sse_response,
 )
-
-
-@pytest.fixture(params=CLIENT_KINDS)
-def client_for(request: pytest.FixtureRequest) -> Iterator[ClientFactory]:
-    """``client_for(script, **kw)`` → (a client on ``script``, the delays it slept), for each of the two clients."""
-    yield from client_factory(request.param)
-
 
 # ---------------------------------------------------------------------- events
 
