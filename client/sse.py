@@ -75,7 +75,7 @@ def to_event(sse: ServerSentEvent, job_id: str) -> Event | None:
     sse_id = sse.id.strip() if sse.id else ""
     raw_id = sse_id if sse_id else payload.get("id")
     try:
-        event_id = int(raw_id)  # type: ignore[arg-type]
+        event_id = int(str(raw_id))  # "None", "" and junk fail the int() like a bad id
     except (TypeError, ValueError):
         log.warning("dropping SSE message without a numeric id: event=%s id=%r", sse.event, raw_id)
         return None

@@ -102,7 +102,7 @@ class _ModelDeployment:
         return await asyncio.to_thread(run_node, node_type, inp, self.models, self.artifacts, image=image)
 
     # Ray's stubs expect a batched method of one argument; this one takes two lists.
-    @serve.batch(  # type: ignore[call-overload]
+    @serve.batch(  # type: ignore[call-overload]  # two list arguments, see above
         max_batch_size=DEFAULT_BATCH["max_batch_size"], batch_wait_timeout_s=DEFAULT_BATCH["batch_wait_timeout_s"]
     )
     async def _embed(self, images: list[np.ndarray], shas: list[str]) -> list[None]:

@@ -126,5 +126,5 @@ class NodeExecutionError(HitlError):
         self, message: str | None = None, *, code: str = "NODE_FAILED", retryable: bool = True, **kw: Any
     ) -> None:
         super().__init__(message, **kw)
-        self.code = code  # type: ignore[misc]
-        self.retryable = retryable  # type: ignore[misc]
+        self.code = code  # type: ignore[misc]  # a ClassVar elsewhere; per instance for node errors
+        self.retryable = retryable  # type: ignore[misc]  # likewise

@@ -39,7 +39,7 @@ WAIT_MS = 60_000  # one UI wait: generous for a loaded 2-core machine, short eno
 def require_chromium() -> str:
     """The Chromium binary; missing → FAIL under CI (make setup provides it), skip locally."""
     try:
-        import playwright.sync_api  # noqa: F401
+        import playwright.sync_api  # noqa: F401 - imported only to see that it is installed
     except ImportError:
         missing("the playwright package")
     if os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK):

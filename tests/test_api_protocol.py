@@ -1,6 +1,5 @@
-"""The HTTP contract of SPEC §4 against the real control plane (uvicorn, real Redis, classical models).
-
-Follows seed 000's verification list; Ray Serve itself is covered by test_e2e_serve.py.
+"""The HTTP contract (docs/protocol.md § Routes, § Intervention) against the real control plane
+(uvicorn, real Redis, classical models). Ray Serve itself is covered by test_e2e_serve.py.
 """
 
 from __future__ import annotations

@@ -98,7 +98,10 @@ def test_walk_finds_images_recursively_and_reports_the_rest(tmp_path: Path):
     for rel, data in files.items():
         (tmp_path / rel).write_bytes(data)
     res = walk_inputs([tmp_path, tmp_path / "a.png", tmp_path / "missing.png"], exclude=[tmp_path / "out"])
-    rel = lambda p: str(Path(p).relative_to(tmp_path))  # noqa: E731
+
+    def rel(p: Path) -> str:
+        return str(Path(p).relative_to(tmp_path))
+
     assert [rel(p) for p in res.images] == ["a.png", "b/c.jpg", "b/deep/d.webp", "b/deep/no_extension"]
     assert sorted((rel(s.path), s.reason) for s in res.skipped) == [
         ("b/empty.jpg", "not a PNG, JPEG or WebP image"),
@@ -197,7 +200,10 @@ def test_exit_code_rules(tmp_path: Path):
     failed = FileOutcome(tmp_path / "c.png", job_id="j3", status="FAILED", final_status="FAILED")
     pending = FileOutcome(tmp_path / "d.png", job_id="j4", status="WAITING_USER_SELECTION")
     rejected = FileOutcome(tmp_path / "e.png", error="INVALID_REQUEST: not an image")
-    S = lambda files, wait=True, **kw: BatchSummary("default", wait, files, [], **kw)  # noqa: E731
+
+    def S(files, wait=True, **kw):
+        return BatchSummary("default", wait, files, [], **kw)
+
     assert S([ok, empty]).exit_code == 0
     assert S([ok, failed]).exit_code == 1
     assert S([ok, pending]).exit_code == 1

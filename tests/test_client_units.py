@@ -140,7 +140,10 @@ def test_to_event_reads_the_server_frame_and_drops_id_less_messages():
 
 def test_cursor_drops_repeats():
     cur = EventCursor(5)
-    mk = lambda i, t="X": Event(id=i, type=t, job_id=JOB, version=i, at="")  # noqa: E731
+
+    def mk(i: int, t: str = "X") -> Event:
+        return Event(id=i, type=t, job_id=JOB, version=i, at="")
+
     assert cur.headers() == {"Last-Event-ID": "5"}
     assert [cur.accept(mk(i)) for i in (4, 5, 6, 6, 7)] == [False, False, True, False, True]
     assert not cur.finished and cur.accept(mk(8, "JOB_FINISHED")) and cur.finished

@@ -1,4 +1,4 @@
-"""Many reviewers submit against one pause at once (seed 004): exactly one wins.
+"""Many reviewers submit against one pause at once: exactly one wins.
 
 Each submitter is its own ``Store`` with its own connection pool, so the 64
 calls really race on 64 Redis connections; the Lua script is the only arbiter.

@@ -54,11 +54,11 @@ async def _populate(store: Store, jobs: list[tuple[int, int, int]], parts: list[
     return made
 
 
-async def _page_all(store: Store, limit: int, **filt: str | None) -> list[str]:
+async def _page_all(store: Store, limit: int, *, submitter: str | None, status: str | None) -> list[str]:
     seen: list[str] = []
     cursor = None
     for _ in range(500):
-        page, cursor = await store.list_jobs(limit=limit, cursor=cursor, **filt)  # type: ignore[arg-type]
+        page, cursor = await store.list_jobs(limit=limit, cursor=cursor, submitter=submitter, status=status)
         assert len(page) <= limit
         seen += [j.job_id for j in page]
         if cursor is None:

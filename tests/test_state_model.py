@@ -400,7 +400,7 @@ class JobMachine(RuleBasedStateMachine):
         req = InterventionRequest(
             intervention_id=new_id("iv"), pause_token=token, base_version=version, subjects=subjects
         )
-        # SPEC §4 order: cancelled, version, pause active, token, then the box ids (400).
+        # docs/protocol.md § Intervention order: cancelled, version, pause active, token, box ids (400).
         if st_.status == JobStatus.CANCELLED:
             expected: type | None = errors.JobCancelled
         elif version != st_.version:

@@ -141,7 +141,7 @@ def test_callbacks_open_submit_and_follow_the_job_to_its_results(api_server: Any
     assert out[comps.banner_md].startswith("Submitted — kept 2, added 0, deleted 0.")
     assert not visible(out[comps.review_col])
 
-    done = asyncio.run(updates(cb.follow(st, None), until=lambda u: comps.results_md in u))  # type: ignore[arg-type]
+    done = asyncio.run(updates(cb.follow(st, None), until=lambda u: comps.results_md in u))  # type: ignore[arg-type]  # no gr.Request off a browser
     last = done[-1]
     assert last[comps.banner_md] == "The job ended: SUCCEEDED." and "SUCCEEDED" in last[comps.status_md]
     assert "2 of 2 subjects cut out" in last[comps.results_md] and len(last[comps.results_gallery]) == 2
@@ -169,7 +169,7 @@ def test_follower_tells_when_another_reviewer_submits_first(api_server: Any, tmp
     timer = threading.Timer(1.5, other_reviewer_cuts_nothing)  # while the follower streams
     timer.start()
     try:
-        got = asyncio.run(updates(cb.follow(st, None), until=lambda u: False))  # type: ignore[arg-type]
+        got = asyncio.run(updates(cb.follow(st, None), until=lambda u: False))  # type: ignore[arg-type]  # no gr.Request off a browser
     finally:
         timer.cancel()
     assert got, "the follower saw nothing"
@@ -177,7 +177,7 @@ def test_follower_tells_when_another_reviewer_submits_first(api_server: Any, tmp
     assert first[comps.banner_md] == "Another reviewer submitted first." and not visible(first[comps.review_col])
     assert "EMPTY_SELECTION" in got[-1][comps.status_md] and "chose to cut nothing" in got[-1][comps.results_md]
     # one follower per opened job: a second call for the same opening returns at once
-    assert asyncio.run(updates(cb.follow(st, None), until=lambda u: False, timeout=5)) == []  # type: ignore[arg-type]
+    assert asyncio.run(updates(cb.follow(st, None), until=lambda u: False, timeout=5)) == []  # type: ignore[arg-type]  # no gr.Request off a browser
 
 
 def test_closing_the_tab_stops_its_followers(api_server: Any, tmp_path: Path) -> None:

@@ -385,7 +385,8 @@ class ClassicalSegmenter:
         try:
             bgr = cv2.cvtColor(crop, cv2.COLOR_RGB2BGR)
             # opencv's stubs want a Rect for ``rect`` even with GC_INIT_WITH_MASK, which ignores it
-            cv2.grabCut(bgr, gc, None, bgd, fgd, self.iterations, cv2.GC_INIT_WITH_MASK)  # type: ignore[call-overload]
+            mode = cv2.GC_INIT_WITH_MASK
+            cv2.grabCut(bgr, gc, None, bgd, fgd, self.iterations, mode)  # type: ignore[call-overload]  # rect: see above
         except cv2.error as exc:
             log.debug("grabcut failed, using the threshold mask: %s", exc)
             return None

@@ -186,8 +186,8 @@ class HitlUser(HttpUser):
                 self.judge(resp, "events", label, {"200"}, "stream")
             if label != "200":
                 return
-            # chunk_size=None hands lines on as they arrive (types-requests only allows an int)
-            lines = resp.iter_lines(chunk_size=None, decode_unicode=True)  # type: ignore[call-overload]
+            # chunk_size=None hands lines on as they arrive
+            lines = resp.iter_lines(chunk_size=None, decode_unicode=True)  # type: ignore[call-overload]  # stubs: int only
             for ev in parse_sse(lines):
                 if ev.get("type") != ":":
                     yield ev
