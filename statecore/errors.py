@@ -14,6 +14,8 @@ class HitlError(Exception):
     code: ClassVar[str] = "INTERNAL"
     status: ClassVar[int] = 500
     retryable: ClassVar[bool] = False
+    # Seconds for a ``Retry-After`` header (the 429s and 503s): when a retry may succeed.
+    retry_after_s: ClassVar[int | None] = None
 
     def __init__(
         self,
@@ -114,6 +116,27 @@ class StaleRead(HitlError):
     code = "STALE_READ"
     status = 503
     retryable = True
+    retry_after_s = 1
+
+
+class StoreUnavailable(HitlError):
+    """Redis did not answer within the store's operation timeout (down, hung, loading its AOF,
+    or the connection broke): nothing was decided; the same request may be sent again."""
+
+    code = "STORE_UNAVAILABLE"
+    status = 503
+    retryable = True
+    retry_after_s = 1
+
+
+class BacklogFull(HitlError):
+    """Admission control: more node commands wait in the outbox than ``--max-backlog``; a new job
+    would only queue behind them. Interventions and cancels are never refused for this."""
+
+    code = "BACKLOG_FULL"
+    status = 429
+    retryable = True
+    retry_after_s = 2
 
 
 class NodeExecutionError(HitlError):
