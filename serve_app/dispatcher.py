@@ -16,6 +16,10 @@ import socket
 import time
 from typing import Any, Protocol
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from statecore.errors import NodeExecutionError
 from statecore.models import NodeCommand, NodeReport
 from statecore.nodes import CONTROL_PLANE_NODES, parse_output
@@ -61,6 +65,7 @@ class Dispatcher:
         self.inspector = Inspector(store, consumer=self.consumer)
         self._tasks: set[asyncio.Task[None]] = set()
         self._held: set[tuple[str, str]] = set()  # (stream, entry id): ids repeat across partitions
+        self.groups_recreated = 0  # NOGROUP recoveries (Redis came back empty)
 
     async def run_forever(self) -> None:
         await self.store.ensure_groups()
@@ -89,6 +94,22 @@ class Dispatcher:
                 for t in list(self._tasks):
                     t.cancel()
                 raise
+            except (RedisConnectionError, RedisTimeoutError) as e:  # Redis down or hung: wait for it
+                log.warning("dispatcher: Redis unavailable (%s); retrying in 1s", e)
+                await asyncio.sleep(1)
+            except ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    log.exception("dispatcher loop error (retrying): %s", e)
+                    await asyncio.sleep(1)
+                    continue
+                # Redis came back empty (FLUSHALL, a restart without its AOF): re-create the groups.
+                self.groups_recreated += 1
+                log.warning("dispatcher: outbox consumer group missing (%s); re-creating it", e)
+                try:
+                    await self.store.ensure_groups()
+                except Exception as again:
+                    log.warning("dispatcher: re-creating the consumer groups failed (%s); retrying", again)
+                    await asyncio.sleep(1)
             except Exception as e:
                 log.exception("dispatcher loop error (retrying): %s", e)
                 await asyncio.sleep(1)
