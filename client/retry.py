@@ -7,7 +7,10 @@ Three kinds of request:
   harmless, so connection errors, 502/503/504 and 429 are retried.
 * ``CONNECT_ONLY``: POST /jobs without an Idempotency-Key. Once the request may
   have reached the server a second send could create a second job, so only
-  failures that prove it never left (connect errors, pool timeouts) are retried.
+  failures that prove it never left (connect errors, pool timeouts) are retried,
+  and a 429 (``BACKLOG_FULL``: admission control refuses before anything is
+  written), after its ``Retry-After``. A 503 is not: ``STORE_UNAVAILABLE`` may
+  come after the job was written.
 * ``NEVER``: probes such as /readyz, where the answer itself is the information.
 
 No other 4xx is ever retried; a 409 in particular is the server's final word.
@@ -61,7 +64,9 @@ class RetryPolicy:
         self, attempt: int, status: int, mode: RetryMode, retry_after: float | None = None
     ) -> float | None:
         """Delay before retrying after an HTTP error status, or None to give up."""
-        if attempt >= self.retries or mode is not RetryMode.IDEMPOTENT or status not in RETRY_STATUSES:
+        if attempt >= self.retries or status not in RETRY_STATUSES or mode is RetryMode.NEVER:
+            return None
+        if mode is RetryMode.CONNECT_ONLY and status != 429:  # a 429 refused before anything was written
             return None
         if retry_after is not None and status in (429, 503):
             return min(retry_after, MAX_RETRY_AFTER)

@@ -27,6 +27,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from serve_app.config import Settings
+from serve_app.durability import appendfsync
 from serve_app.redis_server import RedisServer, free_port
 from serve_app.runtime import local_app
 from statecore.models import NodeCommand
@@ -71,10 +72,12 @@ def wait_ready(url: str, timeout: float, alive: Callable[[], bool], what: Callab
 class _Served:
     """What both servers share: a port, an optional Redis of their own, the token file."""
 
-    def __init__(self, data_dir: Path, redis_url: str | None) -> None:
+    def __init__(self, data_dir: Path, redis_url: str | None, durability: str = "fast") -> None:
         self.data_dir = data_dir
         self.port = free_port()
-        self.own_redis = RedisServer(data_dir / "redis") if redis_url is None else None
+        self.own_redis = (
+            RedisServer(data_dir / "redis", appendfsync=appendfsync(durability)) if redis_url is None else None
+        )
         self.redis_url = redis_url or ""
 
     @property
@@ -102,7 +105,7 @@ class LocalServer(_Served):
     in threads."""
 
     def __init__(self, data_dir: Path, redis_url: str | None = None, *, dispatchers: int = 1, **fields: Any) -> None:
-        super().__init__(data_dir, redis_url)
+        super().__init__(data_dir, redis_url, fields.get("durability", "fast"))
         self.dispatchers = dispatchers
         self.settings = settings(data_dir, self.port, redis_url, **fields)
         self.server: uvicorn.Server | None = None

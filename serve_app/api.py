@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from redis import exceptions as redis_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from statecore import errors
@@ -37,6 +38,7 @@ from statecore.states import JobStatus, is_terminal
 from statecore.store import Reply, Store, StoreConfig
 
 from . import metrics
+from .admission import Admission
 from .auth import Authenticator, Identity
 from .config import Settings
 from .uploads import check_image, read_upload
@@ -112,10 +114,30 @@ class Runtime:
     readiness: Callable[[], Awaitable[dict[str, Any]]]
     model_stats: Callable[[], Awaitable[dict[str, Any]]] | None = None  # {deployment: describe()}
     background: list[asyncio.Task[Any]] = field(default_factory=list)
+    closing: list[Store] = field(default_factory=list)  # more stores to close on shutdown (background ones)
+    admission: Admission | None = None  # built from settings.max_backlog when not given
 
 
 def _error(e: errors.HitlError, headers: dict[str, str] | None = None) -> JSONResponse:
+    if e.retry_after_s is not None:
+        headers = {**(headers or {}), "Retry-After": str(e.retry_after_s)}
     return JSONResponse(e.to_body(), status_code=e.status, headers=headers)
+
+
+# What redis-py raises when Redis is down, hung past the operation timeout, loading its AOF
+# (BusyLoadingError is a ConnectionError), or a cluster is without a master for a slot: all
+# one 503 STORE_UNAVAILABLE, mapped here and nowhere else.
+REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+    redis_errors.MasterDownError,
+)
+
+
+def store_unavailable(e: Exception) -> errors.StoreUnavailable:
+    return errors.StoreUnavailable(f"the state store (Redis) is unavailable: {type(e).__name__}: {e}")
 
 
 class AuthMiddleware:
@@ -148,6 +170,8 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         holder["rt"] = await build_runtime()
         rt = holder["rt"]
+        if rt.admission is None:
+            rt.admission = Admission(rt.store, rt.settings.max_backlog)
         log.info(
             "control plane ready: detector=%s validator=%s segmenter=%s redis=%s",
             rt.settings.detector,
@@ -161,6 +185,8 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
             for t in rt.background:
                 t.cancel()
             await asyncio.gather(*rt.background, return_exceptions=True)
+            for extra in rt.closing:
+                await extra.close()
             await rt.store.close()
 
     def rt() -> Runtime:
@@ -177,6 +203,13 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
     @app.exception_handler(errors.HitlError)
     async def _hitl_error(_req: Request, e: errors.HitlError) -> JSONResponse:
         return _error(e)
+
+    async def _store_unavailable(_req: Request, e: Exception) -> JSONResponse:
+        log.warning("503 STORE_UNAVAILABLE: %s: %s", type(e).__name__, e)
+        return _error(store_unavailable(e))
+
+    for exc in REDIS_UNAVAILABLE:
+        app.add_exception_handler(exc, _store_unavailable)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, e: RequestValidationError) -> JSONResponse:
@@ -228,6 +261,9 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         request: Request, idempotency_key: str | None = Header(default=None, max_length=200)
     ) -> Response:
         s = rt().settings
+        admission = rt().admission
+        if admission is not None:
+            await admission.admit_job()  # 429 BACKLOG_FULL before the upload is even read
         upload = await read_upload(request, field="image", max_bytes=s.max_upload_bytes)
         checked = await asyncio.to_thread(
             check_image, upload.data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels, filename=upload.filename
@@ -354,7 +390,9 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         except Exception as e:  # readiness reports, it does not raise
             info["error"] = str(e)
         ok = bool(info.get("redis")) and bool(info.get("models_ready", True)) and "error" not in info
-        return JSONResponse({"ready": ok, **info}, status_code=200 if ok else 503)
+        return JSONResponse(
+            {"ready": ok, **info}, status_code=200 if ok else 503, headers=None if ok else {"Retry-After": "1"}
+        )
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -376,7 +414,11 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
     return app
 
 
-def store_for(settings: Settings, redis_url: str) -> Store:
+def store_for(settings: Settings, redis_url: str, *, blocking_s: float = 0.0) -> Store:
+    """The store with the settings' operation timeout; ``blocking_s`` more for a store whose
+    commands block on purpose (the dispatchers' XREADGROUP BLOCK), so waiting is not a timeout."""
     return Store.from_url(
-        redis_url, StoreConfig(retention_s=settings.retention_s, node_timeout_s=settings.node_timeout_s)
+        redis_url,
+        StoreConfig(retention_s=settings.retention_s, node_timeout_s=settings.node_timeout_s),
+        timeout_s=settings.store_timeout_s + blocking_s,
     )

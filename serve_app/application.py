@@ -26,6 +26,7 @@ from ray import serve
 from statecore.artifacts import ArtifactStore
 from statecore.models import NodeCommand
 
+from . import durability
 from .api import Runtime, create_app, store_for
 from .auth import Authenticator
 from .config import Settings
@@ -79,6 +80,10 @@ class Api:
         settings = self.settings
         assert settings.redis_url
         store = store_for(settings, settings.redis_url)
+        # The dispatcher blocks in XREADGROUP for up to 1 s: its store's timeout allows for it.
+        background_store = store_for(settings, settings.redis_url, blocking_s=2.0)
+        log.info("durability %s", await durability.configure(store, settings.durability, settings.store_timeout_s))
+        await durability.configure(background_store, settings.durability, settings.store_timeout_s)
         await store.ensure_groups()
         events_handle = self.events_handle
 
@@ -106,8 +111,11 @@ class Api:
             events=events,
             readiness=readiness,
             model_stats=self.runner.describe,
+            closing=[background_store],
         )
-        rt.background.append(asyncio.create_task(make_dispatcher(settings, store, self.runner).run_forever()))
+        rt.background.append(
+            asyncio.create_task(make_dispatcher(settings, background_store, self.runner).run_forever())
+        )
         return rt
 
 

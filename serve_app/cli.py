@@ -94,6 +94,38 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         help="YAML or TOML file with per-deployment replica and autoscaling settings (see docs/config)",
     )
     g.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    r = p.add_argument_group("reliability")
+    r.add_argument(
+        "--store-timeout-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="Redis operation timeout: a Redis that is down or hung makes every route that needs it answer "
+        "503 STORE_UNAVAILABLE (with Retry-After) within this time (default 5)",
+    )
+    r.add_argument(
+        "--durability",
+        choices=["fast", "strict"],
+        default=None,
+        help="fast: AOF appendfsync everysec (an acknowledged change can be lost only if the machine "
+        "crashes within ~1 s); strict: appendfsync always plus WAITAOF (Redis >= 7.2) or WAIT for "
+        "replicas after each change, so a 200 means it is on disk (default fast)",
+    )
+    r.add_argument(
+        "--allow-volatile-redis",
+        action="store_true",
+        help="start even when the external Redis (--redis-url) has persistence off or an evicting "
+        "maxmemory-policy (warns loudly; without it, hitl up refuses)",
+    )
+    r.add_argument(
+        "--max-backlog",
+        type=int,
+        default=None,
+        metavar="N",
+        help="admission control: above N node commands not yet started, POST /jobs answers 429 "
+        "BACKLOG_FULL with Retry-After; interventions and cancels are never refused (default 10000; "
+        "0 turns it off)",
+    )
     m = p.add_argument_group("models")
     m.add_argument(
         "--detector",

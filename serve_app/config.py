@@ -39,6 +39,12 @@ class Settings(BaseModel):
     dispatcher_concurrency: int = 64
     reclaim_idle_ms: int = 60_000
 
+    # SPEC §9: Redis unavailable, durability, admission control.
+    store_timeout_s: float = 5.0  # Redis operation timeout: a down or hung Redis is a 503 within it
+    durability: str = "fast"  # fast: AOF everysec; strict: appendfsync always + WAITAOF/WAIT
+    allow_volatile_redis: bool = False  # an external Redis without persistence / with eviction: warn, not refuse
+    max_backlog: int = 10_000  # POST /jobs answers 429 BACKLOG_FULL above this many commands not yet started
+
     max_upload_bytes: int = 25 * 1024 * 1024
     max_pixels: int = 50_000_000
 

@@ -24,6 +24,7 @@ import httpx
 
 from .auth import local_token
 from .config import Settings, load_config_file
+from .durability import appendfsync, check_external
 from .redis_server import RedisServer, free_port
 
 log = logging.getLogger("hitl.up")
@@ -123,9 +124,18 @@ def up(
     started_serve = False
     try:
         if not settings.redis_url:
-            redis = RedisServer(settings.data_dir / "redis").start()
+            redis = RedisServer(settings.data_dir / "redis", appendfsync=appendfsync(settings.durability)).start()
             settings.redis_url = redis.url
-            log.info("embedded redis-server on %s (AOF in %s)", redis.url, redis.data_dir)
+            log.info(
+                "embedded redis-server on %s (AOF in %s, appendfsync %s)", redis.url, redis.data_dir, redis.appendfsync
+            )
+        else:
+            check_external(
+                settings.redis_url,
+                allow_volatile=settings.allow_volatile_redis,
+                durability=settings.durability,
+                timeout_s=settings.store_timeout_s,
+            )
         token = None
         if not settings.tokens:
             if not settings.loopback:
@@ -160,6 +170,8 @@ def up(
         if on_ready is not None:
             threading.Thread(target=on_ready, args=(api_url, token), daemon=True).start()
         while not stop.wait(1.0):
+            if redis is not None:
+                supervise_redis(redis)
             if ui_proc is not None and ui_proc.poll() is not None:
                 log.error("the UI process exited with %s; restarting it", ui_proc.returncode)
                 ui_proc, ui_url = _start_ui(settings, api_url, token)
@@ -186,6 +198,28 @@ def up(
         if redis is not None:
             redis.stop()
         log.info("stopped")
+
+
+def supervise_redis(redis: RedisServer) -> bool:
+    """Restart the embedded redis-server on its data directory and port if it died; True if it did.
+    Meanwhile the API answers 503 STORE_UNAVAILABLE; its connections come back by themselves."""
+    code = redis.exited()
+    if code is None:
+        return False
+    log.error(
+        "embedded redis-server (pid %s) exited with %s; restarting it on %s (data in %s)",
+        redis.pid,
+        code,
+        redis.url,
+        redis.data_dir,
+    )
+    try:
+        redis.restart()
+    except RuntimeError as e:  # e.g. the port was taken meanwhile: try again on the next tick
+        log.error("restarting the embedded redis-server failed: %s; retrying", e)
+        return False
+    log.warning("embedded redis-server restarted (pid %s, restart #%d)", redis.pid, redis.restarts)
+    return True
 
 
 def _start_ui(settings: Settings, api_url: str, token: str | None) -> tuple[subprocess.Popen, str]:
@@ -231,5 +265,9 @@ def settings_from_args(args: Any) -> Settings:
         detector_arch=args.detector_arch,
         detector_delay_ms=args.detector_delay_ms,
         api_replicas=args.api_replicas,
+        store_timeout_s=getattr(args, "store_timeout_s", None),
+        durability=getattr(args, "durability", None),
+        allow_volatile_redis=getattr(args, "allow_volatile_redis", None) or None,
+        max_backlog=getattr(args, "max_backlog", None),
         models=models or None,
     )

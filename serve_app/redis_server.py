@@ -70,7 +70,8 @@ def redis_binary() -> str:
 
 @dataclass
 class RedisServer:
-    """One redis-server on loopback with AOF (appendfsync everysec) in ``data_dir``."""
+    """One redis-server on loopback with AOF in ``data_dir`` (``appendfsync``: everysec, or always
+    under ``--durability strict``)."""
 
     data_dir: Path
     port: int = 0
@@ -78,6 +79,8 @@ class RedisServer:
     cluster: bool = False
     extra: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    appendfsync: str = "everysec"
+    restarts: int = 0
 
     @property
     def url(self) -> str:
@@ -98,7 +101,7 @@ class RedisServer:
             "--appendonly",
             "yes",
             "--appendfsync",
-            "everysec",
+            self.appendfsync,
             "--save",
             "",
             "--protected-mode",
@@ -139,6 +142,20 @@ class RedisServer:
             time.sleep(0.05)
         client.close()
         return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def exited(self) -> int | None:
+        """The exit code once the server has died (by itself or by a signal), else None."""
+        return self.proc.poll() if self.proc is not None else None
+
+    def restart(self, timeout: float = 60.0) -> RedisServer:
+        """Start it again on the same port and data directory: it replays its AOF before serving."""
+        self.stop(kill=True)
+        self.restarts += 1
+        return self.start(timeout)
 
     def stop(self, *, kill: bool = False) -> None:
         if self.proc and self.proc.poll() is None:

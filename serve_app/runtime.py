@@ -17,6 +17,7 @@ from fastapi import FastAPI
 
 from statecore.artifacts import ArtifactStore
 
+from . import durability
 from .api import Runtime, create_app, store_for
 from .auth import Authenticator
 from .config import Settings
@@ -48,6 +49,10 @@ async def local_runtime(
 ) -> Runtime:
     assert settings.redis_url, "local runtime needs a redis_url"
     store = store_for(settings, settings.redis_url)
+    # The dispatchers block in XREADGROUP for up to 1 s: their store's timeout allows for it.
+    background_store = store_for(settings, settings.redis_url, blocking_s=2.0)
+    log.info("durability %s", await durability.configure(store, settings.durability, settings.store_timeout_s))
+    await durability.configure(background_store, settings.durability, settings.store_timeout_s)
     await store.ensure_groups()
     artifacts = ArtifactStore(settings.artifacts)
     auth = Authenticator.from_settings(settings.tokens, settings.data_dir, settings.loopback)
@@ -74,9 +79,10 @@ async def local_runtime(
         events=events,
         readiness=readiness,
         model_stats=model_stats,
+        closing=[background_store],
     )
     for _ in range(dispatchers):
-        rt.background.append(asyncio.create_task(make_dispatcher(settings, store, runner).run_forever()))
+        rt.background.append(asyncio.create_task(make_dispatcher(settings, background_store, runner).run_forever()))
     return rt
 
 
