@@ -19,12 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from . import decide, errors, keys, listing, scripts
+from . import decide, durable, errors, keys, listing, scripts
 from .ids import canonical_json, now_iso, payload_hash
 from .models import (
     CreateJobResponse,
@@ -73,12 +70,9 @@ class Store:
         self.r = client
         self.cluster = cluster
         self.config = config or StoreConfig()
-        # --durability strict (serve_app.durability): a command run on the same connection right after
-        # each state-changing script, e.g. ("WAITAOF", 1, 0, ms) or ("WAIT", n, ms), and how many acks
-        # its reply must show; the change is acknowledged only once it is on disk / on the replicas.
-        self.sync_command: tuple[Any, ...] | None = None
+        self.sync_command: tuple[Any, ...] | None = None  # --durability strict: see statecore.durable
         self.sync_acks = 0
-        self._scripts = {name: self._synced(script) for name, script in scripts.register(client).items()}
+        self._scripts = {name: durable.synced(self, s) for name, s in scripts.register(client).items()}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -92,13 +86,11 @@ class Store:
         max_connections: int = 256,
         timeout_s: float | None = 5.0,
     ) -> Store:
-        """``timeout_s``: the operation timeout (socket connect and read). A Redis that is down or hung
-        (SIGSTOP) raises redis' ConnectionError/TimeoutError within it, which the API answers 503;
-        a broken connection is retried once at once on a fresh one, a timeout is not retried."""
+        """``timeout_s``: the operation timeout (statecore.durable.pool_options)."""
         if cluster is None:
             cluster = url.startswith("redis+cluster://") or "cluster=true" in url
         url = url.replace("redis+cluster://", "redis://").replace("?cluster=true", "")
-        timeouts: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+        timeouts = durable.pool_options(timeout_s, cluster=cluster)
         client: Any  # redis.asyncio.Redis or RedisCluster: the same command API for what we use
         if cluster:
             client = aioredis.RedisCluster.from_url(
@@ -110,7 +102,6 @@ class Store:
                 decode_responses=True,
                 max_connections=max_connections,
                 health_check_interval=30,
-                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
                 **timeouts,
             )
         return cls(client, config, cluster=cluster)
@@ -129,23 +120,6 @@ class Store:
             except ResponseError as e:
                 if "BUSYGROUP" not in str(e):
                     raise
-
-    def _synced(self, script: Any) -> Any:
-        """``script`` followed, on the same connection, by ``sync_command`` when one is set."""
-
-        async def run(*, keys: list[str], args: list[Any]) -> Any:
-            if self.sync_command is None or self.cluster:
-                return await script(keys=keys, args=args)
-            async with self.r.pipeline(transaction=False) as pipe:
-                await script(keys=keys, args=args, client=pipe)
-                pipe.execute_command(*self.sync_command)
-                res, acks = await pipe.execute()
-            acked = int(acks[0] if isinstance(acks, list) else acks)
-            if acked < self.sync_acks:
-                raise errors.StoreUnavailable(f"{self.sync_command[0]} confirmed {acked} of {self.sync_acks}")
-            return res
-
-        return run
 
     # ------------------------------------------------------------------ helpers
 

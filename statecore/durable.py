@@ -1,0 +1,48 @@
+"""What keeps the store honest when Redis misbehaves: the pool's timeouts and retry, and the
+after-write sync of ``--durability strict`` (serve_app.durability chooses the command).
+
+- ``pool_options``: socket connect and read timeouts, so a Redis that is down or hung (SIGSTOP)
+  raises redis' ConnectionError/TimeoutError within ``timeout_s`` (the API answers 503
+  STORE_UNAVAILABLE); a broken connection is retried once at once on a fresh one, a timeout never
+  (a retry would double the wait).
+- ``synced``: a state-changing script followed, on the same connection (WAITAOF and WAIT count
+  the calling connection's writes), by the store's ``sync_command``, e.g. ``("WAITAOF", 1, 0, ms)``
+  or ``("WAIT", n, ms)``; a reply with fewer than ``sync_acks`` acknowledgements is a
+  ``StoreUnavailable``: the change is not acknowledged until it is on disk / on the replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from . import errors
+
+
+def pool_options(timeout_s: float | None, *, cluster: bool) -> dict[str, Any]:
+    opts: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    if not cluster:
+        opts["retry"] = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+    return opts
+
+
+def synced(store: Any, script: Any) -> Callable[..., Awaitable[Any]]:
+    """``script`` followed by ``store.sync_command`` when one is set (not on a cluster)."""
+
+    async def run(*, keys: list[str], args: list[Any]) -> Any:
+        if store.sync_command is None or store.cluster:
+            return await script(keys=keys, args=args)
+        async with store.r.pipeline(transaction=False) as pipe:
+            await script(keys=keys, args=args, client=pipe)
+            pipe.execute_command(*store.sync_command)
+            res, acks = await pipe.execute()
+        acked = int(acks[0] if isinstance(acks, list) else acks)
+        if acked < store.sync_acks:
+            raise errors.StoreUnavailable(f"{store.sync_command[0]} confirmed {acked} of {store.sync_acks}")
+        return res
+
+    return run
