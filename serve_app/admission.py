@@ -1,10 +1,12 @@
 """Admission control (SPEC §9): ``POST /jobs`` is refused with 429 ``BACKLOG_FULL`` while the outbox
 backlog (node commands not yet started) exceeds ``--max-backlog``.
 
-The backlog is measured cheaply: per outbox partition its length (XLEN: acknowledged commands are
-deleted, so the stream holds only work still to do) less what dispatchers already took (the
-group's pending count, XINFO GROUPS), one pipelined round trip over the partitions, cached for
-``ttl_s`` so a burst of submissions costs one measurement a second, never a walk over jobs.
+The backlog is measured cheaply: the length of every outbox partition (XLEN; a command is deleted
+when its node is done, so a stream holds only work not yet finished), one pipelined round trip
+over the partitions, cached for ``ttl_s`` so a burst of submissions costs one measurement a
+second, never a walk over jobs. It counts the commands being run too (at most dispatchers x
+concurrency): a dispatcher that has read a command may still hold it unstarted, and the group's
+pending count cannot tell the two apart, so "delivered" is no proof of "started".
 """
 
 from __future__ import annotations
@@ -18,23 +20,12 @@ from statecore.store import Store
 
 
 async def measure_backlog(store: Store) -> int:
-    """Commands in the outbox that no dispatcher has taken yet, over every partition."""
-    streams = list(keys.all_outboxes())
+    """Commands in the outbox not yet finished (queued, or held or run by a dispatcher), over every partition."""
     async with store.r.pipeline(transaction=False) as pipe:
-        for s in streams:
+        for s in keys.all_outboxes():
             pipe.xlen(s)
-            pipe.xinfo_groups(s)
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
-    total = 0
-    for i in range(len(streams)):
-        length, groups = replies[2 * i], replies[2 * i + 1]
-        if isinstance(length, Exception):
-            raise length
-        taken = 0
-        if not isinstance(groups, Exception):  # no stream or no group yet: nothing taken
-            taken = sum(int(g.get("pending") or 0) for g in groups if g.get("name") == keys.OUTBOX_GROUP)
-        total += max(0, int(length) - taken)
-    return total
+        lengths: list[Any] = await pipe.execute()
+    return sum(int(n) for n in lengths)
 
 
 class Admission:
@@ -63,7 +54,7 @@ class Admission:
         n = await self.backlog()
         if n > self.max_backlog:
             raise errors.BacklogFull(
-                f"{n} node commands are waiting to start (limit {self.max_backlog}); submit again later",
+                f"{n} node commands are queued or running (limit {self.max_backlog}); submit again later",
                 backlog=n,
                 max_backlog=self.max_backlog,
             )
