@@ -47,7 +47,8 @@ from serve_app.redis_server import RedisServer
 from statecore import decide, keys, scripts
 from statecore.ids import now_iso, payload_hash
 from statecore.models import ImageRef, InterventionRequest, NodeReport
-from statecore.store import OutboxEntry, Store, StoreConfig
+from statecore.outbox import OutboxEntry
+from statecore.store import Store, StoreConfig
 
 Job = tuple[str, InterventionRequest]  # a waiting job and the submission a reviewer would send
 
@@ -106,7 +107,7 @@ async def prepare_dispatched(store: Store, n: int, concurrency: int = 12, label:
     async def dispatch(entry: OutboxEntry) -> None:
         async with sem:
             cmd = entry.command
-            assert await store.node_started(cmd)
+            assert await store.node_started(cmd) == "OK"
             res = await store.apply_report(
                 NodeReport(
                     node_instance_id=cmd.node_instance_id,
@@ -207,9 +208,7 @@ async def ceiling_command(store: Store, job_id: str, req: InterventionRequest) -
     script returns after its last check instead of writing. Returns (EVALSHA argv, sha)."""
     state = await store.get(job_id)
     now = now_iso()
-    ip = decide.plan_intervention(
-        state, req, "bench-reviewer", now, int(time.time() * 1000), int((time.time() + 600) * 1000)
-    )
+    ip = decide.plan_intervention(state, req, "bench-reviewer", now, int(time.time() * 1000))
     assert ip.plan is not None and ip.response is not None
     ks = keys.job(job_id).for_script()
     args = [

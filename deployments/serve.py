@@ -27,6 +27,7 @@ import numpy as np
 from ray import serve
 
 from statecore.artifacts import ArtifactStore
+from statecore.heartbeat import Heartbeat
 from statecore.nodes import image_to_read
 
 from .backends.base import Role, make_backend
@@ -92,14 +93,19 @@ class _ModelDeployment:
             }
         return info
 
-    async def run(self, node_type: str, input: dict[str, Any]) -> dict[str, Any]:
+    async def run(
+        self, node_type: str, input: dict[str, Any], heartbeat: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Run one node; while it runs, this replica (the process doing the work) renews the
+        node's heartbeat, so a stopped or dead replica is noticed by the inspector."""
         inp = model_input(node_type, input)  # a bad command fails here, before any model work
-        image = None
-        ref = image_to_read(inp)
-        if self.encoder is not None and ref is not None:
-            image = await asyncio.to_thread(load_image, self.artifacts, ref.url)
-            await self._embed(image, ref.sha256 or hashlib.sha256(image.tobytes()).hexdigest())
-        return await asyncio.to_thread(run_node, node_type, inp, self.models, self.artifacts, image=image)
+        with Heartbeat(heartbeat):
+            image = None
+            ref = image_to_read(inp)
+            if self.encoder is not None and ref is not None:
+                image = await asyncio.to_thread(load_image, self.artifacts, ref.url)
+                await self._embed(image, ref.sha256 or hashlib.sha256(image.tobytes()).hexdigest())
+            return await asyncio.to_thread(run_node, node_type, inp, self.models, self.artifacts, image=image)
 
     # Ray's stubs expect a batched method of one argument; this one takes two lists.
     @serve.batch(  # type: ignore[call-overload]  # two list arguments, see above

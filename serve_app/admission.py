@@ -1,31 +1,26 @@
-"""Admission control (SPEC §9): ``POST /jobs`` is refused with 429 ``BACKLOG_FULL`` while the outbox
-backlog (node commands not yet started) exceeds ``--max-backlog``.
+"""Admission control (docs/protocol.md § Error codes, BACKLOG_FULL): ``POST /jobs`` is refused with
+429 while the backlog (node commands queued and not yet started) exceeds ``--max-backlog``.
 
-The backlog is measured cheaply: the length of every outbox partition (XLEN; a command is deleted
-when its node is done, so a stream holds only work not yet finished), one pipelined round trip
-over the partitions, cached for ``ttl_s`` so a burst of submissions costs one measurement a
-second, never a walk over jobs. It counts the commands being run too (at most dispatchers x
-concurrency): a dispatcher that has read a command may still hold it unstarted, and the group's
-pending count cannot tell the two apart, so "delivered" is no proof of "started".
+The backlog is the ``queued`` index of every partition (a node leaves it when a dispatcher starts
+it): one pipelined round trip over the partitions (``Store.backlog``), cached for ``ttl_s`` so a
+burst of submissions costs one measurement a second, never a walk over jobs. Running nodes do
+not count: they are bounded by the dispatchers' concurrency, and dispatchers read from the
+outbox only what they can start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
-from statecore import errors, keys
+from statecore import errors
 from statecore.store import Store
 
 
 async def measure_backlog(store: Store) -> int:
-    """Commands in the outbox not yet finished (queued, or held or run by a dispatcher), over every partition."""
-    async with store.r.pipeline(transaction=False) as pipe:
-        for s in keys.all_outboxes():
-            pipe.xlen(s)
-        lengths: list[Any] = await pipe.execute()
-    return sum(int(n) for n in lengths)
+    """Node commands queued and not yet started, over every partition."""
+    queued, _oldest_s = await store.backlog()
+    return queued
 
 
 class Admission:
@@ -54,7 +49,7 @@ class Admission:
         n = await self.backlog()
         if n > self.max_backlog:
             raise errors.BacklogFull(
-                f"{n} node commands are queued or running (limit {self.max_backlog}); submit again later",
+                f"{n} node commands are queued and not yet started (limit {self.max_backlog}); submit again later",
                 backlog=n,
                 max_backlog=self.max_backlog,
             )

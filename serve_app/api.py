@@ -419,6 +419,12 @@ def store_for(settings: Settings, redis_url: str, *, blocking_s: float = 0.0) ->
     commands block on purpose (the dispatchers' XREADGROUP BLOCK), so waiting is not a timeout."""
     return Store.from_url(
         redis_url,
-        StoreConfig(retention_s=settings.retention_s, node_timeout_s=settings.node_timeout_s),
+        StoreConfig(
+            retention_s=settings.retention_s,
+            node_timeout_s=settings.node_timeout_s,
+            node_timeouts=settings.node_timeouts,
+            max_attempts=settings.max_attempts,
+            retry_backoff_s=settings.retry_backoff_s,
+        ),
         timeout_s=settings.store_timeout_s + blocking_s,
     )

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from ray import serve
 
 from statecore.artifacts import ArtifactStore
+from statecore.heartbeat import HeartbeatSpec
 from statecore.models import NodeCommand
 
 from . import durability
@@ -49,7 +50,7 @@ class ServeRunner:
     def __init__(self, handles: dict[str, Any]) -> None:
         self.handles = handles
 
-    async def run(self, cmd: NodeCommand) -> dict[str, Any]:
+    async def run(self, cmd: NodeCommand, heartbeat: HeartbeatSpec | None = None) -> dict[str, Any]:
         from statecore.errors import NodeExecutionError
 
         name = NODE_DEPLOYMENT.get(cmd.node_type)
@@ -57,7 +58,8 @@ class ServeRunner:
             raise NodeExecutionError(
                 f"unsupported workflow node type: {cmd.node_type}", code="UNSUPPORTED_NODE_TYPE", retryable=False
             )
-        return await self.handles[name].run.remote(cmd.node_type, cmd.input)
+        beat = heartbeat.model_dump() if heartbeat is not None else None
+        return await self.handles[name].run.remote(cmd.node_type, cmd.input, beat)
 
     async def describe(self) -> dict[str, Any]:
         return {name: await h.describe.remote() for name, h in self.handles.items()}

@@ -126,6 +126,52 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         "BACKLOG_FULL with Retry-After; interventions and cancels are never refused (default 10000; "
         "0 turns it off)",
     )
+    n = p.add_argument_group("node lifecycle (model work; waiting for a reviewer never times out)")
+    n.add_argument(
+        "--node-timeout-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="maximum execution time of a node, counted from its start (never from queueing): past it "
+        "the job ends TIMED_OUT (default 600)",
+    )
+    n.add_argument(
+        "--node-timeout",
+        action="append",
+        default=None,
+        metavar="TYPE=S",
+        help="the same for one node type, e.g. --node-timeout SEGMENT_SUBJECT=900 (repeatable)",
+    )
+    n.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="how often the model replica running a node renews its heartbeat (default 2)",
+    )
+    n.add_argument(
+        "--heartbeat-lapse-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a running node whose heartbeat is older than this is re-dispatched as a new attempt: "
+        "its replica stopped or died (default 15)",
+    )
+    n.add_argument(
+        "--max-attempts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="starts of one node before a lost executor ends the job FAILED with EXECUTOR_LOST (default 3)",
+    )
+    n.add_argument(
+        "--inspector-period-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="how often the inspector (one at a time, by lease) looks for lapsed heartbeats and "
+        "passed deadlines (default 5)",
+    )
     m = p.add_argument_group("models")
     m.add_argument(
         "--detector",

@@ -34,7 +34,13 @@ class Settings(BaseModel):
     detector_delay_ms: int = 0
 
     retention_s: int = 7 * 24 * 3600
-    node_timeout_s: float = 600.0
+    node_timeout_s: float = 600.0  # a node's maximum execution time, counted from its start
+    node_timeouts: dict[str, float] = Field(default_factory=dict)  # per node type (--node-timeout TYPE=N)
+    heartbeat_s: float = 2.0  # the model replica renews a running node's heartbeat this often
+    heartbeat_lapse_s: float = 15.0  # older than this: the node is re-dispatched (its executor is gone)
+    inspector_period_s: float = 5.0
+    max_attempts: int = 3  # starts of one node before a lost executor ends the job FAILED (EXECUTOR_LOST)
+    retry_backoff_s: float = 1.0  # before a re-dispatch; doubles per attempt
     node_max_attempts: int = 4
     dispatcher_concurrency: int = 64
     reclaim_idle_ms: int = 60_000

@@ -21,9 +21,11 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from statecore.errors import NodeExecutionError
+from statecore.heartbeat import Heartbeat, HeartbeatSpec
 from statecore.models import NodeCommand, NodeReport
 from statecore.nodes import CONTROL_PLANE_NODES, parse_output
-from statecore.store import OutboxEntry, Store
+from statecore.outbox import OutboxEntry
+from statecore.store import Store
 
 from . import metrics
 from .inspector import Inspector
@@ -32,7 +34,7 @@ log = logging.getLogger("hitl.dispatcher")
 
 
 class NodeRunner(Protocol):
-    async def run(self, cmd: NodeCommand) -> dict[str, Any]: ...
+    async def run(self, cmd: NodeCommand, heartbeat: HeartbeatSpec | None = None) -> dict[str, Any]: ...
 
 
 class Dispatcher:
@@ -49,7 +51,10 @@ class Dispatcher:
         attempt_timeout_s: float = 600.0,
         reclaim_idle_ms: int = 60_000,
         reclaim_every_s: float = 5.0,
-        inspect_every_s: float = 30.0,
+        inspect_every_s: float = 5.0,
+        redis_url: str | None = None,
+        heartbeat_s: float = 2.0,
+        heartbeat_lapse_s: float = 15.0,
     ) -> None:
         self.store = store
         self.runner = runner
@@ -62,7 +67,16 @@ class Dispatcher:
         self.reclaim_idle_ms = reclaim_idle_ms
         self.reclaim_every_s = reclaim_every_s
         self.inspect_every_s = inspect_every_s
-        self.inspector = Inspector(store, consumer=self.consumer)
+        self.concurrency = concurrency
+        self.redis_url = redis_url  # where the process running a node sends its heartbeats
+        self.heartbeat_s = heartbeat_s
+        self.inspector = Inspector(
+            store,
+            owner=self.consumer,
+            period_s=inspect_every_s,
+            heartbeat_lapse_s=heartbeat_lapse_s,
+            consumer=self.consumer,
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._held: set[tuple[str, str]] = set()  # (stream, entry id): ids repeat across partitions
         self.groups_recreated = 0  # NOGROUP recoveries (Redis came back empty)
@@ -87,7 +101,12 @@ class Dispatcher:
                             entry.command.job_id,
                         )
                         self._spawn(entry)
-                free = max(1, self.sem._value)  # read only as a batch-size hint
+                # Take from the outbox only what can run now: what is left waits for another
+                # dispatcher (or for a free slot here), instead of being hoarded.
+                free = self.concurrency - len(self._tasks)
+                if free <= 0:
+                    await asyncio.sleep(0.05)
+                    continue
                 for entry in await self.store.outbox_read(self.consumer, count=free, block_ms=1000):
                     self._spawn(entry)
             except asyncio.CancelledError:
@@ -125,6 +144,9 @@ class Dispatcher:
 
     async def _guarded(self, entry: OutboxEntry) -> None:
         try:
+            not_before = entry.command.not_before_ms
+            if not_before:  # a re-dispatch's backoff
+                await asyncio.sleep(max(0.0, not_before / 1000 - time.time()))
             async with self.sem:
                 await self.handle(entry)
         except asyncio.CancelledError:
@@ -137,7 +159,14 @@ class Dispatcher:
 
     async def handle(self, entry: OutboxEntry) -> None:
         cmd = entry.command
-        if not await self.store.node_started(cmd):
+        started = await self.store.node_started(cmd)
+        if started == "BUSY":
+            # Reclaimed from a dispatcher that is still running it (its heartbeat is live): a long
+            # node is never started twice. Its holder acks it; if the holder dies, the heartbeat
+            # lapses and the inspector re-dispatches the node as a new instance.
+            log.info("leave %s node=%s job=%s: already running", cmd.node_type, cmd.node_instance_id, cmd.job_id)
+            return
+        if started != "OK":
             log.info("skip %s node=%s job=%s: no longer current", cmd.node_type, cmd.node_instance_id, cmd.job_id)
             await self.store.outbox_ack(entry)
             return
@@ -179,7 +208,7 @@ class Dispatcher:
         for attempt in range(1, self.max_attempts + 1):
             t0 = time.perf_counter()
             try:
-                raw = await asyncio.wait_for(self.runner.run(cmd), timeout=self.attempt_timeout_s)
+                raw = await asyncio.wait_for(self.runner.run(cmd, self._heartbeat(cmd)), timeout=self.attempt_timeout_s)
                 output = parse_output(cmd.node_type, raw).model_dump(mode="json")
                 metrics.NODE_SECONDS.labels(cmd.node_type, "SUCCEEDED").observe(time.perf_counter() - t0)
                 return report("SUCCEEDED", output=output)
@@ -208,6 +237,13 @@ class Dispatcher:
                 await asyncio.sleep(delay)
         return report(*last)
 
+    def _heartbeat(self, cmd: NodeCommand) -> HeartbeatSpec | None:
+        if self.redis_url is None:
+            return None
+        return HeartbeatSpec(
+            redis_url=self.redis_url, job_id=cmd.job_id, node_instance_id=cmd.node_instance_id, every_s=self.heartbeat_s
+        )
+
 
 class LocalRunner:
     """Runs nodes in this process (threads) with the backends of ``deployments.executor``:
@@ -217,10 +253,11 @@ class LocalRunner:
         self.models = models
         self.artifacts = artifacts
 
-    async def run(self, cmd: NodeCommand) -> dict[str, Any]:
+    async def run(self, cmd: NodeCommand, heartbeat: HeartbeatSpec | None = None) -> dict[str, Any]:
         from deployments.executor import run_node
 
-        return await asyncio.to_thread(run_node, cmd.node_type, cmd.input, self.models, self.artifacts)
+        with Heartbeat(heartbeat):  # this process does the work, so it beats
+            return await asyncio.to_thread(run_node, cmd.node_type, cmd.input, self.models, self.artifacts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         runner,
         consumer=args.consumer,
         reclaim_idle_ms=args.reclaim_idle_ms,
+        redis_url=args.redis_url,
+        heartbeat_s=settings.heartbeat_s,
+        heartbeat_lapse_s=settings.heartbeat_lapse_s,
+        inspect_every_s=settings.inspector_period_s,
         max_attempts=settings.node_max_attempts,
         attempt_timeout_s=settings.node_timeout_s,
     )

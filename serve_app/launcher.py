@@ -245,6 +245,26 @@ def _start_ui(settings: Settings, api_url: str, token: str | None) -> tuple[subp
     raise SystemExit("hitl up: the UI did not answer within 120s")
 
 
+def parse_node_timeouts(items: list[str] | None) -> dict[str, float] | None:
+    """``["SEGMENT_SUBJECT=900", …]`` → {node type: seconds}; a bad item stops with a clear message."""
+    if not items:
+        return None
+    from statecore.states import NodeType
+
+    out: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in NodeType.__members__:
+            raise SystemExit(
+                f"hitl up: --node-timeout {item!r}: unknown node type (one of {', '.join(NodeType.__members__)})"
+            )
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise SystemExit(f"hitl up: --node-timeout {item!r}: give TYPE=SECONDS") from None
+    return out
+
+
 def settings_from_args(args: Any) -> Settings:
     models: dict[str, Any] = {}
     if getattr(args, "config", None):
@@ -269,5 +289,11 @@ def settings_from_args(args: Any) -> Settings:
         durability=getattr(args, "durability", None),
         allow_volatile_redis=getattr(args, "allow_volatile_redis", None) or None,
         max_backlog=getattr(args, "max_backlog", None),
+        node_timeout_s=getattr(args, "node_timeout_s", None),
+        node_timeouts=parse_node_timeouts(getattr(args, "node_timeout", None)),
+        heartbeat_s=getattr(args, "heartbeat_s", None),
+        heartbeat_lapse_s=getattr(args, "heartbeat_lapse_s", None),
+        max_attempts=getattr(args, "max_attempts", None),
+        inspector_period_s=getattr(args, "inspector_period_s", None),
         models=models or None,
     )

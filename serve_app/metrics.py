@@ -29,6 +29,12 @@ INSPECTOR_TIMEOUTS = Counter(
     ["node_type"],
     registry=REGISTRY,
 )
+INSPECTOR_LOST = Counter(
+    "hitl_inspector_lost_total",
+    "Running nodes whose heartbeat lapsed, re-dispatched (or failed after their last attempt) by the inspector",
+    ["node_type"],
+    registry=REGISTRY,
+)
 EMBEDDING_CACHE = Gauge(
     "hitl_embedding_cache",
     "SAM image-embedding cache counters per model deployment "

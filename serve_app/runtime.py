@@ -35,6 +35,10 @@ def make_dispatcher(settings: Settings, store: Any, runner: NodeRunner) -> Dispa
         max_attempts=settings.node_max_attempts,
         attempt_timeout_s=settings.node_timeout_s,
         reclaim_idle_ms=settings.reclaim_idle_ms,
+        redis_url=settings.redis_url,
+        heartbeat_s=settings.heartbeat_s,
+        heartbeat_lapse_s=settings.heartbeat_lapse_s,
+        inspect_every_s=settings.inspector_period_s,
     )
 
 

@@ -32,7 +32,7 @@ from .plan import (
     process_input,
     snapshot_id,
 )
-from .reports import RoundDecision, decide_round, plan_node_started, plan_report
+from .reports import RoundDecision, decide_round, plan_node_lost, plan_node_started, plan_report
 from .states import JobStatus, NodeType, is_terminal, transition
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "plan_cancel",
     "plan_create",
     "plan_intervention",
+    "plan_node_lost",
     "plan_node_started",
     "plan_report",
     "require",
@@ -71,7 +72,7 @@ class NextHop(StrEnum):
 
 
 def plan_create(
-    job_id: str, submitter: str, image: ImageRef, idem_key: str | None, now: str, deadline_ms: int
+    job_id: str, submitter: str, image: ImageRef, idem_key: str | None, now: str, now_ms: int
 ) -> tuple[Plan, NodeCommand]:
     """A new job: CREATED then at once DETECTING with DETECT_SUBJECTS in the outbox (version 1)."""
     plan = Plan(expect_version=0, status=S.DETECTING)
@@ -99,7 +100,7 @@ def plan_create(
     plan.events.append(("JOB_CREATED", {"submitter": submitter, "width": image.width, "height": image.height}))
     plan.events.append(("STATUS_CHANGED", {"from": S.CREATED.value, "to": S.DETECTING.value}))
     cmd = command(job_id, NodeType.DETECT_SUBJECTS, now, DetectInput(image=image))
-    enqueue(plan, cmd, deadline_ms)
+    enqueue(plan, cmd, now_ms)
     return plan, cmd
 
 
@@ -196,7 +197,7 @@ class InterventionPlan:
 
 
 def plan_intervention(
-    state: JobState, req: InterventionRequest, reviewer: str, now: str, now_ms: int, deadline_ms: int
+    state: JobState, req: InterventionRequest, reviewer: str, now: str, now_ms: int
 ) -> InterventionPlan:
     """Consume the active pause and choose the next hop from the diff.
 
@@ -265,13 +266,13 @@ def plan_intervention(
                 deleted_box_ids=d.deleted,
             ),
         )
-        enqueue(plan, cmd, deadline_ms)
+        enqueue(plan, cmd, now_ms)
         next_type = hop.value
     else:
         move(plan, state, S.PROCESSING_APPROVED_SUBJECTS)
         plan.meta["approved_box_list"] = dump(approved)
         cmd = command(state.job_id, NodeType.PROCESS_APPROVED_BOX_LIST, now, process_input(state.image, approved))
-        enqueue(plan, cmd, deadline_ms)
+        enqueue(plan, cmd, now_ms)
         next_type = hop.value
     if plan.outbox is not None:  # the one command this consumption produced, for audits
         plan.events[0][1]["node_instance_id"] = plan.outbox.node_instance_id

@@ -36,6 +36,7 @@ class JobState:
     results: list[SubjectResult]
     idem_key: str | None
     policy: dict[str, Any]
+    node_input: dict[str, Any] | None = None  # the queued or running node's input, for a re-dispatch
 
     @classmethod
     def from_meta(cls, meta: dict[str, str]) -> JobState:
@@ -64,6 +65,7 @@ class JobState:
             results=[SubjectResult(**r) for r in j("results", [])],
             idem_key=meta.get("idem_key") or None,
             policy=j("policy", {}),
+            node_input=j("node_input"),
         )
 
     def snapshot(self) -> JobSnapshot:

@@ -57,8 +57,31 @@ def waiting(p: int) -> str:
 
 
 def running(p: int) -> str:
-    """ZSET job_id -> deadline (ms) of the job's queued or running node."""
+    """ZSET job_id -> deadline (ms) of the job's running node: start + its type's maximum
+    execution time. A queued node is not here: waiting in a queue never times out."""
     return f"{tag(p)}:running"
+
+
+def queued(p: int) -> str:
+    """ZSET job_id -> when (ms) the job's node command entered the outbox, until a dispatcher
+    starts it: the backlog (admission control) and the oldest queued command's age."""
+    return f"{tag(p)}:queued"
+
+
+def heartbeats(p: int) -> str:
+    """ZSET job_id -> the last heartbeat (ms) of the job's running node, renewed by the process
+    doing the work; a lapsed one makes the inspector re-dispatch the node."""
+    return f"{tag(p)}:heartbeats"
+
+
+def inspector_lease(p: int) -> str:
+    """STRING ``<owner>|<fencing token>`` (with a TTL): the one inspector acting on partition p."""
+    return f"{tag(p)}:inspector:lease"
+
+
+def inspector_fence(p: int) -> str:
+    """Counter of partition p's inspector leases: each new holder gets the next fencing token."""
+    return f"{tag(p)}:inspector:fence"
 
 
 def jobs(p: int) -> str:
@@ -110,6 +133,18 @@ class JobKeys:
     def expiring(self) -> str:
         return expiring(self.p)
 
+    @property
+    def queued(self) -> str:
+        return queued(self.p)
+
+    @property
+    def heartbeats(self) -> str:
+        return heartbeats(self.p)
+
+    @property
+    def inspector_lease(self) -> str:
+        return inspector_lease(self.p)
+
     def for_script(self) -> list[str]:
         """The KEYS every state-changing script receives, in this order."""
         return [
@@ -123,6 +158,9 @@ class JobKeys:
             self.running,
             self.jobs,
             self.expiring,
+            self.queued,
+            self.heartbeats,
+            self.inspector_lease,
         ]
 
 

@@ -75,10 +75,18 @@ class ImageRef(BaseModel):
 
 
 class CurrentNode(BaseModel):
+    """The job's node (docs/protocol.md § Executors and the outbox): QUEUED in the outbox,
+    RETRY_WAIT until a re-dispatch's backoff passes, RUNNING under a heartbeat, then how it
+    ended. ``attempt`` counts starts; ``deadline_at`` runs from ``started_at``."""
+
     node_instance_id: str
     node_type: NodeType
-    status: Literal["QUEUED", "RUNNING", "COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED"]
+    status: Literal["QUEUED", "RETRY_WAIT", "RUNNING", "COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"]
     attempt: int = 0
+    queued_at: str | None = None
+    started_at: str | None = None
+    heartbeat_at: str | None = None
+    deadline_at: str | None = None
 
 
 class JobSnapshot(BaseModel):
@@ -190,8 +198,9 @@ class NodeCommand(BaseModel):
     node_instance_id: str
     node_type: str
     job_id: str
-    attempt: int = 0
+    attempt: int = 0  # starts of this node so far (a re-dispatch carries the count on)
     enqueued_at: str
+    not_before_ms: int | None = None  # a re-dispatch's backoff: dispatchers start it no earlier
     input: dict[str, Any] = Field(default_factory=dict)
 
 

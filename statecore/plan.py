@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .ids import canonical_json, new_id
+from .ids import canonical_json, new_id, now_iso
 from .jobstate import JobState
 from .models import Box, CurrentNode, ImageRef, NodeCommand, Pause, PauseStage
 from .nodes import NodeBox, NodeInput, ProcessInput
@@ -32,6 +32,8 @@ class Plan:
     pause_history: dict[str, str] = field(default_factory=dict)
     waiting: tuple[str, int] | None = None  # ("add", score_ms) | ("del", 0)
     running: tuple[str, int] | None = None  # ("add", deadline_ms) | ("del", 0)
+    queued: tuple[str, int] | None = None  # ("add", queued_at_ms) | ("del", 0)
+    heartbeats: tuple[str, int] | None = None  # ("add", heartbeat_ms) | ("del", 0)
     terminal: bool = False
 
     def to_json(self, now: str) -> str:
@@ -46,6 +48,8 @@ class Plan:
                 "pauses": self.pause_history,
                 "waiting": list(self.waiting) if self.waiting else [],
                 "running": list(self.running) if self.running else [],
+                "queued": list(self.queued) if self.queued else [],
+                "heartbeats": list(self.heartbeats) if self.heartbeats else [],
                 "terminal": self.terminal,
             }
         )
@@ -71,6 +75,9 @@ def finish(plan: Plan, reason_code: str | None) -> None:
     plan.terminal = True
     plan.waiting = ("del", 0)
     plan.running = ("del", 0)
+    plan.queued = ("del", 0)
+    plan.heartbeats = ("del", 0)
+    plan.meta["node_input"] = ""
     plan.meta["reason_code"] = reason_code or ""
     plan.events.append(("JOB_FINISHED", {"status": plan.status.value, "reason_code": reason_code}))
 
@@ -86,14 +93,27 @@ def command(job_id: str, node_type: NodeType, now: str, inp: NodeInput) -> NodeC
     )
 
 
-def enqueue(plan: Plan, cmd: NodeCommand, deadline_ms: int) -> None:
+def ms_to_iso(ms: int) -> str:
+    return now_iso(ms / 1000)
+
+
+def enqueue(plan: Plan, cmd: NodeCommand, now_ms: int) -> None:
+    """Queue ``cmd``: it waits in the outbox (the ``queued`` index) with no deadline; its deadline
+    starts when a dispatcher starts it (``reports.plan_node_started``)."""
     plan.outbox = cmd
     node = CurrentNode(
-        node_instance_id=cmd.node_instance_id, node_type=NodeType(cmd.node_type), status="QUEUED", attempt=0
+        node_instance_id=cmd.node_instance_id,
+        node_type=NodeType(cmd.node_type),
+        status="RETRY_WAIT" if cmd.not_before_ms else "QUEUED",
+        attempt=cmd.attempt,
+        queued_at=cmd.enqueued_at,
     )
     plan.meta["current_node"] = dump(node)
     plan.meta["node_id"] = cmd.node_instance_id
-    plan.running = ("add", deadline_ms)
+    plan.meta["node_input"] = canonical_json(cmd.input)  # kept only while the node is live
+    plan.queued = ("add", now_ms)
+    plan.running = ("del", 0)
+    plan.heartbeats = ("del", 0)
 
 
 def open_pause(
@@ -121,6 +141,7 @@ def open_pause(
     plan.meta["round"] = str(round_)
     plan.waiting = ("add", now_ms)
     plan.running = ("del", 0)
+    plan.heartbeats = ("del", 0)
     plan.events.append(
         (
             "PAUSE_OPENED",

@@ -14,9 +14,9 @@ from typing import Any
 from .errors import NodeExecutionError
 from .ids import new_id
 from .jobstate import JobState
-from .models import Box, NodeReport, SubjectResult, Validation
+from .models import Box, NodeCommand, NodeReport, SubjectResult, Validation
 from .nodes import DetectOutput, FinalizeInput, FinalizeOutput, NodeOutput, ProcessOutput, ValidateOutput, parse_output
-from .plan import Plan, approved_of, command, dump, enqueue, finish, move, open_pause, process_input
+from .plan import Plan, approved_of, command, dump, enqueue, finish, move, ms_to_iso, open_pause, process_input
 from .states import JobStatus, NodeType
 
 S = JobStatus
@@ -42,16 +42,89 @@ def decide_round(round_: int, results: list[Validation]) -> RoundDecision:
     return RoundDecision.ALL_PASSED
 
 
-def plan_node_started(state: JobState, node_instance_id: str) -> Plan:
+def plan_node_started(state: JobState, node_instance_id: str, now: str, now_ms: int, max_execution_s: float) -> Plan:
+    """A dispatcher starts the node: RUNNING, one more attempt, and only now a deadline
+    (start + the node type's maximum execution time) and a first heartbeat."""
     node = state.current_node
     assert node is not None and node.node_instance_id == node_instance_id
     plan = Plan(expect_version=state.version, status=state.status)
-    started = node.model_copy(update={"status": "RUNNING", "attempt": node.attempt + 1})
+    deadline_ms = now_ms + int(max_execution_s * 1000)
+    started = node.model_copy(
+        update={
+            "status": "RUNNING",
+            "attempt": node.attempt + 1,
+            "started_at": now,
+            "heartbeat_at": now,
+            "deadline_at": ms_to_iso(deadline_ms),
+        }
+    )
     plan.meta["current_node"] = dump(started)
+    plan.queued = ("del", 0)
+    plan.running = ("add", deadline_ms)
+    plan.heartbeats = ("add", now_ms)
     plan.events.append(
         (
             "NODE_STARTED",
-            {"node_instance_id": node.node_instance_id, "node_type": node.node_type, "attempt": started.attempt},
+            {
+                "node_instance_id": node.node_instance_id,
+                "node_type": node.node_type,
+                "attempt": started.attempt,
+                "deadline_at": started.deadline_at,
+            },
+        )
+    )
+    return plan
+
+
+def plan_node_lost(state: JobState, now: str, now_ms: int, *, reason: str, max_attempts: int, backoff_s: float) -> Plan:
+    """The running node's heartbeat lapsed and nobody confirmed it is alive: the attempt failed.
+
+    Another attempt gets a new node instance (the old one's late report is then ignored) after a
+    backoff that doubles per attempt; after ``max_attempts`` starts the job ends FAILED with
+    ``EXECUTOR_LOST``. Every step is an event: NODE_FAILED, then NODE_RETRY_SCHEDULED."""
+    node = state.current_node
+    assert node is not None and node.status == "RUNNING"
+    plan = Plan(expect_version=state.version, status=state.status)
+    retry = node.attempt < max_attempts and state.node_input is not None
+    plan.events.append(
+        (
+            "NODE_FAILED",
+            {
+                "node_instance_id": node.node_instance_id,
+                "node_type": node.node_type.value,
+                "attempt": node.attempt,
+                "reason": reason,
+                "retryable": retry,
+            },
+        )
+    )
+    if not retry:
+        plan.meta["current_node"] = dump(node.model_copy(update={"status": "LOST"}))
+        move(plan, state, S.FAILED)
+        finish(plan, reason)
+        return plan
+    not_before_ms = now_ms + int(backoff_s * 2 ** (node.attempt - 1) * 1000)
+    cmd = NodeCommand(
+        node_instance_id=new_id("node"),
+        node_type=node.node_type.value,
+        job_id=state.job_id,
+        attempt=node.attempt,
+        enqueued_at=now,
+        not_before_ms=not_before_ms,
+        input=state.node_input or {},  # validated when first queued; passed on as it is
+    )
+    enqueue(plan, cmd, now_ms)
+    plan.events.append(
+        (
+            "NODE_RETRY_SCHEDULED",
+            {
+                "node_instance_id": cmd.node_instance_id,
+                "replaces": node.node_instance_id,
+                "node_type": node.node_type.value,
+                "attempt": node.attempt + 1,
+                "reason": reason,
+                "not_before": ms_to_iso(not_before_ms),
+            },
         )
     )
     return plan
@@ -62,7 +135,6 @@ def plan_report(
     report: NodeReport,
     now: str,
     now_ms: int,
-    deadline_ms: int,
     artifact_url: Callable[[str], str] = lambda n: f"/api/v1/artifacts/{n}",
 ) -> Plan:
     """Apply one node's result. The caller has checked the node is current.
@@ -80,6 +152,10 @@ def plan_report(
     plan = Plan(expect_version=state.version, status=state.status)
     done_status = {"SUCCEEDED": "COMPLETED", "FAILED": "FAILED", "TIMED_OUT": "TIMED_OUT"}[report.outcome]
     plan.meta["current_node"] = dump(node.model_copy(update={"status": done_status}))
+    plan.meta["node_input"] = ""
+    plan.running = ("del", 0)
+    plan.heartbeats = ("del", 0)
+    plan.queued = ("del", 0)
     ev: dict[str, Any] = {
         "node_instance_id": node.node_instance_id,
         "node_type": node.node_type.value,
@@ -88,6 +164,8 @@ def plan_report(
     if output is None:
         ev.update(error_code=report.error_code, error_message=report.error_message)
         plan.events.append(("NODE_COMPLETED", ev))
+        if report.outcome == "TIMED_OUT":
+            plan.events.append(("NODE_TIMED_OUT", {**ev, "attempt": node.attempt, "deadline_at": node.deadline_at}))
         move(plan, state, S.TIMED_OUT if report.outcome == "TIMED_OUT" else S.FAILED)
         finish(plan, report.error_code)
         return plan
@@ -95,9 +173,9 @@ def plan_report(
     if isinstance(output, DetectOutput):
         _on_detect(plan, state, output, now, now_ms)
     elif isinstance(output, ValidateOutput):
-        _on_validate(plan, state, output, now, now_ms, deadline_ms)
+        _on_validate(plan, state, output, now, now_ms)
     elif isinstance(output, ProcessOutput):
-        _on_process(plan, state, output, now, deadline_ms, artifact_url)
+        _on_process(plan, state, output, now, now_ms, artifact_url)
     else:
         _on_finalize(plan, state, output)
     return plan
@@ -136,7 +214,7 @@ def _clip(bbox: tuple[float, ...], width: int, height: int) -> tuple[float, floa
     return (round(x1, 2), round(y1, 2), round(x2, 2), round(y2, 2))
 
 
-def _on_validate(plan: Plan, state: JobState, output: ValidateOutput, now: str, now_ms: int, deadline_ms: int) -> None:
+def _on_validate(plan: Plan, state: JobState, output: ValidateOutput, now: str, now_ms: int) -> None:
     verdicts: dict[str, Validation] = {}
     for r in output.results:
         verdicts[r.box_id] = Validation(
@@ -170,7 +248,7 @@ def _on_validate(plan: Plan, state: JobState, output: ValidateOutput, now: str, 
         return
     move(plan, state, S.PROCESSING_APPROVED_SUBJECTS)
     cmd = command(state.job_id, NodeType.PROCESS_APPROVED_BOX_LIST, now, process_input(state.image, approved))
-    enqueue(plan, cmd, deadline_ms)
+    enqueue(plan, cmd, now_ms)
 
 
 def rejected_result(b: Box) -> SubjectResult:
@@ -185,7 +263,7 @@ def rejected_result(b: Box) -> SubjectResult:
 
 
 def _on_process(
-    plan: Plan, state: JobState, output: ProcessOutput, now: str, deadline_ms: int, artifact_url: Callable[[str], str]
+    plan: Plan, state: JobState, output: ProcessOutput, now: str, now_ms: int, artifact_url: Callable[[str], str]
 ) -> None:
     by_id = {b.box_id: b for b in state.approved_box_list}
     results: list[SubjectResult] = []
@@ -220,7 +298,7 @@ def _on_process(
     plan.meta["results"] = dump(results)
     move(plan, state, S.FINALIZING_RESULTS)
     cmd = command(state.job_id, NodeType.FINALIZE_RESULTS, now, FinalizeInput())
-    enqueue(plan, cmd, deadline_ms)
+    enqueue(plan, cmd, now_ms)
 
 
 def _on_finalize(plan: Plan, state: JobState, output: FinalizeOutput) -> None:

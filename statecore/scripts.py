@@ -10,18 +10,20 @@ from typing import Any
 from . import errors
 
 SCRIPT_NAMES = ("create_job", "consume_pause", "apply_report", "cancel")
+STANDALONE = ("heartbeat", "lease")  # touch no job state: no shared prologue
 
 
 @cache
 def source(name: str) -> str:
-    """The full text sent to Redis: the shared prologue, then the operation."""
+    """The full text sent to Redis: the shared prologue (state-changing scripts), then the operation."""
     lua = resources.files("statecore") / "lua"
-    return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    body = (lua / f"{name}.lua").read_text()
+    return body if name in STANDALONE else (lua / "_lib.lua").read_text() + "\n" + body
 
 
 def register(client: Any) -> dict[str, Any]:
-    """``register_script`` for each operation; redis-py falls back from EVALSHA on NOSCRIPT."""
-    return {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
+    """``register_script`` for each script; redis-py falls back from EVALSHA on NOSCRIPT."""
+    return {name: client.register_script(source(name)) for name in SCRIPT_NAMES + STANDALONE}
 
 
 # Codes whose second element is a flat HGETALL of the job's meta (the current snapshot).

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -23,6 +23,7 @@ from redis.exceptions import ResponseError
 
 from . import decide, durable, errors, keys, listing, scripts
 from .ids import canonical_json, now_iso, payload_hash
+from .lifecycle import LifecycleMixin
 from .models import (
     CreateJobResponse,
     Event,
@@ -34,6 +35,7 @@ from .models import (
     NodeReport,
     Pause,
 )
+from .outbox import OutboxMixin
 from .states import JobStatus, is_terminal
 
 log = logging.getLogger("hitl.store")
@@ -44,7 +46,13 @@ STALE_RETRIES = 20
 @dataclass
 class StoreConfig:
     retention_s: int = 7 * 24 * 3600
-    node_timeout_s: float = 600.0
+    node_timeout_s: float = 600.0  # a node's maximum execution time, from its start
+    node_timeouts: dict[str, float] = field(default_factory=dict)  # per node type, overriding it
+    max_attempts: int = 3  # starts of one node before a lost executor fails the job
+    retry_backoff_s: float = 1.0  # before a re-dispatch; doubles per attempt
+
+    def max_execution_s(self, node_type: str) -> float:
+        return self.node_timeouts.get(node_type, self.node_timeout_s)
 
 
 @dataclass
@@ -57,15 +65,10 @@ class Reply:
     job_id: str
 
 
-@dataclass
-class OutboxEntry:
-    stream: str
-    entry_id: str
-    command: NodeCommand
-    deliveries: int = 1
+class Store(OutboxMixin, LifecycleMixin):
+    """The state core's operations on Redis; the outbox and the inspector-side reads are in
+    :mod:`statecore.outbox` and :mod:`statecore.lifecycle`."""
 
-
-class Store:
     def __init__(self, client: Any, config: StoreConfig | None = None, *, cluster: bool = False) -> None:
         self.r = client
         self.cluster = cluster
@@ -123,9 +126,6 @@ class Store:
 
     # ------------------------------------------------------------------ helpers
 
-    def _deadline_ms(self) -> int:
-        return int((time.time() + self.config.node_timeout_s) * 1000)
-
     def _args(self, job_id: str, now: str) -> list[Any]:
         return [job_id, now, self.config.retention_s]
 
@@ -168,7 +168,7 @@ class Store:
             job_id = keys.new_job_id(partition)
             jk = keys.job(job_id)
             now = now_iso()
-            plan, _cmd = decide.plan_create(job_id, submitter, image, idem_key, now, self._deadline_ms())
+            plan, _cmd = decide.plan_create(job_id, submitter, image, idem_key, now, int(time.time() * 1000))
             body = CreateJobResponse(job_id=job_id, status=plan.status, version=1).model_dump_json()
             ks = jk.for_script() + ([keys.create_idem(submitter, idem_key)] if idem_key else [])
             res = await self._scripts["create_job"](
@@ -200,7 +200,7 @@ class Store:
             decide.check_bboxes_in_image(req.subjects, state.image.width, state.image.height)
             now = now_iso()
             now_ms = int(time.time() * 1000)
-            ip = decide.plan_intervention(state, req, reviewer, now, now_ms, self._deadline_ms())
+            ip = decide.plan_intervention(state, req, reviewer, now, now_ms)
             resp = ip.response.model_dump_json() if ip.response else ""
             res = await self._scripts["consume_pause"](
                 keys=self._keys(state, jk),
@@ -251,25 +251,29 @@ class Store:
 
     # ------------------------------------------------------------------ reports
 
-    async def node_started(self, cmd: NodeCommand) -> bool:
-        """Mark the node RUNNING (attempt + 1). False when the node is no longer current: skip it."""
-        return await self._report(cmd.job_id, cmd.node_instance_id, cmd.node_type, final=False) == "OK"
+    async def node_started(self, cmd: NodeCommand) -> str:
+        """Start the queued node: RUNNING, attempt + 1, its deadline from now. ``OK`` to run it;
+        ``BUSY`` when it is already running (a reclaimed command whose first holder is still at
+        work: a long node is never started twice); ``IGNORED``/``DUPLICATE`` when it is no
+        longer current (skip it)."""
+        return await self._report(cmd.job_id, cmd.node_instance_id, cmd.node_type, kind="started")
 
-    async def apply_report(self, report: NodeReport, *, by_inspector: bool = False) -> str:
-        """Apply a node's result at most once: ``OK``, ``DUPLICATE`` or ``IGNORED``.
+    async def apply_report(self, report: NodeReport, *, lease: str | None = None) -> str:
+        """Apply a node's result at most once: ``OK``, ``DUPLICATE``, ``IGNORED`` (or ``FENCED``).
 
-        ``by_inspector``: the report is the inspector's verdict that the node passed its deadline.
-        It is recorded apart from the model's own report, so when the model answers after all,
-        its report is ``IGNORED`` with a ``REPORT_IGNORED`` event (reason ``NODE_TIMED_OUT``),
-        and only a replay of either report is a silent ``DUPLICATE``."""
+        ``lease``: the report is the inspector's verdict that the node passed its deadline, given
+        under its lease of the job's partition. It is recorded apart from the model's own report,
+        so when the model answers after all, its report is ``IGNORED`` with a ``REPORT_IGNORED``
+        event (reason ``NODE_TIMED_OUT``), and only a replay of either report is a silent
+        ``DUPLICATE``. A verdict under a lease that has passed to another inspector is ``FENCED``."""
         return await self._report(
-            report.job_id,
-            report.node_instance_id,
-            report.node_type,
-            final=True,
-            report=report,
-            by_inspector=by_inspector,
+            report.job_id, report.node_instance_id, report.node_type, kind="report", report=report, lease=lease
         )
+
+    async def node_lost(self, job_id: str, node_instance_id: str, *, lease: str, reason: str = "EXECUTOR_LOST") -> str:
+        """The inspector's verdict on a running node whose heartbeat lapsed: re-dispatch it as a new
+        node instance after a backoff, or end the job FAILED after ``max_attempts`` starts."""
+        return await self._report(job_id, node_instance_id, "", kind="lost", lease=lease, reason=reason)
 
     async def _report(
         self,
@@ -277,9 +281,10 @@ class Store:
         nid: str,
         node_type: str,
         *,
-        final: bool,
+        kind: str,
         report: NodeReport | None = None,
-        by_inspector: bool = False,
+        lease: str | None = None,
+        reason: str = "EXECUTOR_LOST",
     ) -> str:
         jk = keys.job(job_id)
         for _ in range(STALE_RETRIES):
@@ -287,27 +292,49 @@ class Store:
             if not meta:
                 return "IGNORED"  # finished and expired long ago
             state = decide.JobState.from_meta(meta)
-            now = now_iso()
+            now, now_ms = now_iso(), int(time.time() * 1000)
+            node = state.current_node
             # A node whose result was already applied stays current (COMPLETED/FAILED/TIMED_OUT) until
             # the next one; its redelivered report must not be planned again (the job has moved on, so
             # the move could be illegal): the script answers DUPLICATE from the reports set.
-            current = (
-                state.current_node is not None
-                and state.current_node.node_instance_id == nid
-                and state.current_node.status in ("QUEUED", "RUNNING")
-            )
+            live = node is not None and node.node_instance_id == nid and meta.get("terminal") != "1"
+            status = node.status if node is not None else ""
             plan_json = ""
-            if current and meta.get("terminal") != "1":
-                if final:
-                    assert report is not None
-                    plan = decide.plan_report(state, report, now, int(time.time() * 1000), self._deadline_ms())
-                else:
-                    plan = decide.plan_node_started(state, nid)
+            if kind == "started":
+                if live and status == "RUNNING":
+                    return "BUSY"
+                if live and status in ("QUEUED", "RETRY_WAIT"):
+                    max_s = self.config.max_execution_s(node.node_type.value)  # type: ignore[union-attr]  # live
+                    plan_json = decide.plan_node_started(state, nid, now, now_ms, max_s).to_json(now)
+            elif kind == "lost":
+                if not live or status != "RUNNING":
+                    return "MOVED_ON"
+                node_type = node.node_type.value  # type: ignore[union-attr]  # live: there is a node
+                plan = decide.plan_node_lost(
+                    state,
+                    now,
+                    now_ms,
+                    reason=reason,
+                    max_attempts=self.config.max_attempts,
+                    backoff_s=self.config.retry_backoff_s,
+                )
                 plan_json = plan.to_json(now)
+            elif live and status in ("QUEUED", "RETRY_WAIT", "RUNNING"):
+                assert report is not None
+                plan_json = decide.plan_report(state, report, now, now_ms).to_json(now)
+            by_inspector = lease is not None
             res = await self._scripts["apply_report"](
                 keys=self._keys(state, jk),
                 args=self._args(job_id, now)
-                + [nid, str(state.version), plan_json, "1" if final else "0", node_type, "1" if by_inspector else "0"],
+                + [
+                    nid,
+                    str(state.version),
+                    plan_json,
+                    "0" if kind == "started" else "1",
+                    node_type,
+                    "1" if by_inspector else "0",
+                    lease or "",
+                ],
             )
             if res[0] == "STALE":
                 continue
@@ -401,22 +428,6 @@ class Store:
                 dropped += len(gone)
         return dropped
 
-    async def prune_consumers(self, keep: str, idle_ms: int) -> int:
-        """Forget outbox consumers (dispatchers of earlier processes) idle for ``idle_ms`` that hold
-        nothing. A consumer with pending entries is kept: deleting it would drop them from the
-        group's pending list; reclaiming moves them first, and a later pass deletes the name."""
-        deleted = 0
-        for stream in keys.all_outboxes():
-            try:
-                consumers = await self.r.xinfo_consumers(stream, keys.OUTBOX_GROUP)
-            except ResponseError:  # no such stream or group yet
-                continue
-            for c in consumers:
-                if c["name"] != keep and int(c["pending"]) == 0 and int(c["idle"]) >= idle_ms:
-                    await self.r.xgroup_delconsumer(stream, keys.OUTBOX_GROUP, c["name"])
-                    deleted += 1
-        return deleted
-
     async def oldest_pause_age_s(self) -> float:
         oldest = None
         for p in range(keys.PARTITIONS):
@@ -424,84 +435,6 @@ class Store:
             if first and (oldest is None or first[0][1] < oldest):
                 oldest = first[0][1]
         return 0.0 if oldest is None else max(0.0, time.time() - oldest / 1000)
-
-    async def overdue_nodes(self, now_ms: int | None = None) -> list[str]:
-        """Jobs whose queued or running node is past its deadline (for the inspector)."""
-        now_ms = now_ms or int(time.time() * 1000)
-        out: list[str] = []
-        for p in range(keys.PARTITIONS):
-            out += await self.r.zrangebyscore(keys.running(p), "-inf", now_ms)
-        return out
-
-    # ------------------------------------------------------------------ outbox
-
-    @staticmethod
-    def _entries(stream: str, entries: list[Any]) -> list[OutboxEntry]:
-        out = []
-        for eid, fields in entries:
-            if fields is None:  # deleted while pending
-                continue
-            out.append(OutboxEntry(stream, eid, NodeCommand.model_validate_json(fields["cmd"])))
-        return out
-
-    async def outbox_read(self, consumer: str, count: int = 16, block_ms: int = 1000) -> list[OutboxEntry]:
-        """New commands for this consumer (consumer group: each entry goes to one dispatcher)."""
-        streams = {s: ">" for s in keys.all_outboxes()}
-        if not self.cluster:
-            # BLOCK 0 would wait forever; block_ms=0 means "do not block", as in cluster mode below.
-            res = await self.r.xreadgroup(keys.OUTBOX_GROUP, consumer, streams, count=count, block=block_ms or None)
-            out: list[OutboxEntry] = []
-            for stream, entries in res or []:
-                out += self._entries(stream, entries)
-            return out
-        # A multi-stream XREADGROUP would be CROSSSLOT on a cluster: poll each partition instead.
-        out = []
-        for s in streams:
-            res = await self.r.xreadgroup(keys.OUTBOX_GROUP, consumer, {s: ">"}, count=count)
-            for stream, entries in res or []:
-                out += self._entries(stream, entries)
-        if not out and block_ms:
-            await asyncio.sleep(min(block_ms, 200) / 1000)
-        return out
-
-    async def outbox_ack(self, entry: OutboxEntry) -> None:
-        """Acknowledge and delete: a handled command's trace lives on in the job's events
-        (NODE_STARTED / NODE_COMPLETED), so the stream holds only work still to do."""
-        async with self.r.pipeline(transaction=False) as pipe:
-            pipe.xack(entry.stream, keys.OUTBOX_GROUP, entry.entry_id)
-            pipe.xdel(entry.stream, entry.entry_id)
-            await pipe.execute()
-
-    async def outbox_reclaim(self, consumer: str, min_idle_ms: int, count: int = 64) -> list[OutboxEntry]:
-        """Take over entries another dispatcher has held for ``min_idle_ms`` without acking."""
-        out: list[OutboxEntry] = []
-        for s in keys.all_outboxes():
-            res = await self.r.xautoclaim(
-                s, keys.OUTBOX_GROUP, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=count
-            )
-            out += self._entries(s, res[1])
-        return out
-
-    async def outbox_pending(self) -> int:
-        """Commands delivered but not yet acked, plus commands not yet delivered."""
-        total = 0
-        for s in keys.all_outboxes():
-            try:
-                groups = await self.r.xinfo_groups(s)
-            except ResponseError:
-                continue
-            for g in groups:
-                if g["name"] == keys.OUTBOX_GROUP:
-                    total += int(g.get("pending", 0)) + int(g.get("lag") or 0)
-        return total
-
-    async def outbox_commands(self, job_id: str) -> list[NodeCommand]:
-        """The job's commands still in its outbox stream (not yet acknowledged; for checks and tests)."""
-        out = []
-        for _eid, f in await self.r.xrange(keys.job(job_id).outbox):
-            if f.get("job") == job_id:
-                out.append(NodeCommand.model_validate_json(f["cmd"]))
-        return out
 
 
 def _job_id_of(body: str) -> str:

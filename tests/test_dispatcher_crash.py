@@ -52,7 +52,8 @@ async def test_killed_dispatcher_command_completes_once(store, redis_server, tmp
     assert (await store.get(job_id)).status == "DETECTING"
     assert await store.outbox_pending() == 1  # delivered, never acked
 
-    # Dispatcher 2 reclaims it after the idle time and completes it.
+    # Dispatcher 2 reclaims it after the idle time but does not start it again while it may still
+    # run (BUSY); once d1's heartbeat lapsed, d2's inspector re-dispatches it and d2 completes it.
     models = build_models(
         {
             "artifacts": str(artifacts.root),
@@ -61,7 +62,17 @@ async def test_killed_dispatcher_command_completes_once(store, redis_server, tmp
             "segmenter": {"name": "classical"},
         }
     )
-    d2 = Dispatcher(store, LocalRunner(models, artifacts), consumer="d2", reclaim_idle_ms=500, reclaim_every_s=0.2)
+    store.config.retry_backoff_s = 0.1
+    d2 = Dispatcher(
+        store,
+        LocalRunner(models, artifacts),
+        consumer="d2",
+        reclaim_idle_ms=500,
+        reclaim_every_s=0.2,
+        inspect_every_s=0.2,
+        heartbeat_lapse_s=1.0,
+        redis_url=redis_server.url,
+    )
     task = asyncio.create_task(d2.run_forever())
     try:
         deadline = time.monotonic() + 60
@@ -76,6 +87,7 @@ async def test_killed_dispatcher_command_completes_once(store, redis_server, tmp
         await asyncio.gather(task, return_exceptions=True)
     types = await _events(store, job_id)
     assert types.count("NODE_STARTED") == 2  # attempt 1 (killed) and attempt 2
+    assert types.count("NODE_FAILED") == 1 and types.count("NODE_RETRY_SCHEDULED") == 1  # visible
     assert types.count("NODE_COMPLETED") == 1 and types.count("PAUSE_OPENED") == 1
     state = await store.get(job_id)
     assert state.current_node.attempt == 2 and state.active_pause is not None

@@ -67,7 +67,7 @@ async def _started(store, job_id: str) -> None:
     cmd = NodeCommand(
         node_instance_id=node.node_instance_id, node_type=node.node_type, job_id=job_id, enqueued_at=now_iso()
     )
-    assert await store.node_started(cmd)
+    assert await store.node_started(cmd) == "OK"
 
 
 async def _append_event(store, job_id: str, etype: str, status: str, version: int, at: str, data: dict) -> None:

@@ -36,7 +36,7 @@ class JunkModel:
         self.output = output
         self.calls = 0
 
-    async def run(self, cmd: NodeCommand) -> dict[str, Any]:
+    async def run(self, cmd: NodeCommand, heartbeat: Any = None) -> dict[str, Any]:
         self.calls += 1
         return self.output
 
@@ -51,7 +51,7 @@ async def test_unparseable_model_output_fails_the_node_at_once(redis_server, ima
     dispatcher = Dispatcher(
         store, model, consumer="a7", backoff_s=0.01, reclaim_idle_ms=100, reclaim_every_s=0.1, inspect_every_s=0.2
     )
-    dispatcher.inspector = Inspector(store, grace_s=0)
+    dispatcher.inspector = Inspector(store, owner="a7", grace_s=0)
     task = asyncio.create_task(dispatcher.run_forever())
     try:
         job_id = (await store.create_job("alice", image)).job_id

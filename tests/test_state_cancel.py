@@ -20,7 +20,7 @@ async def test_a_running_node_of_a_cancelled_job_says_cancelled_and_its_report_i
     job_id = await create(store, image)
     node = (await store.get(job_id)).current_node
     [cmd] = await store.outbox_commands(job_id)
-    assert await store.node_started(cmd)
+    assert await store.node_started(cmd) == "OK"
     assert (await store.get(job_id)).current_node.status == "RUNNING"
     snap = await store.cancel(job_id, "ops")
     assert snap.current_node.status == "CANCELLED" and snap.current_node.attempt == 1

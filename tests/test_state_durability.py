@@ -12,6 +12,7 @@ import pytest
 import redis.exceptions
 
 from harness.ci import require_binary
+from serve_app.inspector import Inspector
 from serve_app.redis_server import RedisServer
 from statecore import keys
 from statecore.models import NodeReport
@@ -116,14 +117,18 @@ async def test_restart_keeps_pause_token_version_and_outbox(own_server, image, k
         again.stop()
 
 
-async def test_dead_dispatcher_command_is_reclaimed_and_applied_once(own_server, image):
+async def test_dead_dispatcher_command_is_redispatched_once_and_applied_once(own_server, image):
+    """A dispatcher dies holding a started node. Its command is reclaimed but not started twice
+    (BUSY); the node's heartbeat lapses, the inspector re-dispatches it as a new instance, which is
+    applied once; the dead one's late report is ignored with an event."""
     store = _store(own_server)
+    store.config.retry_backoff_s = 0.05
     await store.ensure_groups()
     job_id = await create(store, image)
     (got,) = await store.outbox_read("d1", count=10, block_ms=0)
     assert got.command.job_id == job_id and got.command.node_type == "DETECT_SUBJECTS"
-    assert await store.node_started(got.command)
-    # d1 "dies" here: never reports, never acks.
+    assert await store.node_started(got.command) == "OK"
+    # d1 "dies" here: never beats, never reports, never acks.
     assert await store.outbox_read("d2", count=10, block_ms=0) == [], "a delivered entry is not handed out again"
     assert await store.outbox_reclaim("d2", min_idle_ms=60_000) == [], "not before it has been idle long enough"
     await asyncio.sleep(0.25)
@@ -131,29 +136,48 @@ async def test_dead_dispatcher_command_is_reclaimed_and_applied_once(own_server,
     assert taken.entry_id == got.entry_id and taken.command == got.command
     pending = await store.r.xpending_range(taken.stream, keys.OUTBOX_GROUP, "-", "+", 10)
     assert [(p["message_id"], p["consumer"], p["times_delivered"]) for p in pending] == [(got.entry_id, "d2", 2)]
+    assert await store.node_started(taken.command) == "BUSY", "a running node is never started twice"
+    assert (await store.get(job_id)).current_node.attempt == 1
 
-    assert await store.node_started(taken.command)
+    counts = await Inspector(store, owner="i1", heartbeat_lapse_s=0.1).sweep()
+    assert counts["lost"] == 1
     st = await store.get(job_id)
-    assert st.current_node.attempt == 2 and st.current_node.status == "RUNNING"
+    assert st.current_node.status == "RETRY_WAIT" and st.current_node.node_instance_id != got.command.node_instance_id
+    (retry,) = await store.outbox_read("d2", count=10, block_ms=0)
+    assert retry.command.node_instance_id == st.current_node.node_instance_id and retry.command.not_before_ms
+    assert await store.node_started(retry.command) == "OK"
+    assert (await store.get(job_id)).current_node.attempt == 2
     rep = NodeReport(
-        node_instance_id=taken.command.node_instance_id,
+        node_instance_id=retry.command.node_instance_id,
         node_type="DETECT_SUBJECTS",
         job_id=job_id,
         outcome="SUCCEEDED",
         output={"boxes": THREE_BOXES},
     )
-    late = rep.model_copy(update={"output": {"boxes": THREE_BOXES[:1]}})  # d1 comes back with its own result
+    late = NodeReport(  # d1 comes back with its own result, for the instance that was replaced
+        node_instance_id=got.command.node_instance_id,
+        node_type="DETECT_SUBJECTS",
+        job_id=job_id,
+        outcome="SUCCEEDED",
+        output={"boxes": THREE_BOXES[:1]},
+    )
     results = await asyncio.gather(store.apply_report(rep), store.apply_report(late))
-    assert sorted(results) == ["DUPLICATE", "OK"]
+    assert results == ["OK", "IGNORED"]
     st = await store.get(job_id)
-    assert st.status == S.WAITING_USER_SELECTION and st.version == 4  # create, 2 starts, 1 report
-    assert len(st.box_list) in (1, 3)
-    events = [e.type for e in await store.events_after(job_id)]
-    assert events.count("NODE_COMPLETED") == 1 and events.count("PAUSE_OPENED") == 1
-    assert "REPORT_IGNORED" not in events
-    # Once acked, nothing is pending and nothing is redelivered.
-    await store.outbox_ack(taken)
+    assert st.status == S.WAITING_USER_SELECTION and len(st.box_list) == 3
+    events = await store.events_after(job_id)
+    types = [e.type for e in events]
+    assert types.count("NODE_STARTED") == 2 and types.count("NODE_COMPLETED") == 1 and types.count("PAUSE_OPENED") == 1
+    assert types.count("NODE_FAILED") == 1 and types.count("NODE_RETRY_SCHEDULED") == 1
+    ignored = [e for e in events if e.type == "REPORT_IGNORED"]
+    assert [e.data["reason"] for e in ignored] == ["NODE_SUPERSEDED"]
+    # The old entry, taken again, is no longer current: acked and gone; nothing is left pending.
+    for entry in (taken, retry):
+        if entry is retry:
+            await store.outbox_ack(entry)
+            continue
+        assert await store.node_started(entry.command) not in ("OK", "BUSY")
+        await store.outbox_ack(entry)
     assert await store.outbox_pending() == 0
-    assert await store.outbox_reclaim("d3", min_idle_ms=0) == []
     assert await store.apply_report(rep) == "DUPLICATE"
     await store.close()

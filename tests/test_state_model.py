@@ -167,9 +167,17 @@ class JobMachine(RuleBasedStateMachine):
         cmd = next(
             c for c in self.run(self.store.outbox_commands(job_id)) if c.node_instance_id == node.node_instance_id
         )
-        ok = self.run(self.store.node_started(cmd))
-        should = st_.status not in TERMINAL and node.node_instance_id not in self.model[job_id].recorded
-        assert ok == should
+        result = self.run(self.store.node_started(cmd))
+        ok = result == "OK"
+        # Only a queued node starts; a running one is BUSY (never started twice), the rest moved on.
+        should = (
+            st_.status not in TERMINAL
+            and node.node_instance_id not in self.model[job_id].recorded
+            and node.status == "QUEUED"
+        )
+        assert ok == should, (result, node.status)
+        if node.status == "RUNNING" and should is False and st_.status not in TERMINAL:
+            assert result in ("BUSY", "DUPLICATE"), result
         after = self.expect_version(job_id, before, changed=ok)
         if ok:
             assert json.loads(after["meta"]["current_node"])["attempt"] == node.attempt + 1
@@ -484,6 +492,8 @@ class JobMachine(RuleBasedStateMachine):
         assert len({p.pause_token for p in hist}) == len(hist)
         in_waiting_index = await store.r.zscore(jk.waiting, job_id) is not None
         in_running_index = await store.r.zscore(jk.running, job_id) is not None
+        in_queued_index = await store.r.zscore(jk.queued, job_id) is not None
+        beating = await store.r.zscore(jk.heartbeats, job_id) is not None
         meta = await store.r.hgetall(jk.meta)
         terminal = st_.status in TERMINAL
         assert (meta["terminal"] == "1") == terminal
@@ -501,17 +511,22 @@ class JobMachine(RuleBasedStateMachine):
         reported = await store.r.smembers(jk.reports)
         assert reported == m.recorded
         if terminal:
-            assert not in_running_index
+            assert not in_running_index and not in_queued_index and not beating
             for key in (jk.meta, jk.pauses, jk.events, jk.idem, jk.reports):
                 assert await store.r.ttl(key) in (-2, *range(1, store.config.retention_s + 1)), key
         elif st_.active_pause is None:
             # Not waiting for a person, so some node must be queued or running, with its command in the outbox.
             node = st_.current_node
+            # Queued: in the queued index, no deadline yet; running: a deadline and a heartbeat.
             assert node is not None and node.status in ("QUEUED", "RUNNING")
             assert node.node_instance_id in {c.node_instance_id for c in cmds}
-            assert node.node_instance_id not in reported and in_running_index
+            assert node.node_instance_id not in reported
+            if node.status == "QUEUED":
+                assert in_queued_index and not in_running_index and not beating
+            else:
+                assert in_running_index and beating and not in_queued_index
         else:
-            assert not in_running_index
+            assert not in_running_index and not in_queued_index and not beating
         if not terminal:
             for key in (jk.meta, jk.pauses, jk.events, jk.idem, jk.reports):
                 assert await store.r.ttl(key) in (-2, -1), key

@@ -64,14 +64,17 @@ async def test_failed_and_timed_out_reports_end_the_job(store, image):
         assert await store.r.zscore(keys.job(job_id).running, job_id) is None
 
 
-async def test_node_started_marks_running_once_per_start(store, image):
+async def test_node_started_marks_running_once_and_never_starts_a_running_node_again(store, image):
     job_id = await create(store, image)
     cmd = (await store.outbox_commands(job_id))[0]
-    assert await store.node_started(cmd)
+    assert await store.node_started(cmd) == "OK"
     st = await store.get(job_id)
     assert st.current_node.status == "RUNNING" and st.current_node.attempt == 1 and st.version == 2
-    assert await store.node_started(cmd)  # a retry of the same node: attempt 2
-    assert (await store.get(job_id)).current_node.attempt == 2
+    assert st.current_node.started_at and st.current_node.deadline_at > st.current_node.started_at
+    # The same command again (a reclaim while its first holder still runs it): BUSY, nothing written.
+    assert await store.node_started(cmd) == "BUSY"
+    again = await store.get(job_id)
+    assert again.current_node.attempt == 1 and again.version == 2
     # The final report of a started node is still applied (started is not recorded as a report).
     assert await report(store, job_id, {"boxes": THREE_BOXES}) == "OK"
     assert (await store.get(job_id)).status == S.WAITING_USER_SELECTION

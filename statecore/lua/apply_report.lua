@@ -4,11 +4,15 @@
 -- ARGV[4] node_instance_id  ARGV[5] version the plan was computed from  ARGV[6] plan JSON
 -- ARGV[7] '1' = final report (recorded in the reports set), '0' = node started
 -- ARGV[8] node_type
--- ARGV[9] '1' = the inspector reports the node's deadline passed (recorded as timeout:<nid>, so the
---         model's own late report is still told apart from a replay: it is ignored with an event)
--- Returns {'OK', version} | {'DUPLICATE'} | {'IGNORED', reason} | {'JOB_NOT_FOUND'} | {'STALE'}
+-- ARGV[9] '1' = the inspector's verdict on the node (its deadline passed, or its executor was lost),
+--         recorded as timeout:<nid>, so the model's own late report is still told apart from a
+--         replay: it is ignored with an event
+-- ARGV[10] with ARGV[9] = '1': the inspector's lease (owner|fencing token) on the job's partition;
+--         a verdict from an inspector that no longer holds it is refused (FENCED)
+-- Returns {'OK', version} | {'DUPLICATE'} | {'IGNORED', reason} | {'JOB_NOT_FOUND'} | {'STALE'} | {'FENCED'}
 if redis.call('EXISTS', K_META) == 0 then return {'JOB_NOT_FOUND'} end
 local nid, final, by_inspector = ARGV[4], ARGV[7] == '1', ARGV[9] == '1'
+if by_inspector and redis.call('GET', K_LEASE) ~= ARGV[10] then return {'FENCED'} end
 local timeout_mark = 'timeout:' .. nid
 local mark = by_inspector and timeout_mark or nid
 if redis.call('SISMEMBER', K_REPORTS, nid) == 1 then return {'DUPLICATE'} end
@@ -17,7 +21,7 @@ if timed_out and by_inspector then return {'DUPLICATE'} end
 local m = redis.call('HMGET', K_META, 'status', 'version', 'node_id', 'terminal')
 local reason = nil
 if timed_out then
-  reason = 'NODE_TIMED_OUT'
+  reason = (m[3] ~= nid) and 'NODE_SUPERSEDED' or 'NODE_TIMED_OUT'
 elseif m[4] == '1' then
   reason = 'JOB_TERMINAL'
 elseif m[3] ~= nid then

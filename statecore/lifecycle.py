@@ -1,0 +1,54 @@
+"""The node lifecycle's reads and small writes for the inspector and the executors: heartbeats,
+the inspector's per-partition lease, nodes whose heartbeat lapsed or whose deadline passed, and
+the backlog (docs/protocol.md § Executors and the outbox). A mixin of :class:`statecore.store.Store`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from . import keys
+
+
+class LifecycleMixin:
+    r: Any
+    _scripts: dict[str, Any]
+
+    async def heartbeat(self, job_id: str, node_instance_id: str) -> bool:
+        """Renew a running node's heartbeat; False once the node is no longer running (stop)."""
+        jk = keys.job(job_id)
+        res = await self._scripts["heartbeat"](
+            keys=[jk.meta, jk.heartbeats], args=[job_id, node_instance_id, int(time.time() * 1000)]
+        )
+        return bool(res)
+
+    async def acquire_lease(self, p: int, owner: str, ttl_ms: int) -> str | None:
+        """Take or renew the inspector lease of partition ``p``: its value (owner|fencing token),
+        or None while another inspector holds it."""
+        res = await self._scripts["lease"](
+            keys=[keys.inspector_lease(p), keys.inspector_fence(p)], args=[owner, ttl_ms]
+        )
+        return str(res) if res else None
+
+    async def lapsed_heartbeats(self, p: int, before_ms: int, count: int = 500) -> list[str]:
+        """Jobs of partition ``p`` whose running node has not beaten since ``before_ms``."""
+        found: list[str] = await self.r.zrangebyscore(keys.heartbeats(p), "-inf", before_ms, start=0, num=count)
+        return found
+
+    async def past_deadline(self, p: int, now_ms: int, count: int = 500) -> list[str]:
+        """Jobs of partition ``p`` whose running node is past its deadline."""
+        found: list[str] = await self.r.zrangebyscore(keys.running(p), "-inf", now_ms, start=0, num=count)
+        return found
+
+    async def backlog(self) -> tuple[int, float]:
+        """Node commands queued and not yet started, over every partition, and the oldest one's
+        age in seconds: O(partitions), whatever the number of stored jobs."""
+        async with self.r.pipeline(transaction=False) as pipe:
+            for p in range(keys.PARTITIONS):
+                pipe.zcard(keys.queued(p))
+                pipe.zrange(keys.queued(p), 0, 0, withscores=True)
+            res = await pipe.execute()
+        total = sum(int(n) for n in res[0::2])
+        oldest = min((first[0][1] for first in res[1::2] if first), default=None)
+        return total, 0.0 if oldest is None else max(0.0, time.time() - oldest / 1000)
