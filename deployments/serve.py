@@ -57,6 +57,7 @@ DEFAULT_AUTOSCALING: dict[str, Any] = {
     "downscale_delay_s": 60.0,
 }
 DEFAULT_BATCH = {"max_batch_size": 4, "batch_wait_timeout_s": 0.02}
+HEALTH_DEFAULTS = {"health_check_period_s": 2.0, "health_check_timeout_s": 5.0, "graceful_shutdown_timeout_s": 5.0}
 DEFAULT_GPU_FRACTION = 0.15  # three roles x two replicas fit one GPU; SAM ViT-H needs ~8 GB each
 
 
@@ -163,6 +164,11 @@ def deployment_options(backend: str, overrides: Mapping[str, Any], gpu: bool) ->
     if not gpu:
         actor.pop("num_gpus", None)  # never ask a GPU-less cluster for one
     opts["ray_actor_options"] = actor
+    # A stopped (SIGSTOPped, wedged) replica is noticed and replaced in seconds, not Serve's default
+    # ~90 s: the node it held is re-dispatched by the inspector once its heartbeat lapses, and that
+    # attempt needs a healthy replica even when the hung one was the only one.
+    for key, default in HEALTH_DEFAULTS.items():
+        opts[key] = float(overrides.get(key, default))
     return opts
 
 

@@ -41,7 +41,6 @@ class Settings(BaseModel):
     inspector_period_s: float = 5.0
     max_attempts: int = 3  # starts of one node before a lost executor ends the job FAILED (EXECUTOR_LOST)
     retry_backoff_s: float = 1.0  # before a re-dispatch; doubles per attempt
-    node_max_attempts: int = 4
     dispatcher_concurrency: int = 64
     reclaim_idle_ms: int = 60_000
 

@@ -14,6 +14,7 @@ import os
 import random
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -33,6 +34,14 @@ from .inspector import Inspector
 log = logging.getLogger("hitl.dispatcher")
 
 
+@dataclass(frozen=True)
+class _Retry:
+    """A transient failure of one attempt: the store decides whether another attempt follows."""
+
+    code: str
+    message: str
+
+
 class NodeRunner(Protocol):
     async def run(self, cmd: NodeCommand, heartbeat: HeartbeatSpec | None = None) -> dict[str, Any]: ...
 
@@ -45,10 +54,6 @@ class Dispatcher:
         *,
         consumer: str | None = None,
         concurrency: int = 64,
-        max_attempts: int = 4,
-        backoff_s: float = 0.25,
-        backoff_cap_s: float = 10.0,
-        attempt_timeout_s: float = 600.0,
         reclaim_idle_ms: int = 60_000,
         reclaim_every_s: float = 5.0,
         inspect_every_s: float = 5.0,
@@ -60,10 +65,6 @@ class Dispatcher:
         self.runner = runner
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{random.randrange(1 << 30):x}"
         self.sem = asyncio.Semaphore(concurrency)
-        self.max_attempts = max_attempts
-        self.backoff_s = backoff_s
-        self.backoff_cap_s = backoff_cap_s
-        self.attempt_timeout_s = attempt_timeout_s
         self.reclaim_idle_ms = reclaim_idle_ms
         self.reclaim_every_s = reclaim_every_s
         self.inspect_every_s = inspect_every_s
@@ -170,7 +171,22 @@ class Dispatcher:
             log.info("skip %s node=%s job=%s: no longer current", cmd.node_type, cmd.node_instance_id, cmd.job_id)
             await self.store.outbox_ack(entry)
             return
-        report = await self.execute(cmd)
+        outcome = await self.execute(cmd)
+        if isinstance(outcome, _Retry):
+            result = await self.store.node_failed(cmd.job_id, cmd.node_instance_id, reason=outcome.code)
+            metrics.REPORTS.labels(result).inc()
+            await self.store.outbox_ack(entry)
+            log.warning(
+                "%s job=%s node=%s attempt failed (%s: %s): %s",
+                cmd.node_type,
+                cmd.job_id,
+                cmd.node_instance_id,
+                outcome.code,
+                outcome.message,
+                "handed back for another attempt" if result == "OK" else result,
+            )
+            return
+        report = outcome
         result = await self.store.apply_report(report)
         metrics.REPORTS.labels(result).inc()
         await self.store.outbox_ack(entry)
@@ -183,11 +199,13 @@ class Dispatcher:
             result,
         )
 
-    async def execute(self, cmd: NodeCommand) -> NodeReport:
-        """Run the node with retries: transient errors back off exponentially (capped); a
-        non-retryable error fails at once, and so does an output that does not parse as the
-        node's contract (``INVALID_NODE_OUTPUT``: the same answer would not parse on a retry);
-        running past the time limit on the last attempt is TIMED_OUT."""
+    async def execute(self, cmd: NodeCommand) -> NodeReport | _Retry:
+        """Run one attempt of the node. A non-retryable error, or an output that does not parse as
+        the node's contract (``INVALID_NODE_OUTPUT``: the same answer would not parse again),
+        fails the node at once; a transient error (a crashed replica, a network error, a
+        retryable model error) is handed back to the store as a failed attempt, which re-dispatches
+        the node as a new instance (NODE_FAILED, NODE_RETRY_SCHEDULED) or ends the job after the
+        last attempt, so every attempt is visible. A hang is for the heartbeat and the deadline."""
 
         def report(
             outcome: str, code: str | None = None, message: str | None = None, output: dict[str, Any] | None = None
@@ -204,38 +222,20 @@ class Dispatcher:
 
         if cmd.node_type in CONTROL_PLANE_NODES:
             return report("SUCCEEDED")
-        last: tuple[str, str, str] = ("FAILED", "NODE_FAILED", "")
-        for attempt in range(1, self.max_attempts + 1):
-            t0 = time.perf_counter()
-            try:
-                raw = await asyncio.wait_for(self.runner.run(cmd, self._heartbeat(cmd)), timeout=self.attempt_timeout_s)
-                output = parse_output(cmd.node_type, raw).model_dump(mode="json")
-                metrics.NODE_SECONDS.labels(cmd.node_type, "SUCCEEDED").observe(time.perf_counter() - t0)
-                return report("SUCCEEDED", output=output)
-            except NodeExecutionError as e:
-                metrics.NODE_SECONDS.labels(cmd.node_type, "FAILED").observe(time.perf_counter() - t0)
-                if not e.retryable:
-                    return report("FAILED", e.code, e.message)
-                last = ("FAILED", e.code, e.message)
-            except TimeoutError:
-                metrics.NODE_SECONDS.labels(cmd.node_type, "TIMED_OUT").observe(time.perf_counter() - t0)
-                last = ("TIMED_OUT", "NODE_TIMED_OUT", f"attempt exceeded {self.attempt_timeout_s}s")
-            except Exception as e:  # model crash, replica gone, network: transient
-                metrics.NODE_SECONDS.labels(cmd.node_type, "ERROR").observe(time.perf_counter() - t0)
-                last = ("FAILED", "NODE_FAILED", f"{type(e).__name__}: {e}")
-            if attempt < self.max_attempts:
-                delay = min(self.backoff_cap_s, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-                log.warning(
-                    "%s job=%s attempt %d/%d failed (%s); retrying in %.2fs",
-                    cmd.node_type,
-                    cmd.job_id,
-                    attempt,
-                    self.max_attempts,
-                    last[2],
-                    delay,
-                )
-                await asyncio.sleep(delay)
-        return report(*last)
+        t0 = time.perf_counter()
+        try:
+            raw = await self.runner.run(cmd, self._heartbeat(cmd))
+            output = parse_output(cmd.node_type, raw).model_dump(mode="json")
+            metrics.NODE_SECONDS.labels(cmd.node_type, "SUCCEEDED").observe(time.perf_counter() - t0)
+            return report("SUCCEEDED", output=output)
+        except NodeExecutionError as e:
+            metrics.NODE_SECONDS.labels(cmd.node_type, "FAILED").observe(time.perf_counter() - t0)
+            if not e.retryable:
+                return report("FAILED", e.code, e.message)
+            return _Retry(e.code, e.message)
+        except Exception as e:  # model crash, replica gone, network: transient
+            metrics.NODE_SECONDS.labels(cmd.node_type, "ERROR").observe(time.perf_counter() - t0)
+            return _Retry("NODE_FAILED", f"{type(e).__name__}: {e}")
 
     def _heartbeat(self, cmd: NodeCommand) -> HeartbeatSpec | None:
         if self.redis_url is None:
@@ -299,8 +299,6 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_s=settings.heartbeat_s,
         heartbeat_lapse_s=settings.heartbeat_lapse_s,
         inspect_every_s=settings.inspector_period_s,
-        max_attempts=settings.node_max_attempts,
-        attempt_timeout_s=settings.node_timeout_s,
     )
     try:
         asyncio.run(dispatcher.run_forever())

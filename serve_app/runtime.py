@@ -32,8 +32,6 @@ def make_dispatcher(settings: Settings, store: Any, runner: NodeRunner) -> Dispa
         store,
         runner,
         concurrency=settings.dispatcher_concurrency,
-        max_attempts=settings.node_max_attempts,
-        attempt_timeout_s=settings.node_timeout_s,
         reclaim_idle_ms=settings.reclaim_idle_ms,
         redis_url=settings.redis_url,
         heartbeat_s=settings.heartbeat_s,

@@ -99,7 +99,8 @@ def plan_node_lost(state: JobState, now: str, now_ms: int, *, reason: str, max_a
         )
     )
     if not retry:
-        plan.meta["current_node"] = dump(node.model_copy(update={"status": "LOST"}))
+        lost = reason == "EXECUTOR_LOST"  # else the attempt failed with an error of its own
+        plan.meta["current_node"] = dump(node.model_copy(update={"status": "LOST" if lost else "FAILED"}))
         move(plan, state, S.FAILED)
         finish(plan, reason)
         return plan

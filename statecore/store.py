@@ -275,6 +275,12 @@ class Store(OutboxMixin, LifecycleMixin):
         node instance after a backoff, or end the job FAILED after ``max_attempts`` starts."""
         return await self._report(job_id, node_instance_id, "", kind="lost", lease=lease, reason=reason)
 
+    async def node_failed(self, job_id: str, node_instance_id: str, *, reason: str) -> str:
+        """A dispatcher's attempt failed with a transient error (the replica crashed, the network
+        failed): re-dispatch the node as a new instance after a backoff, or end the job FAILED
+        with ``reason`` after ``max_attempts`` starts. Each attempt stays visible in the events."""
+        return await self._report(job_id, node_instance_id, "", kind="lost", reason=reason)
+
     async def _report(
         self,
         job_id: str,

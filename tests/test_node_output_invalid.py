@@ -48,9 +48,7 @@ async def test_unparseable_model_output_fails_the_node_at_once(redis_server, ima
     await store.r.flushdb()
     await store.ensure_groups()
     model = JunkModel(output)
-    dispatcher = Dispatcher(
-        store, model, consumer="a7", backoff_s=0.01, reclaim_idle_ms=100, reclaim_every_s=0.1, inspect_every_s=0.2
-    )
+    dispatcher = Dispatcher(store, model, consumer="a7", reclaim_idle_ms=100, reclaim_every_s=0.1, inspect_every_s=0.2)
     dispatcher.inspector = Inspector(store, owner="a7", grace_s=0)
     task = asyncio.create_task(dispatcher.run_forever())
     try:

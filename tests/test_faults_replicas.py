@@ -1,0 +1,158 @@
+"""Model replicas that die or hang mid-node, in a real ``hitl up`` (Ray Serve, embedded Redis):
+
+- SIGKILL the Detector replica while it runs a node: the call fails at once, the attempt is
+  recorded (NODE_FAILED, NODE_RETRY_SCHEDULED) and a new node instance completes on the replica
+  Serve starts in its place;
+- SIGSTOP it while it runs a node (a hang): its heartbeat lapses, the inspector re-dispatches the
+  node, Serve replaces the stopped replica after its health checks fail, and the new attempt
+  completes; a late answer of the old instance is never applied.
+
+Invariants afterwards: every job went on to the review (nothing stuck), exactly one node
+completion applied per job, every attempt visible, the replaced instance never reported OK.
+One ``hitl up`` with short heartbeats and a slow detector, shared by both faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import psutil
+import pytest
+
+from harness.ci import require_binary
+from harness.hitl_up import HitlUp
+from serve_app.samples import product_composite
+
+pytestmark = [pytest.mark.faults, pytest.mark.ray, pytest.mark.slow]
+
+
+def detector_replicas(up: HitlUp) -> list[psutil.Process]:
+    """The processes of the Detector deployment's replicas (Ray titles them ServeReplica:…:Detector)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        line = " ".join(p.info.get("cmdline") or [])
+        if "ServeReplica" in line and "Detector" in line and p.status() != psutil.STATUS_ZOMBIE:
+            found.append(p)
+    return found
+
+
+def submit(c: httpx.Client, seed: int) -> str:
+    data, _ = product_composite(seed=seed, n=1)
+    r = c.post("/api/v1/jobs", files={"image": (f"{seed}.png", data, "image/png")})
+    assert r.status_code == 202, r.text
+    return str(r.json()["job_id"])
+
+
+def wait_running(c: httpx.Client, job_id: str, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        snap = c.get(f"/api/v1/jobs/{job_id}").json()
+        node = snap.get("current_node") or {}
+        if node.get("status") == "RUNNING":
+            return snap
+        assert time.monotonic() < deadline, f"node never started: {snap}"
+        time.sleep(0.1)
+
+
+def wait_status(c: httpx.Client, job_id: str, status: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        r = c.get(f"/api/v1/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        snap = r.json()
+        if snap["status"] == status:
+            return snap
+        assert snap["status"] == "DETECTING", f"job ended {snap['status']} ({snap['reason_code']})"
+        assert time.monotonic() < deadline, f"still {snap['status']} after {timeout}s: {snap['current_node']}"
+        time.sleep(0.2)
+
+
+def events(c: httpx.Client, job_id: str) -> list[dict]:
+    out = []
+    with c.stream("GET", f"/api/v1/jobs/{job_id}/events", timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                out.append({"type": line[7:]})
+            elif line.startswith("data: ") and out:
+                out[-1]["data"] = json.loads(line[6:])["data"]
+            if out and out[-1].get("type") == "PAUSE_OPENED" and "data" in out[-1]:
+                break
+    return out
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory):
+    require_binary("redis-server")
+    tmp = tmp_path_factory.mktemp("replicas")
+    args = [
+        "--detector-delay-ms",
+        "5000",
+        "--heartbeat-s",
+        "0.5",
+        "--heartbeat-lapse-s",
+        "3",
+        "--inspector-period-s",
+        "1",
+        "--max-attempts",
+        "4",
+    ]
+    hitl = HitlUp(tmp / "data", *args, log_path=tmp / "hitl-up.log").start(timeout=300)
+    yield hitl
+    hitl.stop()
+
+
+def test_sigkill_of_a_model_replica_mid_node_costs_one_visible_attempt(up: HitlUp):
+    with httpx.Client(base_url=up.api_url, headers={"Authorization": f"Bearer {up.token}"}, timeout=30) as c:
+        job = submit(c, seed=11)
+        first = wait_running(c, job)["current_node"]
+        time.sleep(0.5)  # inside the model call
+        replicas = detector_replicas(up)
+        assert replicas, "no Detector replica process found"
+        for p in replicas:
+            os.kill(p.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        snap = wait_status(c, job, "WAITING_USER_SELECTION", timeout=120)
+        print(f"\n[faults] replica SIGKILLed mid-node: review open {time.monotonic() - t0:.1f}s later")
+        node = snap["current_node"]
+        assert node["node_instance_id"] != first["node_instance_id"] and node["attempt"] >= 2
+        evs = events(c, job)
+        types = [e["type"] for e in evs]
+        assert types.count("NODE_COMPLETED") == 1 and types.count("PAUSE_OPENED") == 1
+        assert types.count("NODE_FAILED") >= 1 and types.count("NODE_RETRY_SCHEDULED") >= 1
+        assert types.count("NODE_STARTED") == node["attempt"]
+
+
+def test_sigstop_of_a_model_replica_mid_node_is_redispatched_when_its_heartbeat_lapses(up: HitlUp):
+    with httpx.Client(base_url=up.api_url, headers={"Authorization": f"Bearer {up.token}"}, timeout=30) as c:
+        job = submit(c, seed=12)
+        first = wait_running(c, job)["current_node"]
+        time.sleep(0.5)
+        replicas = detector_replicas(up)
+        assert replicas, "no Detector replica process found"
+        for p in replicas:
+            os.kill(p.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            snap = wait_status(c, job, "WAITING_USER_SELECTION", timeout=150)
+            settled = time.monotonic() - t0
+        finally:
+            for p in replicas:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass  # Serve replaced (killed) it
+        print(f"\n[faults] replica SIGSTOPped mid-node: review open {settled:.1f}s later")
+        node = snap["current_node"]
+        assert node["node_instance_id"] != first["node_instance_id"] and node["attempt"] >= 2
+        evs = events(c, job)
+        types = [e["type"] for e in evs]
+        lost = [e["data"] for e in evs if e["type"] == "NODE_FAILED"]
+        assert lost and lost[0]["node_instance_id"] == first["node_instance_id"]
+        assert lost[0]["reason"] == "EXECUTOR_LOST"
+        assert types.count("NODE_COMPLETED") == 1 and types.count("PAUSE_OPENED") == 1
+        time.sleep(2)  # a continued replica may now answer for the old instance: never applied
+        after = c.get(f"/api/v1/jobs/{job}").json()
+        assert after["version"] == snap["version"] and after["status"] == "WAITING_USER_SELECTION"
