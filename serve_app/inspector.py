@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 
 from statecore import keys
 from statecore.errors import JobNotFound
-from statecore.models import NodeReport
+from statecore.models import CurrentNode, NodeReport
 from statecore.store import Store
 
 from . import metrics
@@ -76,13 +76,20 @@ class Inspector:
                 await self._overdue(job_id, lease, counts)
         return counts
 
-    async def _lost(self, job_id: str, lease: str, counts: dict[str, int]) -> None:
+    async def _running_node(self, job_id: str, counts: dict[str, int]) -> CurrentNode | None:
+        """The job's node if it is still running (the index may be a step behind the job)."""
         try:
             node = (await self.store.get(job_id)).current_node
         except JobNotFound:
-            return
+            return None
         if node is None or node.status != "RUNNING":
             counts["moved_on"] += 1
+            return None
+        return node
+
+    async def _lost(self, job_id: str, lease: str, counts: dict[str, int]) -> None:
+        node = await self._running_node(job_id, counts)
+        if node is None:
             return
         nid = node.node_instance_id
         if self.confirm is not None and await self.confirm(job_id, nid):
@@ -103,12 +110,8 @@ class Inspector:
             )
 
     async def _overdue(self, job_id: str, lease: str, counts: dict[str, int]) -> None:
-        try:
-            node = (await self.store.get(job_id)).current_node
-        except JobNotFound:
-            return
-        if node is None or node.status != "RUNNING":
-            counts["moved_on"] += 1
+        node = await self._running_node(job_id, counts)
+        if node is None:
             return
         verdict = NodeReport(
             node_instance_id=node.node_instance_id,
