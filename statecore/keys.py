@@ -94,6 +94,20 @@ def expiring(p: int) -> str:
     return f"{tag(p)}:expiring"
 
 
+def counts(p: int) -> str:
+    """HASH of partition p's counters (statecore.counters; kept by ``apply_plan`` in _lib.lua):
+    ``<STATUS>`` -> jobs stored in that status; cumulative totals (``submitted``, ``finished``,
+    ``user_cancelled``, ``node_starts``, ``node_retries``, ``node_results``, ``writeback_failures``,
+    ``dead_letters``); ``<kind>:<minute>`` -> coverage buckets of the jobs created in that minute."""
+    return f"{tag(p)}:counts"
+
+
+def finished(p: int) -> str:
+    """HASH job_id -> final status of partition p's finished jobs, until pruning drops them from
+    ``jobs`` (their meta is gone by then) and uncounts that status."""
+    return f"{tag(p)}:finished"
+
+
 def events_channel_pattern(p: int) -> str:
     """PSUBSCRIBE pattern matching the wake-up channels of partition ``p``'s jobs."""
     return f"{tag(p)}:job:*:events"
@@ -145,6 +159,14 @@ class JobKeys:
     def inspector_lease(self) -> str:
         return inspector_lease(self.p)
 
+    @property
+    def counts(self) -> str:
+        return counts(self.p)
+
+    @property
+    def finished(self) -> str:
+        return finished(self.p)
+
     def for_script(self) -> list[str]:
         """The KEYS every state-changing script receives, in this order."""
         return [
@@ -161,6 +183,8 @@ class JobKeys:
             self.queued,
             self.heartbeats,
             self.inspector_lease,
+            self.counts,
+            self.finished,
         ]
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from . import decide, durable, errors, keys, listing, scripts
+from . import counters, decide, durable, errors, keys, listing, scripts
 from .ids import canonical_json, now_iso, payload_hash
 from .lifecycle import LifecycleMixin
 from .models import (
@@ -411,27 +411,17 @@ class Store(OutboxMixin, LifecycleMixin):
         )
 
     async def count_by_status(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for p in range(keys.PARTITIONS):
-            for jid in await self.r.zrange(keys.jobs(p), 0, -1):
-                st = await self.r.hget(keys.job(jid).meta, "status")
-                if st:
-                    counts[st] = counts.get(st, 0) + 1
-        return counts
+        """Jobs stored per status, every status (zero included), from the counters the scripts keep
+        (statecore.counters): O(partitions), whatever the number of stored jobs."""
+        return await counters.read_statuses(self.r)
 
     async def prune_expired(self, now_ms: int | None = None, batch: int = 1000) -> int:
         """Drop finished jobs whose retention has passed from the listing index (their records
         expire by TTL; the index is a sorted set without one). Returns how many were dropped."""
         now_ms = now_ms or int(time.time() * 1000)
         dropped = 0
-        for p in range(keys.PARTITIONS):
-            gone = await self.r.zrangebyscore(keys.expiring(p), "-inf", now_ms, start=0, num=batch)
-            if gone:
-                async with self.r.pipeline(transaction=True) as pipe:  # one slot: fine on a cluster
-                    pipe.zrem(keys.jobs(p), *gone)
-                    pipe.zrem(keys.expiring(p), *gone)
-                    await pipe.execute()
-                dropped += len(gone)
+        for p in range(keys.PARTITIONS):  # one script per partition: uncounts each job's final status once
+            dropped += await counters.prune(self.r, p, now_ms, batch)
         return dropped
 
     async def oldest_pause_age_s(self) -> float:

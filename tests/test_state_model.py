@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, settings
@@ -27,7 +28,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from statecore import errors, keys
+from statecore import counters, errors, keys
 from statecore.ids import new_id
 from statecore.models import ImageRef, InterventionRequest, NodeReport
 from statecore.states import TERMINAL, WAITING, JobStatus
@@ -479,6 +480,15 @@ class JobMachine(RuleBasedStateMachine):
     def redis_holds_a_consistent_world(self) -> None:
         for job_id in self.jobs:
             self.run(self._check_job(job_id))
+
+    @invariant()
+    def counters_equal_a_recount(self) -> None:
+        """What /metrics reads (counters the scripts keep) equals a walk over every stored job."""
+        now_ms = int(time.time() * 1000)
+        snap = self.run(counters.read(self.store.r, now_ms=now_ms))
+        assert (snap.by_status, snap.coverage) == self.run(counters.recount(self.store.r, now_ms=now_ms))
+        assert snap.totals["submitted"] == len(self.jobs)
+        assert snap.totals["finished"] == sum(1 for m in self.model.values() if m.terminal is not None)
 
     async def _check_job(self, job_id: str) -> None:
         store, m = self.store, self.model[job_id]

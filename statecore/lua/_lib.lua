@@ -3,14 +3,18 @@
 --   1 meta  2 pauses  3 events (LIST; also the wake-up channel)  4 idem  5 reports  6 outbox  7 waiting  8 running
 --   9 jobs  10 expiring (finished jobs by when their records expire)  11 queued  12 heartbeats
 --   13 the partition's inspector lease (checked by the inspector's writes: fencing)
--- KEYS[14]    optional: the job's creation idempotency record (same slot)
+--   14 the partition's counters (HASH, statecore.counters): one field per status, cumulative
+--      totals, and per-minute coverage buckets of the jobs submitted in that minute
+--   15 the partition's finished jobs' final statuses (HASH job_id -> status, until pruned)
+-- KEYS[16]    optional: the job's creation idempotency record (same slot)
 -- ARGV[1] job_id   ARGV[2] now (ISO-8601)   ARGV[3] retention seconds for finished jobs
 -- A "plan" (statecore.decide.Plan.to_json) lists every write of one atomic step;
 -- applying it increments the job's version by exactly one.
 local K_META, K_PAUSES, K_EVENTS, K_IDEM, K_REPORTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_OUTBOX, K_WAITING, K_RUNNING, K_JOBS, K_EXPIRING = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local K_QUEUED, K_HEARTBEATS, K_LEASE = KEYS[11], KEYS[12], KEYS[13]
-local K_CREATE = KEYS[14]
+local K_COUNTS, K_FINISHED = KEYS[14], KEYS[15]
+local K_CREATE = KEYS[16]
 local JOB_ID, NOW, RETENTION = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 -- An event is one JSON string appended to the job's list (its id is its position);
@@ -40,8 +44,85 @@ local function index(key, op)
   end
 end
 
+-- Counters (statecore/counters.py reads them; keep the two status sets equal to statecore.states).
+local TERMINAL = {SUCCEEDED = true, PARTIAL_SUCCEEDED = true, FAILED = true, EMPTY_SELECTION = true,
+  CANCELLED = true, TIMED_OUT = true}
+local WAITING = {WAITING_USER_SELECTION = true, WAITING_BOX_BATCH_REVISION = true}
+local MINUTE_MS = 60000
+local HORIZON = 360 -- minutes of coverage buckets kept: the longest --coverage-window-s (6 h)
+
+-- Coverage buckets: fields '<kind>:<minute>' (minute = the job's created_at ms // 60000) for
+-- kind sub (submitted), term (terminal, not cancelled), wait (waiting on a person now), ucan
+-- (cancelled by a user). 'bucket:last' is the newest minute seen: every bucket lies in
+-- (last - HORIZON, last], so entering a new minute deletes the ones that fell out (at most
+-- HORIZON minutes' fields, once per minute per partition).
+local BUCKET_KINDS = {'sub', 'term', 'wait', 'ucan'}
+local function open_bucket(minute)
+  local last = tonumber(redis.call('HGET', K_COUNTS, 'bucket:last') or '')
+  if last == nil then
+    redis.call('HSET', K_COUNTS, 'bucket:last', minute)
+  elseif minute > last then
+    redis.call('HSET', K_COUNTS, 'bucket:last', minute)
+    local old = {}
+    for m = math.max(last - HORIZON + 1, 0), math.min(last, minute - HORIZON) do
+      for _, kind in ipairs(BUCKET_KINDS) do old[#old + 1] = kind .. ':' .. m end
+    end
+    if #old > 0 then redis.call('HDEL', K_COUNTS, unpack(old)) end
+  elseif minute <= last - HORIZON then
+    return false -- older than every bucket kept (a clock far behind): not counted
+  end
+  redis.call('HINCRBY', K_COUNTS, 'sub:' .. minute, 1)
+  return true
+end
+
+-- The job's status moved from `old` (nil: created now) to `new`; `created_ms`: its created_at.
+local function count_status(old, new, created_ms)
+  local bucket = nil
+  if old == nil then
+    redis.call('HINCRBY', K_COUNTS, 'submitted', 1)
+    local minute = math.floor(created_ms / MINUTE_MS)
+    if open_bucket(minute) then bucket = minute end
+  elseif old == new then
+    return
+  else
+    redis.call('HINCRBY', K_COUNTS, old, -1)
+    local score = redis.call('ZSCORE', K_JOBS, JOB_ID)
+    if score then
+      local minute = math.floor(tonumber(score) / MINUTE_MS)
+      if redis.call('HEXISTS', K_COUNTS, 'sub:' .. minute) == 1 then bucket = minute end
+    end
+  end
+  redis.call('HINCRBY', K_COUNTS, new, 1)
+  local waiting = (WAITING[new] and 1 or 0) - ((old and WAITING[old]) and 1 or 0)
+  if waiting ~= 0 and bucket then redis.call('HINCRBY', K_COUNTS, 'wait:' .. bucket, waiting) end
+  if TERMINAL[new] and not (old and TERMINAL[old]) then
+    redis.call('HINCRBY', K_COUNTS, 'finished', 1)
+    local kind = 'term'
+    if new == 'CANCELLED' then
+      redis.call('HINCRBY', K_COUNTS, 'user_cancelled', 1)
+      kind = 'ucan'
+    end
+    if bucket then redis.call('HINCRBY', K_COUNTS, kind .. ':' .. bucket, 1) end
+  end
+end
+
+-- Node attempts: every NODE_STARTED, those with attempt > 1 (retries), and applied results.
+local function count_event(etype, data)
+  if etype == 'NODE_STARTED' then
+    redis.call('HINCRBY', K_COUNTS, 'node_starts', 1)
+    if (tonumber(cjson.decode(data).attempt) or 1) > 1 then
+      redis.call('HINCRBY', K_COUNTS, 'node_retries', 1)
+    end
+  elseif etype == 'NODE_COMPLETED' then
+    redis.call('HINCRBY', K_COUNTS, 'node_results', 1)
+  end
+end
+
 local function apply_plan(plan_json)
   local plan = cjson.decode(plan_json)
+  -- Read before the first write: no status yet means this plan creates the job (only
+  -- create_job.lua does, whose ARGV[7] is the created_at ms it also indexes the job under).
+  local old_status = redis.call('HGET', K_META, 'status') or nil
   local version = redis.call('HINCRBY', K_META, 'version', 1)
   local flat = {}
   for k, v in pairs(plan.meta) do
@@ -51,6 +132,10 @@ local function apply_plan(plan_json)
   redis.call('HSET', K_META, unpack(flat))
   for _, ev in ipairs(plan.events) do
     append_event(ev[1], ev[2], ev[3], version)
+    count_event(ev[1], ev[3])
+  end
+  if plan.meta.status then
+    count_status(old_status, plan.meta.status, old_status == nil and tonumber(ARGV[7]) or 0)
   end
   if plan.outbox ~= '' then
     redis.call('XADD', K_OUTBOX, '*', 'job', JOB_ID, 'cmd', plan.outbox)
@@ -70,6 +155,8 @@ local function apply_plan(plan_json)
     -- The listing index has no TTL of its own: record when this job's records go, for pruning.
     local t = redis.call('TIME')
     redis.call('ZADD', K_EXPIRING, t[1] * 1000 + math.floor(t[2] / 1000) + RETENTION * 1000, JOB_ID)
+    -- Its meta is gone by the time pruning drops it: keep the final status to uncount it then.
+    redis.call('HSET', K_FINISHED, JOB_ID, plan.meta.status)
   end
   return version
 end
