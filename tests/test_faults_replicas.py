@@ -5,7 +5,10 @@
   Serve starts in its place;
 - SIGSTOP it while it runs a node (a hang): its heartbeat lapses, the inspector re-dispatches the
   node, Serve replaces the stopped replica after its health checks fail, and the new attempt
-  completes; a late answer of the old instance is never applied.
+  completes; a late answer of the old instance is never applied;
+- SIGKILL the whole ``hitl up`` tree while a node runs, stay down longer than the node's deadline,
+  start again on the same data directory: the interrupted node runs again (it is not TIMED_OUT
+  for the downtime) and the job goes on.
 
 Invariants afterwards: every job went on to the review (nothing stuck), exactly one node
 completion applied per job, every attempt visible, the replaced instance never reported OK.
@@ -17,6 +20,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -83,23 +87,27 @@ def events(c: httpx.Client, job_id: str) -> list[dict]:
     return out
 
 
+ARGS = [
+    "--node-timeout-s",
+    "9",
+    "--detector-delay-ms",
+    "5000",
+    "--heartbeat-s",
+    "0.5",
+    "--heartbeat-lapse-s",
+    "3",
+    "--inspector-period-s",
+    "1",
+    "--max-attempts",
+    "4",
+]
+
+
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory):
     require_binary("redis-server")
     tmp = tmp_path_factory.mktemp("replicas")
-    args = [
-        "--detector-delay-ms",
-        "5000",
-        "--heartbeat-s",
-        "0.5",
-        "--heartbeat-lapse-s",
-        "3",
-        "--inspector-period-s",
-        "1",
-        "--max-attempts",
-        "4",
-    ]
-    hitl = HitlUp(tmp / "data", *args, log_path=tmp / "hitl-up.log").start(timeout=300)
+    hitl = HitlUp(tmp / "data", *ARGS, log_path=tmp / "hitl-up.log").start(timeout=300)
     yield hitl
     hitl.stop()
 
@@ -156,3 +164,31 @@ def test_sigstop_of_a_model_replica_mid_node_is_redispatched_when_its_heartbeat_
         time.sleep(2)  # a continued replica may now answer for the old instance: never applied
         after = c.get(f"/api/v1/jobs/{job}").json()
         assert after["version"] == snap["version"] and after["status"] == "WAITING_USER_SELECTION"
+
+
+def test_whole_tree_killed_mid_node_and_down_past_the_deadline_resumes_the_node(up: HitlUp, tmp_path: Path):
+    """Last in this module: it kills the shared ``hitl up`` and starts another on its data directory."""
+    headers = {"Authorization": f"Bearer {up.token}"}
+    with httpx.Client(base_url=up.api_url, headers=headers, timeout=30) as c:
+        job = submit(c, seed=13)
+        first = wait_running(c, job)["current_node"]
+    up.kill()  # SIGKILL of every process of the tree, Redis and Ray included, mid-node
+    up.wait_port_free()
+    time.sleep(10)  # down longer than the node's 9 s deadline
+    again = HitlUp(up.data_dir, *ARGS, log_path=tmp_path / "hitl-up-again.log").start(timeout=300)
+    try:
+        with httpx.Client(base_url=again.api_url, headers=headers, timeout=30) as c:
+            t0 = time.monotonic()
+            snap = wait_status(c, job, "WAITING_USER_SELECTION", timeout=120)
+            took = time.monotonic() - t0
+            print(f"\n[faults] whole tree SIGKILLed mid-node, 10 s down: review open {took:.1f}s after READY")
+            node = snap["current_node"]
+            assert node["node_instance_id"] != first["node_instance_id"] and node["attempt"] >= 2
+            evs = events(c, job)
+            types = [e["type"] for e in evs]
+            assert "NODE_TIMED_OUT" not in types and types.count("NODE_COMPLETED") == 1
+            lost = [e["data"] for e in evs if e["type"] == "NODE_FAILED"]
+            assert lost and lost[0]["node_instance_id"] == first["node_instance_id"]
+            assert lost[0]["reason"] == "EXECUTOR_LOST"
+    finally:
+        again.stop()
