@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Provide the system programs the project needs: redis-server (always) and
-# Chromium (for the browser tests). Uses what is on PATH; otherwise installs
-# Debian's packages when running as root; otherwise says what to do.
+# Provide the system programs the project needs: redis-server (always), promtool (Debian package
+# prometheus: checks deploy/prometheus/rules.yml) and Chromium (for the browser tests). Uses what
+# is on PATH; otherwise installs Debian's packages when running as root; otherwise says what to do.
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if [ "${HITL_SKIP_CHROMIUM:-0}" != "1" ]; then
   command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || need+=(chromium)
 fi

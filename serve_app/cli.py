@@ -126,6 +126,14 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         "BACKLOG_FULL with Retry-After; interventions and cancels are never refused (default 10000; "
         "0 turns it off)",
     )
+    r.add_argument(
+        "--coverage-window-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="/metrics: hitl_terminal_coverage_ratio is computed over the jobs submitted in the last S "
+        "seconds, 60..21600 (default 3600); the shipped alert fires below 98%% for 10 minutes",
+    )
     n = p.add_argument_group("node lifecycle (model work; waiting for a reviewer never times out)")
     n.add_argument(
         "--node-timeout-s",

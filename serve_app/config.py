@@ -49,6 +49,9 @@ class Settings(BaseModel):
     durability: str = "fast"  # fast: AOF everysec; strict: appendfsync always + WAITAOF/WAIT
     allow_volatile_redis: bool = False  # an external Redis without persistence / with eviction: warn, not refuse
     max_backlog: int = 10_000  # POST /jobs answers 429 BACKLOG_FULL above this many commands not yet started
+    # hitl_terminal_coverage_ratio covers the jobs submitted in this many seconds (whole minutes;
+    # the counters keep 6 h of minute buckets: statecore.counters.HORIZON_S).
+    coverage_window_s: float = Field(default=3600.0, ge=60, le=6 * 3600)
 
     max_upload_bytes: int = 25 * 1024 * 1024
     max_pixels: int = 50_000_000

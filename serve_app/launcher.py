@@ -289,6 +289,7 @@ def settings_from_args(args: Any) -> Settings:
         durability=getattr(args, "durability", None),
         allow_volatile_redis=getattr(args, "allow_volatile_redis", None) or None,
         max_backlog=getattr(args, "max_backlog", None),
+        coverage_window_s=getattr(args, "coverage_window_s", None),
         node_timeout_s=getattr(args, "node_timeout_s", None),
         node_timeouts=parse_node_timeouts(getattr(args, "node_timeout", None)),
         heartbeat_s=getattr(args, "heartbeat_s", None),
