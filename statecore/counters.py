@@ -17,12 +17,15 @@ whatever the number of stored jobs: nothing here walks the jobs. Nothing is kept
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
 
 from . import keys
 from .states import TERMINAL, WAITING, JobStatus
@@ -43,7 +46,9 @@ MINUTE_MS = 60_000
 HORIZON_S = 6 * 3600  # = HORIZON minutes in _lib.lua: the longest coverage window
 RUNNING_CANDIDATES = 4  # per partition, nearest deadlines read for the oldest running node
 
-_PRUNE = (resources.files("statecore") / "lua" / "prune_finished.lua").read_text()
+_LUA = resources.files("statecore") / "lua"
+_PRUNE = (_LUA / "prune_finished.lua").read_text()
+_READ = (_LUA / "read_counts.lua").read_text()
 
 
 @dataclass(frozen=True)
@@ -96,36 +101,47 @@ def _age_s(now_ms: int, first: list[tuple[str, float]]) -> float:
 
 
 async def read(r: Any, window_s: float = 3600.0, now_ms: int | None = None) -> Snapshot:
-    """Everything ``/metrics`` shows from Redis: one pipelined round trip over the partitions,
-    and a second one for the start times of the few running nodes nearest their deadline."""
+    """Everything ``/metrics`` shows from Redis: one pipelined round trip over the partitions
+    (a read-only script per partition sums the window's buckets), and a second one for the start
+    times of the few running nodes nearest their deadline, when any node runs."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     minutes = window_minutes(window_s, now_ms)
-    bucket_fields = [f"{kind}:{m}" for kind in BUCKET_KINDS for m in minutes]
-    fields = [*STATUSES, *TOTALS, *bucket_fields]
+    fields = [*STATUSES, *TOTALS]
+    read_counts = r.register_script(_READ)  # sums the window's buckets server-side
+    script_args = [minutes[0], minutes[-1], *fields]
+    # redis-py refuses scripts in a cluster pipeline: there, the 64 reads go concurrently instead.
+    cluster = isinstance(r, RedisCluster)
     async with r.pipeline(transaction=False) as pipe:
         for p in range(keys.PARTITIONS):
-            pipe.hmget(keys.counts(p), fields)
+            if not cluster:
+                await read_counts(keys=[keys.counts(p)], args=script_args, client=pipe)
             pipe.zcard(keys.queued(p))
             pipe.zrange(keys.queued(p), 0, 0, withscores=True)
             pipe.zrange(keys.waiting(p), 0, 0, withscores=True)
             pipe.zrange(keys.heartbeats(p), 0, 0, withscores=True)
             pipe.zrange(keys.running(p), 0, RUNNING_CANDIDATES - 1)
-        res = await pipe.execute()
+        if cluster:
+            counts, res = await asyncio.gather(
+                asyncio.gather(*(read_counts(keys=[keys.counts(p)], args=script_args) for p in range(keys.PARTITIONS))),
+                pipe.execute(),
+            )
+            res = [x for p in range(keys.PARTITIONS) for x in (counts[p], *res[p * 5 : p * 5 + 5])]
+        else:
+            res = await pipe.execute()
     by_status = dict.fromkeys(STATUSES, 0)
     totals = dict.fromkeys(TOTALS, 0)
     window = dict.fromkeys(BUCKET_KINDS, 0)
     backlog, queued_age, pause_age, beat_age = 0, 0.0, 0.0, 0.0
     running: list[str] = []
-    n_status, n_totals, per_kind = len(STATUSES), len(TOTALS), len(minutes)
+    n_status, n_totals = len(STATUSES), len(TOTALS)
     for i in range(0, len(res), 6):
         values, n_queued, first_queued, first_waiting, first_beat, nearest = res[i : i + 6]
         for name, v in zip(STATUSES, values[:n_status], strict=True):
             by_status[name] += _int(v)
         for name, v in zip(TOTALS, values[n_status : n_status + n_totals], strict=True):
             totals[name] += _int(v)
-        buckets = values[n_status + n_totals :]
-        for k, kind in enumerate(BUCKET_KINDS):
-            window[kind] += sum(_int(v) for v in buckets[k * per_kind : (k + 1) * per_kind])
+        for kind, v in zip(BUCKET_KINDS, values[n_status + n_totals :], strict=True):
+            window[kind] += _int(v)
         backlog += int(n_queued)
         queued_age = max(queued_age, _age_s(now_ms, first_queued))
         pause_age = max(pause_age, _age_s(now_ms, first_waiting))

@@ -153,3 +153,14 @@ async def test_coverage_buckets_stay_bounded(store, image):
     # An untouched partition keeps its buckets until a job is created there.
     other = next(p for p in range(keys.PARTITIONS) if p != keys.partition_of(job_id))
     assert await store.r.hget(keys.counts(other), f"sub:{old}") == "5"
+
+
+async def test_counters_read_on_a_redis_cluster(cluster_store, image):
+    """Every script stays in one slot; the scrape's pipeline spans the cluster's nodes."""
+    job_id = await create(cluster_store, image)
+    await _start(cluster_store, job_id)
+    await create(cluster_store, image)
+    snap = await counters.read(cluster_store.r)
+    assert snap.by_status["DETECTING"] == 2 and snap.coverage.submitted == 2 and snap.backlog == 1
+    assert snap.totals["node_starts"] == 1 and snap.oldest_running_age_s < 60
+    assert await cluster_store.count_by_status() == snap.by_status
