@@ -1,4 +1,4 @@
-"""What does a /metrics scrape cost with 100 and with 100 000 stored jobs? (SPEC §9: the same.)
+"""What does a /metrics scrape cost with 100 and with 100 000 stored jobs? (It should be the same.)
 
 Against a redis-server of our own (AOF everysec) in a temporary directory:
 

@@ -44,7 +44,7 @@ class Settings(BaseModel):
     dispatcher_concurrency: int = 64
     reclaim_idle_ms: int = 60_000
 
-    # SPEC §9: Redis unavailable, durability, admission control.
+    # Redis unavailable, durability, admission control (docs/protocol.md § Error codes).
     store_timeout_s: float = 5.0  # Redis operation timeout: a down or hung Redis is a 503 within it
     durability: str = "fast"  # fast: AOF everysec; strict: appendfsync always + WAITAOF/WAIT
     allow_volatile_redis: bool = False  # an external Redis without persistence / with eviction: warn, not refuse

@@ -1,4 +1,4 @@
-"""``--durability fast|strict`` and the start-up check of an external Redis (SPEC §9).
+"""``--durability fast|strict`` and the start-up check of an external Redis (README, Configuration).
 
 - fast (default): AOF with ``appendfsync everysec``. Redis writes the AOF before it replies, so a
   killed redis-server loses nothing; only a crash of the machine can lose about the last second.

@@ -1,4 +1,4 @@
-"""The counters behind ``/metrics`` (SPEC §9 "Coverage and alerts"), held in Redis.
+"""The counters behind ``/metrics`` (README, Operations), held in Redis.
 
 Every state-changing script keeps them in the same atomic step as the job's state (``apply_plan``
 in ``lua/_lib.lua``): per partition, one HASH (:func:`statecore.keys.counts`) with

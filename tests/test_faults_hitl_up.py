@@ -1,4 +1,4 @@
-"""The embedded Redis is supervised (SPEC §9): SIGKILL the ``redis-server`` child of a real
+"""The embedded Redis is supervised: SIGKILL the ``redis-server`` child of a real
 ``hitl up --no-ui`` and ``hitl up`` restarts it on the same data directory and port; a job
 created before is still there, the API answers again and a new job runs. One ``hitl up`` (it
 takes ~30-60 s to start on a small machine)."""
