@@ -242,7 +242,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         ident = identity(request)
         if ident.role == "submitter" and state.submitter != ident.name:
             raise errors.JobNotFound(f"job {job_id} not found", job_id=job_id)
-        return state.snapshot()
+        return await rt().store.snapshot_of(state)
 
     def replayable(reply: Reply) -> Response:
         headers = {"Idempotent-Replayed": "true"} if reply.replayed else {}

@@ -25,6 +25,7 @@ from .plan import (
     approved_of,
     command,
     dump,
+    dump_node,
     enqueue,
     finish,
     move,
@@ -304,7 +305,7 @@ def plan_cancel(state: JobState, who: str, now: str) -> Plan:
     node = state.current_node
     if node is not None and node.status in ("QUEUED", "RUNNING"):
         # The node's work is abandoned: say so, rather than leave it QUEUED/RUNNING for ever.
-        plan.meta["current_node"] = dump(node.model_copy(update={"status": "CANCELLED"}))
+        plan.meta["current_node"] = dump_node(node.model_copy(update={"status": "CANCELLED"}))
     plan.events.append(("JOB_CANCELLED", {"by": who, "from": state.status.value}))
     finish(plan, None)
     return plan

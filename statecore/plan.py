@@ -26,7 +26,7 @@ class Plan:
 
     expect_version: int
     status: JobStatus
-    meta: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, str | None] = field(default_factory=dict)  # None: the field is removed
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     outbox: NodeCommand | None = None
     pause_history: dict[str, str] = field(default_factory=dict)
@@ -63,6 +63,12 @@ def dump(model: Any) -> str:
     return canonical_json(model.model_dump(mode="json"))
 
 
+def dump_node(node: CurrentNode) -> str:
+    """The current node as stored in the job's meta: unset times left out (every byte of a waiting
+    job counts), the live heartbeat only in the heartbeat index (``Store.snapshot`` adds it)."""
+    return canonical_json(node.model_dump(mode="json", exclude_none=True, exclude={"heartbeat_at"}))
+
+
 def move(plan: Plan, state: JobState, target: JobStatus) -> None:
     """Check the move against the table, record it and its STATUS_CHANGED event."""
     new = transition(state.status, target, job_id=state.job_id)
@@ -77,7 +83,7 @@ def finish(plan: Plan, reason_code: str | None) -> None:
     plan.running = ("del", 0)
     plan.queued = ("del", 0)
     plan.heartbeats = ("del", 0)
-    plan.meta["node_input"] = ""
+    plan.meta["node_input"] = None
     plan.meta["reason_code"] = reason_code or ""
     plan.events.append(("JOB_FINISHED", {"status": plan.status.value, "reason_code": reason_code}))
 
@@ -108,7 +114,7 @@ def enqueue(plan: Plan, cmd: NodeCommand, now_ms: int) -> None:
         attempt=cmd.attempt,
         queued_at=cmd.enqueued_at,
     )
-    plan.meta["current_node"] = dump(node)
+    plan.meta["current_node"] = dump_node(node)
     plan.meta["node_id"] = cmd.node_instance_id
     plan.meta["node_input"] = canonical_json(cmd.input)  # kept only while the node is live
     plan.queued = ("add", now_ms)

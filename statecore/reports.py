@@ -16,7 +16,19 @@ from .ids import new_id
 from .jobstate import JobState
 from .models import Box, NodeCommand, NodeReport, SubjectResult, Validation
 from .nodes import DetectOutput, FinalizeInput, FinalizeOutput, NodeOutput, ProcessOutput, ValidateOutput, parse_output
-from .plan import Plan, approved_of, command, dump, enqueue, finish, move, ms_to_iso, open_pause, process_input
+from .plan import (
+    Plan,
+    approved_of,
+    command,
+    dump,
+    dump_node,
+    enqueue,
+    finish,
+    move,
+    ms_to_iso,
+    open_pause,
+    process_input,
+)
 from .states import JobStatus, NodeType
 
 S = JobStatus
@@ -54,11 +66,10 @@ def plan_node_started(state: JobState, node_instance_id: str, now: str, now_ms: 
             "status": "RUNNING",
             "attempt": node.attempt + 1,
             "started_at": now,
-            "heartbeat_at": now,
             "deadline_at": ms_to_iso(deadline_ms),
         }
     )
-    plan.meta["current_node"] = dump(started)
+    plan.meta["current_node"] = dump_node(started)
     plan.queued = ("del", 0)
     plan.running = ("add", deadline_ms)
     plan.heartbeats = ("add", now_ms)
@@ -69,7 +80,6 @@ def plan_node_started(state: JobState, node_instance_id: str, now: str, now_ms: 
                 "node_instance_id": node.node_instance_id,
                 "node_type": node.node_type,
                 "attempt": started.attempt,
-                "deadline_at": started.deadline_at,
             },
         )
     )
@@ -100,7 +110,7 @@ def plan_node_lost(state: JobState, now: str, now_ms: int, *, reason: str, max_a
     )
     if not retry:
         lost = reason == "EXECUTOR_LOST"  # else the attempt failed with an error of its own
-        plan.meta["current_node"] = dump(node.model_copy(update={"status": "LOST" if lost else "FAILED"}))
+        plan.meta["current_node"] = dump_node(node.model_copy(update={"status": "LOST" if lost else "FAILED"}))
         move(plan, state, S.FAILED)
         finish(plan, reason)
         return plan
@@ -152,8 +162,10 @@ def plan_report(
             report = report.model_copy(update={"outcome": "FAILED", "error_code": e.code, "error_message": e.message})
     plan = Plan(expect_version=state.version, status=state.status)
     done_status = {"SUCCEEDED": "COMPLETED", "FAILED": "FAILED", "TIMED_OUT": "TIMED_OUT"}[report.outcome]
-    plan.meta["current_node"] = dump(node.model_copy(update={"status": done_status}))
-    plan.meta["node_input"] = ""
+    # A finished node keeps what identifies it; its times are in its events (a waiting job's bytes count).
+    done = {"status": done_status, "queued_at": None, "started_at": None, "deadline_at": None}
+    plan.meta["current_node"] = dump_node(node.model_copy(update=done))
+    plan.meta["node_input"] = None
     plan.running = ("del", 0)
     plan.heartbeats = ("del", 0)
     plan.queued = ("del", 0)

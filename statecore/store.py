@@ -157,7 +157,18 @@ class Store(OutboxMixin, LifecycleMixin):
         return bool(await self.r.hget(keys.job(job_id).meta, "terminal") != "0")
 
     async def snapshot(self, job_id: str) -> JobSnapshot:
-        return (await self.get(job_id)).snapshot()
+        return await self.snapshot_of(await self.get(job_id))
+
+    async def snapshot_of(self, state: decide.JobState) -> JobSnapshot:
+        """The job as GET answers it; a running node's ``heartbeat_at`` comes from the heartbeat index."""
+        job_id = state.job_id
+        snap = state.snapshot()
+        node = snap.current_node
+        if node is not None and node.status == "RUNNING":
+            beat = await self.r.zscore(keys.job(job_id).heartbeats, job_id)
+            if beat is not None:
+                snap.current_node = node.model_copy(update={"heartbeat_at": now_iso(beat / 1000)})
+        return snap
 
     # ------------------------------------------------------------------ create
 

@@ -125,11 +125,17 @@ local function apply_plan(plan_json)
   local old_status = redis.call('HGET', K_META, 'status') or nil
   local version = redis.call('HINCRBY', K_META, 'version', 1)
   local flat = {}
+  local gone = {}
   for k, v in pairs(plan.meta) do
-    flat[#flat + 1] = k
-    flat[#flat + 1] = v
+    if v == cjson.null then  -- a field the plan removes (a finished node's input)
+      gone[#gone + 1] = k
+    else
+      flat[#flat + 1] = k
+      flat[#flat + 1] = v
+    end
   end
   redis.call('HSET', K_META, unpack(flat))
+  if #gone > 0 then redis.call('HDEL', K_META, unpack(gone)) end
   for _, ev in ipairs(plan.events) do
     append_event(ev[1], ev[2], ev[3], version)
     count_event(ev[1], ev[3])
