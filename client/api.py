@@ -28,8 +28,10 @@ from .steps import Close, Driver, Emit, Plan, ReadLine, Send, Sleep, Step, emit_
 from .waiting import TERMINAL_STATUSES, WaitCancelled
 from .wire import (
     API,
+    DeadLetter,
     ImageInput,
     InterventionResult,
+    ReplayResult,
     SubjectInput,
     SubmitResult,
     new_intervention_id,
@@ -196,6 +198,14 @@ class HitlClient(_Client[httpx.BaseTransport]):
     def wait_until_ready(self, timeout: float = 60.0, interval: float = 0.5) -> dict[str, Any]:
         return self._run(self._core.wait_until_ready(timeout, interval))
 
+    def dead_letters(self) -> list[DeadLetter]:
+        """The dead letters (admin token), oldest first."""
+        return self._run(self._core.dead_letters())
+
+    def replay_dead_letter(self, dead_letter_id: str) -> ReplayResult:
+        """Replay one dead letter (admin token): a report through the normal report path, a command re-queued."""
+        return self._run(self._core.replay_dead_letter(dead_letter_id))
+
     # ------------------------------------------------------------------ events and waiting
 
     def events(self, job_id: str, last_event_id: int | None = None, *, stop_on_finish: bool = True) -> Iterator[Event]:
@@ -328,6 +338,12 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
 
     async def wait_until_ready(self, timeout: float = 60.0, interval: float = 0.5) -> dict[str, Any]:
         return await self._run(self._core.wait_until_ready(timeout, interval))
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        return await self._run(self._core.dead_letters())
+
+    async def replay_dead_letter(self, dead_letter_id: str) -> ReplayResult:
+        return await self._run(self._core.replay_dead_letter(dead_letter_id))
 
     # ------------------------------------------------------------------ events and waiting
 

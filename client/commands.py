@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .batch import DEFAULT_BATCH, check_batch_name
+from .cli_admin import cmd_dead_letters, cmd_replay
 from .cli_common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, Handler
 from .cli_jobs import cmd_jobs, cmd_results, cmd_status, cmd_watch, format_event, print_results, print_snapshot
 from .cli_submit import cmd_submit
@@ -222,3 +223,29 @@ def add_client_commands(subparsers: Any) -> None:
     p.add_argument("--status", metavar="S", help="only jobs in status S, e.g. WAITING_USER_SELECTION, SUCCEEDED")
     p.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs (default: 50)")
     p.add_argument("--cursor", help="continue after a previous page (the next_cursor it printed)")
+
+    admin = subparsers.add_parser(
+        "admin",
+        formatter_class=HelpFormatter,
+        help="operator commands (admin token): dead letters",
+        description="Operator commands; they need an admin token.",
+    )
+    admin_sub = admin.add_subparsers(dest="admin_command", metavar="ADMIN_COMMAND", required=True)
+    _command(
+        admin_sub,
+        "dead-letters",
+        cmd_dead_letters,
+        help="list the dead letters",
+        description="List the node results and commands given up on after their retries (a result Redis could "
+        "not take in time, a command delivered more than --max-deliveries times), oldest first, with the reason.",
+    )
+    p = _command(
+        admin_sub,
+        "replay",
+        cmd_replay,
+        help="replay one dead letter",
+        description="Replay a dead letter and remove it: a result goes through the normal report path (APPLIED; "
+        "REPORT_IGNORED when its job ended or moved on meanwhile; DUPLICATE), a command is queued again "
+        "(REQUEUED).",
+    )
+    p.add_argument("dead_letter_id", metavar="ID", help="the dead letter's id (dl_…), as dead-letters prints it")

@@ -36,10 +36,13 @@ from .waiting import POLL_INTERVAL, POLL_INTERVAL_MAX, TERMINAL_STATUSES, WaitCa
 from .wire import (
     API,
     USER_AGENT,
+    DeadLetter,
     ImageInput,
     InterventionResult,
+    ReplayResult,
     SubjectInput,
     SubmitResult,
+    dead_letter_path,
     job_path,
     new_intervention_id,
     new_request_id,
@@ -170,6 +173,19 @@ class ClientCore(CallCore):
                 if time.monotonic() + interval > deadline:
                     raise
             yield Sleep(interval)
+
+    # ------------------------------------------------------------------ admin: dead letters
+
+    def dead_letters(self) -> Plan[list[DeadLetter]]:
+        """GET /admin/dead-letters (admin): results and commands given up on, oldest first."""
+        resp = yield from self.call("GET", f"{API}/admin/dead-letters")
+        return [DeadLetter.model_validate(d) for d in resp.json()]
+
+    def replay_dead_letter(self, dead_letter_id: str) -> Plan[ReplayResult]:
+        """POST /admin/dead-letters/{id}/replay (admin). A second send would find it gone (404):
+        only a request that never left is retried."""
+        resp = yield from self.call("POST", dead_letter_path(dead_letter_id, "/replay"), mode=RetryMode.CONNECT_ONLY)
+        return ReplayResult.model_validate_json(resp.content)
 
     # ------------------------------------------------------------------ events
 

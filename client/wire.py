@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel
 
 from statecore.media import CONTENT_TYPES, EXTENSIONS, sniff
 from statecore.models import Box, CreateJobResponse, InterventionResponse, Subject
@@ -33,6 +34,26 @@ class InterventionResult(InterventionResponse):
 
     replayed: bool = False
     raw: bytes = b""
+
+
+class DeadLetter(BaseModel):
+    """A node report or command given up on after its retries (GET /admin/dead-letters)."""
+
+    id: str
+    job_id: str
+    kind: Literal["report", "command"]
+    reason: str
+    at: str
+    payload: dict[str, Any]
+
+
+class ReplayResult(BaseModel):
+    """What replaying a dead letter did: APPLIED, DUPLICATE, REPORT_IGNORED (a report) or REQUEUED (a command)."""
+
+    id: str
+    job_id: str
+    kind: Literal["report", "command"]
+    result: str
 
 
 def new_intervention_id() -> str:
@@ -82,6 +103,10 @@ def subject_dict(subject: SubjectInput) -> dict[str, Any]:
 
 def was_replayed(resp: httpx.Response) -> bool:
     return str(resp.headers.get("Idempotent-Replayed", "")).strip().lower() == "true"
+
+
+def dead_letter_path(dead_letter_id: str, suffix: str = "") -> str:
+    return f"{API}/admin/dead-letters/{quote(dead_letter_id, safe='')}{suffix}"
 
 
 def job_path(job_id: str, suffix: str = "") -> str:

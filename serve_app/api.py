@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis import exceptions as redis_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from statecore import counters, errors
+from statecore import counters, deadletters, errors
 from statecore.artifacts import ArtifactStore
 from statecore.models import (
     CreateJobResponse,
@@ -65,6 +65,8 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("GET", re.compile(rf"^{API}/jobs/[^/]+(/events|/results)?/?$"), _READ),
     ("GET", re.compile(rf"^{API}/artifacts/[^/]+$"), _READ),
     ("GET", re.compile(rf"^{API}/whoami$"), ("submitter", "reviewer", "executor")),
+    ("GET", re.compile(rf"^{API}/admin/dead-letters/?$"), ("admin",)),
+    ("POST", re.compile(rf"^{API}/admin/dead-letters/[^/]+/replay/?$"), ("admin",)),
 ]
 
 
@@ -374,6 +376,22 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
     @app.get(f"{API}/whoami", response_model=Identity)
     async def whoami(request: Request) -> Identity:
         return identity(request)
+
+    # ------------------------------------------------------------------ admin: dead letters
+
+    @app.get(f"{API}/admin/dead-letters", response_model=list[deadletters.DeadLetter])
+    async def dead_letters() -> list[deadletters.DeadLetter]:
+        return await deadletters.list_all(rt().store.r)
+
+    @app.post(
+        f"{API}/admin/dead-letters/{{dead_letter_id}}/replay",
+        response_model=deadletters.ReplayResult,
+        responses={404: {}},
+    )
+    async def replay_dead_letter(request: Request, dead_letter_id: str) -> deadletters.ReplayResult:
+        done = await deadletters.replay(rt().store, dead_letter_id)
+        log.warning("dead letter %s replayed by %s: %s", done.id, identity(request).name, done.result)
+        return done
 
     # ------------------------------------------------------------------ operations
 

@@ -173,6 +173,14 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         help="starts of one node before a lost executor ends the job FAILED with EXECUTOR_LOST (default 3)",
     )
     n.add_argument(
+        "--max-deliveries",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a node command delivered more than N times (its dispatchers died on it) is not run again: "
+        "it becomes a dead letter (hitl admin dead-letters; hitl admin replay ID) (default 10)",
+    )
+    n.add_argument(
         "--inspector-period-s",
         type=float,
         default=None,

@@ -43,6 +43,9 @@ class Settings(BaseModel):
     retry_backoff_s: float = 1.0  # before a re-dispatch; doubles per attempt
     dispatcher_concurrency: int = 64
     reclaim_idle_ms: int = 60_000
+    # A command delivered more often than this (its dispatchers died on it) becomes a dead letter
+    # instead of running again (docs/protocol.md § Executors and the outbox).
+    max_deliveries: int = Field(default=10, ge=1)
 
     # Redis unavailable, durability, admission control (docs/protocol.md § Error codes).
     store_timeout_s: float = 5.0  # Redis operation timeout: a down or hung Redis is a 503 within it

@@ -15,12 +15,14 @@ import random
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from statecore import deadletters, keys
 from statecore.errors import NodeExecutionError
 from statecore.heartbeat import Heartbeat, HeartbeatSpec
 from statecore.models import NodeCommand, NodeReport
@@ -30,6 +32,7 @@ from statecore.store import Store
 
 from . import metrics
 from .inspector import Inspector
+from .writeback import WriteBack
 
 log = logging.getLogger("hitl.dispatcher")
 
@@ -60,6 +63,8 @@ class Dispatcher:
         redis_url: str | None = None,
         heartbeat_s: float = 2.0,
         heartbeat_lapse_s: float = 15.0,
+        data_dir: Path | None = None,
+        max_deliveries: int = 10,
     ) -> None:
         self.store = store
         self.runner = runner
@@ -81,9 +86,30 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._held: set[tuple[str, str]] = set()  # (stream, entry id): ids repeat across partitions
         self.groups_recreated = 0  # NOGROUP recoveries (Redis came back empty)
+        # Results Redis could not take wait in <data-dir>/spool (docs/protocol.md § Executors and the outbox).
+        self.writeback = WriteBack(store, data_dir)
+        self.max_deliveries = max_deliveries  # a command delivered more often becomes a dead letter
+
+    async def _deliveries(self, entry: OutboxEntry) -> int:
+        """How often the consumer group delivered a reclaimed entry (XPENDING's delivery count)."""
+        res = await self.store.r.xpending_range(entry.stream, keys.OUTBOX_GROUP, entry.entry_id, entry.entry_id, 1)
+        return int(res[0]["times_delivered"]) if res else entry.deliveries
 
     async def run_forever(self) -> None:
-        await self.store.ensure_groups()
+        resume = asyncio.create_task(self.writeback.resume())  # a spool an earlier process left
+        try:
+            await self._loop()
+        finally:
+            resume.cancel()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.store.ensure_groups()
+                break
+            except (RedisConnectionError, RedisTimeoutError) as e:  # started while Redis is away: wait
+                log.warning("dispatcher: Redis unavailable at start (%s); retrying in 1s", e)
+                await asyncio.sleep(1)
         log.info("dispatcher %s started", self.consumer)
         last_reclaim = last_inspect = 0.0
         while True:
@@ -95,6 +121,7 @@ class Dispatcher:
                 if time.monotonic() - last_reclaim > self.reclaim_every_s:
                     last_reclaim = time.monotonic()
                     for entry in await self.store.outbox_reclaim(self.consumer, self.reclaim_idle_ms):
+                        entry.deliveries = await self._deliveries(entry)
                         log.warning(
                             "reclaimed %s node=%s job=%s from a silent dispatcher",
                             entry.command.node_type,
@@ -160,6 +187,19 @@ class Dispatcher:
 
     async def handle(self, entry: OutboxEntry) -> None:
         cmd = entry.command
+        if entry.deliveries > self.max_deliveries:
+            # A command that keeps coming back (its dispatchers died on it) is not run again.
+            await deadletters.add(
+                self.store.r,
+                job_id=cmd.job_id,
+                kind="command",
+                reason=f"MAX_DELIVERIES_EXCEEDED: delivered {entry.deliveries} times (--max-deliveries "
+                f"{self.max_deliveries})",
+                payload=cmd.model_dump(mode="json"),
+            )
+            await self.store.outbox_ack(entry)
+            log.error("dead letter: %s node=%s job=%s", cmd.node_type, cmd.node_instance_id, cmd.job_id)
+            return
         started = await self.store.node_started(cmd)
         if started == "BUSY":
             # Reclaimed from a dispatcher that is still running it (its heartbeat is live): a long
@@ -187,9 +227,8 @@ class Dispatcher:
             )
             return
         report = outcome
-        result = await self.store.apply_report(report)
+        result = await self.writeback.apply(report, entry)  # spooled and retried while Redis is away
         metrics.REPORTS.labels(result).inc()
-        await self.store.outbox_ack(entry)
         log.info(
             "node %s job=%s node=%s outcome=%s report=%s",
             cmd.node_type,
@@ -279,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--detector-delay-ms", type=int, default=0)
     p.add_argument("--consumer", default=None, help="consumer name in the outbox group (default host-pid-rand)")
     p.add_argument("--reclaim-idle-ms", type=int, default=60_000)
+    p.add_argument("--max-deliveries", type=int, default=10, help="a command delivered more often is a dead letter")
     p.add_argument(
         "--reclaim-every-s", type=float, default=5.0, help="look for silent dispatchers' commands this often"
     )
@@ -292,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         redis_url=args.redis_url,
         detector_delay_ms=args.detector_delay_ms,
         reclaim_idle_ms=args.reclaim_idle_ms,
+        max_deliveries=args.max_deliveries,
         heartbeat_s=args.heartbeat_s,
         heartbeat_lapse_s=args.heartbeat_lapse_s,
         inspector_period_s=args.inspector_period_s,
@@ -309,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_s=settings.heartbeat_s,
         heartbeat_lapse_s=settings.heartbeat_lapse_s,
         inspect_every_s=settings.inspector_period_s,
+        data_dir=settings.data_dir,
+        max_deliveries=settings.max_deliveries,
     )
     try:
         asyncio.run(dispatcher.run_forever())

@@ -295,6 +295,7 @@ def settings_from_args(args: Any) -> Settings:
         heartbeat_s=getattr(args, "heartbeat_s", None),
         heartbeat_lapse_s=getattr(args, "heartbeat_lapse_s", None),
         max_attempts=getattr(args, "max_attempts", None),
+        max_deliveries=getattr(args, "max_deliveries", None),
         inspector_period_s=getattr(args, "inspector_period_s", None),
         models=models or None,
     )

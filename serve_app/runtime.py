@@ -37,6 +37,8 @@ def make_dispatcher(settings: Settings, store: Any, runner: NodeRunner) -> Dispa
         heartbeat_s=settings.heartbeat_s,
         heartbeat_lapse_s=settings.heartbeat_lapse_s,
         inspect_every_s=settings.inspector_period_s,
+        data_dir=settings.data_dir,  # its spool/ keeps results Redis could not take yet
+        max_deliveries=settings.max_deliveries,
     )
 
 

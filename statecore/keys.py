@@ -108,6 +108,12 @@ def finished(p: int) -> str:
     return f"{tag(p)}:finished"
 
 
+def dead_letters(p: int) -> str:
+    """HASH dead-letter id -> record JSON ``{id, job_id, kind, reason, at, payload}``: node reports
+    and commands of partition p's jobs given up on after their retries (statecore.deadletters)."""
+    return f"{tag(p)}:deadletters"
+
+
 def events_channel_pattern(p: int) -> str:
     """PSUBSCRIBE pattern matching the wake-up channels of partition ``p``'s jobs."""
     return f"{tag(p)}:job:*:events"
