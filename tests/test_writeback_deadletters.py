@@ -223,3 +223,14 @@ async def _status_is(store: Store, job_id: str, status: str) -> bool:
 
 def _dead_in_spool(spool: Path) -> bool:
     return any(json.loads(p.read_text()).get("dead") for p in spool.glob("*.json"))
+
+
+def test_max_deliveries_and_the_data_dir_reach_the_dispatcher(tmp_path):
+    from serve_app.launcher import settings_from_args
+    from serve_app.runtime import make_dispatcher
+
+    settings = settings_from_args(cli.build_parser().parse_args(["up", "--max-deliveries", "3"]))
+    assert settings.max_deliveries == 3
+    assert settings_from_args(cli.build_parser().parse_args(["up"])).max_deliveries == 10
+    d = make_dispatcher(settings.model_copy(update={"data_dir": tmp_path}), None, StopsRedisModel())
+    assert d.max_deliveries == 3 and d.writeback.spool_dir == tmp_path / "spool"
