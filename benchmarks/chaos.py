@@ -4,7 +4,7 @@ For ``--seconds`` a fault thread picks, every few seconds, one of: SIGKILL a mod
 (``ray::ServeReplica…`` of Detector, BoxValidator or Segmenter), SIGSTOP one for 2-5 s (a hang:
 its heartbeat lapses), SIGKILL the embedded redis-server (``hitl up`` restarts it), SIGSTOP it for
 1-3 s, CLIENT KILL every normal Redis connection (the API's and the replicas'). Meanwhile ``--jobs``
-jobs are submitted over the first half of the window, each driven by a reviewer thread that polls
+jobs are submitted over the first 90 % of the window, each driven by a reviewer thread that polls
 it and answers every new pause: keep all boxes, a third of them plus a manual box (the validator
 runs), a quarter sent twice at once (a double click), every one retried with the same
 intervention id on a 503 or a dropped connection (docs/protocol.md § Interventions).
@@ -246,7 +246,7 @@ class Run:
         fault_end = self.t0 + self.args.seconds
         deadline = fault_end + self.args.settle_timeout
         jobs = [JobRun(i) for i in range(self.args.jobs)]
-        spread = self.args.seconds / 2
+        spread = self.args.seconds * 0.9  # some jobs are still in flight when the faults stop
         drivers = [
             threading.Thread(target=self.drive, args=(j, self.t0 + spread * i / max(1, len(jobs)), deadline))
             for i, j in enumerate(jobs)
