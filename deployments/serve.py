@@ -27,7 +27,7 @@ import numpy as np
 from ray import serve
 
 from statecore.artifacts import ArtifactStore
-from statecore.heartbeat import Heartbeat
+from statecore.heartbeat import Heartbeat, HeartbeatSpec
 from statecore.nodes import image_to_read
 
 from .backends.base import Role, make_backend
@@ -59,6 +59,14 @@ DEFAULT_AUTOSCALING: dict[str, Any] = {
 DEFAULT_BATCH = {"max_batch_size": 4, "batch_wait_timeout_s": 0.02}
 HEALTH_DEFAULTS = {"health_check_period_s": 2.0, "health_check_timeout_s": 5.0, "graceful_shutdown_timeout_s": 5.0}
 DEFAULT_GPU_FRACTION = 0.15  # three roles x two replicas fit one GPU; SAM ViT-H needs ~8 GB each
+
+
+def replica_name() -> str:
+    """This Serve replica's actor name (namespace ``serve``), or "" outside a replica."""
+    try:
+        return str(serve.get_replica_context().replica_id.to_full_id_str())
+    except Exception:  # not in a replica (tests calling the class directly)
+        return ""
 
 
 class _ModelDeployment:
@@ -100,7 +108,10 @@ class _ModelDeployment:
         """Run one node; while it runs, this replica (the process doing the work) renews the
         node's heartbeat, so a stopped or dead replica is noticed by the inspector."""
         inp = model_input(node_type, input)  # a bad command fails here, before any model work
-        with Heartbeat(heartbeat):
+        spec = HeartbeatSpec.model_validate(heartbeat) if heartbeat else None
+        if spec is not None:  # this replica records itself: the inspector asks it before a re-dispatch
+            spec = spec.model_copy(update={"executor": replica_name()})
+        with Heartbeat(spec):
             image = None
             ref = image_to_read(inp)
             if self.encoder is not None and ref is not None:

@@ -16,10 +16,12 @@ so the app's lifespan can use the replica's own handles.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import ray
 from fastapi import FastAPI
 from ray import serve
 
@@ -42,6 +44,23 @@ NODE_DEPLOYMENT = {
     "VALIDATE_MANUAL_BOX_LIST": "BoxValidator",
     "PROCESS_APPROVED_BOX_LIST": "Segmenter",
 }
+
+
+async def confirm_replica(store: Any, job_id: str, node_instance_id: str, timeout_s: float = 3.0) -> bool:
+    """Status confirmation before a re-dispatch: the replica that recorded itself as running the
+    job's node (it drops the record when the call ends) is asked, with its own short timeout,
+    whether it is alive. A stopped or dead replica does not answer (re-dispatch); a busy one does
+    (its heartbeats were only late: wait)."""
+    name = await store.executor_of(job_id)
+    if not name:
+        return False
+    try:
+        actor = await asyncio.to_thread(ray.get_actor, name, namespace="serve")
+        await asyncio.wait_for(actor.check_health.remote(), timeout=timeout_s)
+    except Exception as e:  # gone, stopped, or not a replica: not confirmed
+        log.info("replica %s did not confirm node %s of job %s: %s", name, node_instance_id, job_id, type(e).__name__)
+        return False
+    return True
 
 
 class ServeRunner:
@@ -115,8 +134,9 @@ class Api:
             model_stats=self.runner.describe,
             closing=[background_store],
         )
+        confirm = functools.partial(confirm_replica, background_store)
         rt.background.append(
-            asyncio.create_task(make_dispatcher(settings, background_store, self.runner).run_forever())
+            asyncio.create_task(make_dispatcher(settings, background_store, self.runner, confirm).run_forever())
         )
         return rt
 

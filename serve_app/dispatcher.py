@@ -31,7 +31,7 @@ from statecore.outbox import OutboxEntry
 from statecore.store import Store
 
 from . import metrics
-from .inspector import Inspector
+from .inspector import Confirm, Inspector
 from .writeback import WriteBack
 
 log = logging.getLogger("hitl.dispatcher")
@@ -63,6 +63,7 @@ class Dispatcher:
         redis_url: str | None = None,
         heartbeat_s: float = 2.0,
         heartbeat_lapse_s: float = 15.0,
+        confirm: Confirm | None = None,
         data_dir: Path | None = None,
         max_deliveries: int = 10,
     ) -> None:
@@ -81,6 +82,7 @@ class Dispatcher:
             owner=self.consumer,
             period_s=inspect_every_s,
             heartbeat_lapse_s=heartbeat_lapse_s,
+            confirm=confirm,
             consumer=self.consumer,
         )
         self._tasks: set[asyncio.Task[None]] = set()

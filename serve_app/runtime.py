@@ -23,11 +23,12 @@ from .auth import Authenticator
 from .config import Settings
 from .dispatcher import Dispatcher, LocalRunner, NodeRunner
 from .events import EventHub, sse_lines
+from .inspector import Confirm
 
 log = logging.getLogger("hitl.runtime")
 
 
-def make_dispatcher(settings: Settings, store: Any, runner: NodeRunner) -> Dispatcher:
+def make_dispatcher(settings: Settings, store: Any, runner: NodeRunner, confirm: Confirm | None = None) -> Dispatcher:
     return Dispatcher(
         store,
         runner,
@@ -39,6 +40,7 @@ def make_dispatcher(settings: Settings, store: Any, runner: NodeRunner) -> Dispa
         inspect_every_s=settings.inspector_period_s,
         data_dir=settings.data_dir,  # its spool/ keeps results Redis could not take yet
         max_deliveries=settings.max_deliveries,
+        confirm=confirm,
     )
 
 

@@ -10,6 +10,7 @@ no longer the job's running node (completed, or superseded by a re-dispatch).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -33,6 +34,8 @@ class HeartbeatSpec(BaseModel):
     job_id: str
     node_instance_id: str
     every_s: float = 2.0
+    executor: str = ""  # who runs the node (e.g. a Serve replica's name): the inspector asks it first
+    executor_ttl_s: float = 30.0  # the executor record outlives a stopped process by at most this
 
 
 def _client(url: str) -> tuple[Any, Any]:
@@ -50,13 +53,14 @@ def _client(url: str) -> tuple[Any, Any]:
         return _clients[url]
 
 
-def beat(spec: HeartbeatSpec) -> bool:
-    """One renewal; False when the node is no longer running (stop beating)."""
+def beat(spec: HeartbeatSpec, *, release: bool = False) -> bool:
+    """One renewal (and the executor record); False when the node is no longer running (stop
+    beating). ``release``: the executor is done with the node, its record goes."""
     _, script = _client(spec.redis_url)
     jk = keys.job(spec.job_id)
-    return bool(
-        script(keys=[jk.meta, jk.heartbeats], args=[spec.job_id, spec.node_instance_id, int(time.time() * 1000)])
-    )
+    args = [spec.job_id, spec.node_instance_id, int(time.time() * 1000), spec.executor]
+    args += [int(spec.executor_ttl_s * 1000), "release" if release else ""]
+    return bool(script(keys=[jk.meta, jk.heartbeats, jk.executor], args=args))
 
 
 class Heartbeat:
@@ -80,6 +84,9 @@ class Heartbeat:
 
     def __enter__(self) -> Heartbeat:
         if self.spec is not None:
+            if self.spec.executor:
+                with contextlib.suppress(redis.RedisError):
+                    beat(self.spec)  # record the executor at once, not one period later
             self._thread = threading.Thread(target=self._run, name="hitl-heartbeat", daemon=True)
             self._thread.start()
         return self
@@ -88,3 +95,7 @@ class Heartbeat:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self.spec is not None and self.spec.executor:
+            # Done here (answered or failed): asked now, this executor must not vouch for the node.
+            with contextlib.suppress(redis.RedisError):
+                beat(self.spec, release=True)

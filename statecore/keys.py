@@ -132,6 +132,7 @@ class JobKeys:
     events: str  # LIST of event JSON, id = position (1-based); also the PUBLISH channel of new ids
     idem: str  # HASH: intervention_id -> payload hash + "\n" + response bytes
     reports: str  # SET: node_instance_ids whose report was applied or ignored
+    executor: str  # STRING (with a TTL): who runs the job's node now; asked before a re-dispatch
 
     @property
     def outbox(self) -> str:
@@ -205,4 +206,5 @@ def job(job_id: str) -> JobKeys:
         events=f"{base}:events",
         idem=f"{base}:idem",
         reports=f"{base}:reports",
+        executor=f"{base}:executor",
     )

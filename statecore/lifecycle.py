@@ -18,10 +18,14 @@ class LifecycleMixin:
     async def heartbeat(self, job_id: str, node_instance_id: str) -> bool:
         """Renew a running node's heartbeat; False once the node is no longer running (stop)."""
         jk = keys.job(job_id)
-        res = await self._scripts["heartbeat"](
-            keys=[jk.meta, jk.heartbeats], args=[job_id, node_instance_id, int(time.time() * 1000)]
-        )
+        args = [job_id, node_instance_id, int(time.time() * 1000), "", 0, ""]
+        res = await self._scripts["heartbeat"](keys=[jk.meta, jk.heartbeats, jk.executor], args=args)
         return bool(res)
+
+    async def executor_of(self, job_id: str) -> str | None:
+        """Who runs the job's node now, as its executor recorded itself (None: nobody says so)."""
+        name: str | None = await self.r.get(keys.job(job_id).executor)
+        return name
 
     async def acquire_lease(self, p: int, owner: str, ttl_ms: int) -> str | None:
         """Take or renew the inspector lease of partition ``p``: its value (owner|fencing token),

@@ -25,10 +25,12 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import redis
 
 from harness.ci import require_binary
 from harness.hitl_up import HitlUp
 from serve_app.samples import product_composite
+from statecore import keys
 
 pytestmark = [pytest.mark.faults, pytest.mark.ray, pytest.mark.slow]
 
@@ -138,6 +140,10 @@ def test_sigstop_of_a_model_replica_mid_node_is_redispatched_when_its_heartbeat_
         job = submit(c, seed=12)
         first = wait_running(c, job)["current_node"]
         time.sleep(0.5)
+        # The replica running the node recorded itself: the inspector asks it before a re-dispatch.
+        assert up.redis_url
+        executor = redis.Redis.from_url(up.redis_url, decode_responses=True).get(keys.job(job).executor)
+        assert executor and executor.startswith("SERVE_REPLICA::") and "Detector" in executor, executor
         replicas = detector_replicas(up)
         assert replicas, "no Detector replica process found"
         for p in replicas:

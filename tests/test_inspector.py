@@ -9,7 +9,7 @@ import time
 
 from serve_app.inspector import Inspector
 from statecore import keys
-from statecore.heartbeat import Heartbeat, HeartbeatSpec
+from statecore.heartbeat import Heartbeat, HeartbeatSpec, beat
 from statecore.models import NodeReport
 from statecore.store import Store, StoreConfig
 
@@ -188,3 +188,53 @@ async def test_the_heartbeat_thread_beats_while_the_node_runs_and_stops_after(re
         await asyncio.sleep(0.2)
     assert hb2.beats == 0
     assert not await store.heartbeat(job_id, nid)
+
+
+async def test_a_confirmed_executor_is_waited_for_and_an_unconfirmed_one_is_replaced(redis_server, store, image):
+    """Status confirmation: before a re-dispatch the inspector asks whoever runs the node. A busy
+    executor that answers gets its heartbeat renewed (nothing re-runs); one that does not answer
+    (stopped, dead) is replaced."""
+    fast = _fast(redis_server, node_timeout_s=60, retry_backoff_s=0.01)
+    try:
+        job_id = (await fast.create_job("alice", image)).job_id
+        nid = await _start(fast, job_id)
+        asked: list[tuple[str, str]] = []
+
+        async def alive(j: str, n: str) -> bool:
+            asked.append((j, n))
+            return True
+
+        await asyncio.sleep(0.25)
+        counts = await Inspector(fast, owner="i1", heartbeat_lapse_s=0.1, confirm=alive).sweep()
+        assert counts["confirmed"] == 1 and counts["lost"] == 0 and asked == [(job_id, nid)]
+        st = await fast.get(job_id)
+        assert st.current_node.node_instance_id == nid and st.current_node.status == "RUNNING"
+
+        async def gone(j: str, n: str) -> bool:
+            return False
+
+        await asyncio.sleep(0.25)
+        counts = await Inspector(fast, owner="i1", heartbeat_lapse_s=0.1, confirm=gone).sweep()
+        assert counts["lost"] == 1 and (await fast.get(job_id)).current_node.status == "RETRY_WAIT"
+    finally:
+        await fast.close()
+
+
+async def test_the_executor_records_itself_while_it_runs_the_node_and_drops_the_record_after(
+    redis_server, store, image
+):
+    job_id = (await store.create_job("alice", image)).job_id
+    nid = await _start(store, job_id)
+    spec = HeartbeatSpec(
+        redis_url=redis_server.url, job_id=job_id, node_instance_id=nid, every_s=0.05, executor="replica-a"
+    )
+    assert await store.executor_of(job_id) is None
+    with Heartbeat(spec):
+        assert await store.executor_of(job_id) == "replica-a"  # recorded at once
+        await asyncio.sleep(0.15)
+        assert await store.executor_of(job_id) == "replica-a"
+    assert await store.executor_of(job_id) is None  # done here: no longer vouches for the node
+    # A release drops only its own record, never another executor's (a newer attempt elsewhere).
+    await store.r.set(keys.job(job_id).executor, "replica-b")
+    assert await asyncio.to_thread(beat, spec, release=True)
+    assert await store.executor_of(job_id) == "replica-b"
