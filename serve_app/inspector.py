@@ -20,6 +20,7 @@ the two waiting states are never touched: waiting jobs are in neither index.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -59,22 +60,43 @@ class Inspector:
         self.confirm = confirm  # "is that node instance still running here?" asked before a re-dispatch
         self.consumer = consumer
         self.consumer_idle_ms = consumer_idle_ms
+        self._held: dict[int, tuple[str, float]] = {}
 
     async def sweep(self) -> dict[str, int]:
         """One pass over the partitions this inspector holds; returns counts."""
         counts = {"partitions": 0, "lost": 0, "timed_out": 0, "moved_on": 0, "fenced": 0, "confirmed": 0}
         now_ms = int(time.time() * 1000)
+        self._held = {}  # partition -> (lease value, when taken) for this sweep
+        lapsed: list[tuple[int, str]] = []
         for p in range(keys.PARTITIONS):
             lease = await self.store.acquire_lease(p, self.owner, self.lease_ttl_ms)
             if lease is None:
                 continue
             counts["partitions"] += 1
+            self._held[p] = (lease, time.monotonic())
             lapse_before = now_ms - int(self.heartbeat_lapse_s * 1000)
-            for job_id in await self.store.lapsed_heartbeats(p, lapse_before):
-                await self._lost(job_id, lease, counts)
+            lapsed += [(p, job_id) for job_id in await self.store.lapsed_heartbeats(p, lapse_before)]
+        await self._lost(lapsed, counts)
+        for p in list(self._held):
             for job_id in await self.store.past_deadline(p, now_ms - int(self.grace_s * 1000)):
+                lease = await self._lease(p)
+                if lease is None:
+                    break  # the partition passed to another inspector meanwhile
                 await self._overdue(job_id, lease, counts)
         return counts
+
+    async def _lease(self, p: int) -> str | None:
+        """The lease of partition ``p``, renewed when a third of its time has gone (a confirmation
+        waits seconds for an answer: the verdict after it must not carry a lapsed lease)."""
+        held = self._held.get(p)
+        if held is not None and time.monotonic() - held[1] < self.lease_ttl_ms / 3000:
+            return held[0]
+        lease = await self.store.acquire_lease(p, self.owner, self.lease_ttl_ms)
+        if lease is None:
+            self._held.pop(p, None)
+            return None
+        self._held[p] = (lease, time.monotonic())
+        return lease
 
     async def _running_node(self, job_id: str, counts: dict[str, int]) -> CurrentNode | None:
         """The job's node if it is still running (the index may be a step behind the job)."""
@@ -87,27 +109,51 @@ class Inspector:
             return None
         return node
 
-    async def _lost(self, job_id: str, lease: str, counts: dict[str, int]) -> None:
-        node = await self._running_node(job_id, counts)
-        if node is None:
-            return
-        nid = node.node_instance_id
-        if self.confirm is not None and await self.confirm(job_id, nid):
-            counts["confirmed"] += 1  # alive but its heartbeats are late: renew, look again later
-            await self.store.heartbeat(job_id, nid)
-            return
-        result = await self.store.node_lost(job_id, nid, lease=lease)
-        counts[{"OK": "lost", "FENCED": "fenced"}.get(result, "moved_on")] += 1
-        if result == "OK":
-            metrics.INSPECTOR_LOST.labels(node.node_type.value).inc()
-            log.warning(
-                "%s job=%s node=%s attempt %d: heartbeat lapsed (> %.0fs); re-dispatched or failed",
-                node.node_type.value,
-                job_id,
-                nid,
-                node.attempt,
-                self.heartbeat_lapse_s,
-            )
+    async def _confirmed(self, nodes: dict[str, CurrentNode]) -> dict[str, bool]:
+        """Ask every lapsed node's executor at once (each answer may take its whole timeout)."""
+        if self.confirm is None or not nodes:
+            return {job_id: False for job_id in nodes}
+        confirm = self.confirm
+        gate = asyncio.Semaphore(64)
+
+        async def ask(job_id: str, nid: str) -> bool:
+            async with gate:
+                return await confirm(job_id, nid)
+
+        answers = await asyncio.gather(*(ask(j, n.node_instance_id) for j, n in nodes.items()))
+        return dict(zip(nodes, answers, strict=True))
+
+    async def _lost(self, lapsed: list[tuple[int, str]], counts: dict[str, int]) -> None:
+        nodes: dict[str, CurrentNode] = {}
+        for _, job_id in lapsed:
+            node = await self._running_node(job_id, counts)
+            if node is not None:
+                nodes[job_id] = node
+        alive = await self._confirmed(nodes)
+        for p, job_id in lapsed:
+            node = nodes.get(job_id)
+            if node is None:
+                continue
+            nid = node.node_instance_id
+            if alive[job_id]:
+                counts["confirmed"] += 1  # alive but its heartbeats are late: renew, look again later
+                await self.store.heartbeat(job_id, nid)
+                continue
+            lease = await self._lease(p)
+            if lease is None:
+                continue  # the partition passed to another inspector while we asked
+            result = await self.store.node_lost(job_id, nid, lease=lease)
+            counts[{"OK": "lost", "FENCED": "fenced"}.get(result, "moved_on")] += 1
+            if result == "OK":
+                metrics.INSPECTOR_LOST.labels(node.node_type.value).inc()
+                log.warning(
+                    "%s job=%s node=%s attempt %d: heartbeat lapsed (> %.0fs); re-dispatched or failed",
+                    node.node_type.value,
+                    job_id,
+                    nid,
+                    node.attempt,
+                    self.heartbeat_lapse_s,
+                )
 
     async def _overdue(self, job_id: str, lease: str, counts: dict[str, int]) -> None:
         node = await self._running_node(job_id, counts)

@@ -220,6 +220,39 @@ async def test_a_confirmed_executor_is_waited_for_and_an_unconfirmed_one_is_repl
         await fast.close()
 
 
+async def test_a_confirmation_slower_than_the_lease_still_ends_in_a_re_dispatch(redis_server, image):
+    """The confirmation waits for the executor's answer (3 s under Serve), longer than a short
+    inspector lease (3 x its period): the verdict must not be fenced by the inspector's own lapsed
+    lease, or a stopped replica's node is never re-dispatched. Lapsed jobs of one partition are
+    asked at once, not one timeout after another."""
+    fast = _fast(redis_server, node_timeout_s=60, retry_backoff_s=0.01)
+    try:
+        jobs = [(await fast.create_job("alice", image)).job_id for _ in range(3)]
+        nids = {j: await _start(fast, j) for j in jobs}
+        inspector = Inspector(fast, owner="i1", period_s=0.1, heartbeat_lapse_s=0.1)  # lease 1 s
+        asked: list[str] = []
+        waiting = [0, 0]  # now, most at once
+
+        async def silent(j: str, n: str) -> bool:
+            asked.append(j)
+            waiting[0] += 1
+            waiting[1] = max(waiting)
+            await asyncio.sleep(1.3)  # past the lease
+            waiting[0] -= 1
+            return False
+
+        inspector.confirm = silent
+        await asyncio.sleep(0.25)
+        counts = await inspector.sweep()
+        assert sorted(asked) == sorted(jobs) and waiting[1] == 3, waiting
+        assert counts["lost"] == 3 and counts["fenced"] == 0, counts
+        for j in jobs:
+            node = (await fast.get(j)).current_node
+            assert node.node_instance_id != nids[j] and node.status == "RETRY_WAIT"
+    finally:
+        await fast.close()
+
+
 async def test_the_executor_records_itself_while_it_runs_the_node_and_drops_the_record_after(
     redis_server, store, image
 ):
