@@ -18,6 +18,10 @@ from .ids import new_id
 PREFIX = "hitl"
 PARTITIONS = 64
 OUTBOX_GROUP = "dispatchers"
+# The store's identity: written once by the first process that finds it missing. A process that
+# saw one identity and later finds none (or another) knows Redis came back empty (FLUSHALL, a
+# failover to an empty replica, a restart without persistence) and reports what it last saw.
+STORE_ID = f"{PREFIX}:store-id"
 
 
 def partition_of(job_id: str) -> int:
