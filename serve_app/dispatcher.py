@@ -32,6 +32,7 @@ from statecore.store import Store
 
 from . import metrics
 from .inspector import Confirm, Inspector
+from .store_reset import ResetWatch
 from .writeback import WriteBack
 
 log = logging.getLogger("hitl.dispatcher")
@@ -90,6 +91,8 @@ class Dispatcher:
         self.groups_recreated = 0  # NOGROUP recoveries (Redis came back empty)
         # Results Redis could not take wait in <data-dir>/spool (docs/protocol.md § Executors and the outbox).
         self.writeback = WriteBack(store, data_dir)
+        # A Redis that came back empty is reported, with what it held (docs/protocol.md § Redis outages).
+        self.resets = ResetWatch(store.r, data_dir, self.consumer)
         self.max_deliveries = max_deliveries  # a command delivered more often becomes a dead letter
 
     async def _deliveries(self, entry: OutboxEntry) -> int:
@@ -120,6 +123,7 @@ class Dispatcher:
                     last_inspect = time.monotonic()
                     await self.inspector.sweep()
                     await self.inspector.housekeeping()
+                    await self.resets.check()
                 if time.monotonic() - last_reclaim > self.reclaim_every_s:
                     last_reclaim = time.monotonic()
                     for entry in await self.store.outbox_reclaim(self.consumer, self.reclaim_idle_ms):

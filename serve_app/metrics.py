@@ -39,6 +39,11 @@ INSPECTOR_LOST = Counter(
     ["node_type"],
     registry=REGISTRY,
 )
+STORE_RESETS = Counter(
+    "hitl_store_resets_total",
+    "Times this process found Redis come back empty (its store identity changed); each writes a report",
+    registry=REGISTRY,
+)
 EMBEDDING_CACHE = Gauge(
     "hitl_embedding_cache",
     "SAM image-embedding cache counters per model deployment "

@@ -8,7 +8,8 @@ redis-server, and real signals sent to that server's PID.
 - SIGSTOP (a hung Redis): 503 within the store timeout, then 200 again after SIGCONT.
 - CLIENT KILL of the API's connections during consumes: no 500, nothing consumed twice.
 - FLUSHALL (Redis back empty): the API keeps answering, the dispatcher re-creates its consumer
-  group instead of looping on NOGROUP, and a new job reaches WAITING.
+  group instead of looping on NOGROUP, a new job reaches WAITING, and what was lost is reported
+  (``<data-dir>/incidents/store-reset-*.json`` naming the jobs the store held).
 - Admission control: a slow dispatcher and a small ``max_backlog``: POST /jobs gets 429
   BACKLOG_FULL with Retry-After; interventions and cancels still go through.
 """
@@ -246,9 +247,13 @@ def test_client_kill_during_consumes_no_500_nothing_consumed_twice(served):
 # ---------------------------------------------------------------------------------------- FLUSHALL
 
 
-def test_redis_back_empty_groups_are_recreated_and_new_jobs_run(served, caplog: pytest.LogCaptureFixture):
+@pytest.mark.parametrize("served", [{"inspector_period_s": 0.5}], indirect=True)
+def test_redis_back_empty_groups_are_recreated_new_jobs_run_and_the_loss_is_reported(
+    served, caplog: pytest.LogCaptureFixture
+):
     s, c = served
     (old,) = waiting_jobs(c, 1)
+    time.sleep(1.5)  # the dispatcher's watch looks every inspector period: it has seen the job
     caplog.set_level(logging.INFO, logger="hitl.dispatcher")
     direct = redis.Redis.from_url(s.redis_url)
     direct.flushall()
@@ -258,11 +263,21 @@ def test_redis_back_empty_groups_are_recreated_and_new_jobs_run(served, caplog: 
     assert c.get("/api/v1/jobs", headers=auth("rev1")).status_code == 200
     r = submit(c, blank_with_product(3))
     assert r.status_code == 202, r.text
-    wait_status(c, r.json()["job_id"], WAITING, timeout=30)
+    new_job = r.json()["job_id"]
+    wait_status(c, new_job, WAITING, timeout=30)
     time.sleep(2)  # a looping dispatcher would log on every pass
     nogroup = [rec for rec in caplog.records if rec.name == "hitl.dispatcher" and "NOGROUP" in rec.getMessage()]
     print(f"\n[faults] FLUSHALL: {len(nogroup)} NOGROUP log lines from the dispatcher")
     assert 1 <= len(nogroup) <= 3, [rec.getMessage() for rec in nogroup]
+    # What was lost is reported: one report in <data-dir>/incidents naming the waiting job.
+    reports = sorted((s.data_dir / "incidents").glob("store-reset-*.json"))
+    assert len(reports) == 1, reports
+    report = json.loads(reports[0].read_text())
+    assert report["incident"] == "STORE_RESET" and report["previous_store_id"] != report["store_id"]
+    seen = report["last_seen"]
+    assert seen["live_jobs"]["waiting"] == [old["job_id"]] and new_job not in json.dumps(report)
+    assert seen["jobs_by_status"] == {"WAITING_USER_SELECTION": 1} and report["lost_jobs"] == 1
+    print(f"[faults] FLUSHALL: reported {report['lost_jobs']} lost job(s) in {reports[0].name}")
 
 
 # ----------------------------------------------------------------------------------------- backlog
