@@ -4,18 +4,21 @@ For ``--seconds`` a fault thread picks, every few seconds, one of: SIGKILL a mod
 (``ray::ServeReplica…`` of Detector, BoxValidator or Segmenter), SIGSTOP one for 2-5 s (a hang:
 its heartbeat lapses), SIGKILL the embedded redis-server (``hitl up`` restarts it), SIGSTOP it for
 1-3 s, CLIENT KILL every normal Redis connection (the API's and the replicas'). Meanwhile ``--jobs``
-jobs are submitted over the first 90 % of the window, each driven by a reviewer thread that polls
+jobs are submitted over the whole window, each driven by a reviewer thread that polls
 it and answers every new pause: keep all boxes, a third of them plus a manual box (the validator
 runs), a quarter sent twice at once (a double click), every one retried with the same
 intervention id on a 503 or a dropped connection (docs/protocol.md § Interventions).
 
-When the faults stop, the reviewers go on until every job is terminal or ``--settle-timeout`` runs
-out. Then: the invariant checker (``loadtest.check_invariants``) and the figures:
+The window ends with one more fault (``--last-fault``, default a SIGKILL of redis-server) while
+the last jobs are in flight. When the faults stop, the reviewers go on until every job is
+terminal or ``--settle-timeout`` runs out. Then: the invariant checker (``loadtest.check_invariants``) and the figures:
 
 - terminal coverage: jobs terminal / jobs not waiting for a person;
 - double consumptions: pauses with more than one INTERVENTION_ACCEPTED (and the checker's
   ``pause_consumed_once`` breaches);
-- acknowledged interventions lost: a 200 whose pause is not CONSUMED by that intervention id;
+- acknowledged interventions lost: a 200 whose pause is not CONSUMED by that intervention id
+  (target 0 under ``--durability strict``; measured under ``fast``, where a Redis SIGKILL may
+  lose the last second of acknowledged writes);
 - duplicated model executions: NODE_STARTED events of one node instance beyond the first (a retry
   is a new instance, so visible retries are counted apart);
 - time from the end of the last fault until every job was seen settled.
@@ -246,7 +249,7 @@ class Run:
         fault_end = self.t0 + self.args.seconds
         deadline = fault_end + self.args.settle_timeout
         jobs = [JobRun(i) for i in range(self.args.jobs)]
-        spread = self.args.seconds * 0.9  # some jobs are still in flight when the faults stop
+        spread = self.args.seconds  # the last jobs are in flight when the last fault fires
         drivers = [
             threading.Thread(target=self.drive, args=(j, self.t0 + spread * i / max(1, len(jobs)), deadline))
             for i, j in enumerate(jobs)
@@ -257,6 +260,12 @@ class Run:
         faults.start()
         try:
             faults.join()
+            if self.args.last_fault != "none":  # one more, with the last jobs in flight
+                rec = self.fire(self.args.last_fault)
+                rec["last"] = True
+                self.last_fault_end = time.monotonic()
+                self.faults.append(rec)
+                print(f"[chaos] {rec}", flush=True)
             for t in drivers:
                 t.join(max(0.0, deadline - time.monotonic()) + 30)
         finally:
@@ -320,6 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-timeout", type=float, default=180, help="after the faults, at most this long to settle")
     ap.add_argument("--poll-s", type=float, default=1.0, help="a reviewer reads its job this often")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--durability", choices=("strict", "fast"), default="strict", help="hitl up --durability")
+    ap.add_argument("--detector-delay-ms", type=int, default=300, help="hitl up --detector-delay-ms")
+    ap.add_argument(
+        "--last-fault",
+        choices=(*FAULTS, "none"),
+        default="redis_kill",
+        help="fired when the window ends, with the last jobs in flight",
+    )
     ap.add_argument("--data-dir", type=Path, default=None, help="default: a temporary directory")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/out/chaos.json"))
     args = ap.parse_args(argv)
@@ -334,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
             "--inspector-period-s",
             "1",
             "--detector-delay-ms",
-            "300",
+            str(args.detector_delay_ms),
             "--durability",
-            "strict",
+            args.durability,
             "--max-attempts",
             "5",
         ]
@@ -372,7 +389,10 @@ def main(argv: list[str] | None = None) -> int:
             "double consumptions",
             f"{figures['double_consumptions']} (checker {figures['checker_pause_consumed_once_breaches']})",
         ),
-        ("acknowledged interventions lost", f"{figures['acked_interventions_lost']} of {figures['acks']} 200s"),
+        (
+            "acknowledged interventions lost",
+            f"{figures['acked_interventions_lost']} of {figures['acks']} 200s (--durability {args.durability})",
+        ),
         (
             "duplicated model executions",
             f"{figures['duplicated_model_executions']} (visible retries {figures['visible_retries']})",
@@ -389,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2))
     print(f"wrote {args.json}")
-    ok = figures["checker_ok"] and figures["acked_interventions_lost"] == 0 and figures["double_consumptions"] == 0
+    # Under fast a Redis SIGKILL may lose acknowledged writes: measured, not a failure.
+    lost_ok = figures["acked_interventions_lost"] == 0 or args.durability == "fast"
+    ok = figures["checker_ok"] and lost_ok and figures["double_consumptions"] == 0
     return 0 if ok else 1
 
 
