@@ -1,0 +1,1 @@
+"""Alembic's environment for the archive (docs/archive.md § Migrations); run through archive.migrate."""

@@ -1,0 +1,1 @@
+"""The archive's schema revisions, oldest first (docs/archive.md § Migrations)."""

@@ -1,0 +1,209 @@
+"""Copying one finished job from Redis into the archive (docs/archive.md § Archiver).
+
+The copy is an idempotent upsert keyed by the job id and how far the job had got: its ``version``,
+then its last event id and audit sequence (a finished job keeps its version but may still gain
+events, such as a ``REPORT_IGNORED`` for a late report, and audit entries). A copy replaces the
+archived one only when it is further along; an equal copy changes nothing; an older one never
+replaces a newer. Everything for one job is written in one database transaction: a copy
+interrupted half-way (the process killed, the connection lost) leaves the previous state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session
+
+from statecore.models import Event, JobResults, JobSnapshot, Pause
+from statecore.states import is_terminal
+from statecore.store import Store
+
+from .db import Archive
+from .schema import AUDIT_FIELDS, ArchivedEvent, ArchivedJob, ArchivedPause, ArtifactRef, AuditEntry
+
+Outcome = Literal["INSERTED", "REPLACED", "UNCHANGED", "OLDER"]
+ATTEMPTS = 5  # two first copies of one job racing: the loser's insert fails, it re-reads and yields
+
+
+class NotFinished(Exception):
+    """Only finished jobs are archived (a live job's record is Redis)."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """Everything archived for one job, read from Redis: the API's bodies as plain JSON."""
+
+    job_id: str
+    version: int
+    submitter: str
+    idem_key: str | None
+    snapshot: dict[str, Any]
+    results: dict[str, Any]
+    pauses: list[dict[str, Any]]
+    events: list[Event]
+    audit: list[dict[str, Any]]
+
+    @property
+    def progress(self) -> tuple[int, int, int]:
+        return (self.version, self.events[-1].id if self.events else 0, _last_seq(self.audit))
+
+    @property
+    def finished_at(self) -> str:
+        finished = [e.at for e in self.events if e.type == "JOB_FINISHED"]
+        return finished[0] if finished else str(self.snapshot["updated_at"])
+
+
+def _last_seq(audit: Sequence[Mapping[str, Any]]) -> int:
+    return int(audit[-1]["seq"]) if audit else 0
+
+
+async def read_job(store: Store, job_id: str, audit: Sequence[Mapping[str, Any]] = ()) -> JobRecord:
+    """The finished job as the API would answer for it now. ``audit``: its audit entries
+    (docs/protocol.md § Audit) until the store reads them itself."""
+    state = await store.get(job_id)
+    if not is_terminal(state.status):
+        raise NotFinished(f"job {job_id} is {state.status.value}; only finished jobs are archived")
+    snapshot = await store.snapshot_of(state)
+    results = JobResults(job_id=job_id, status=state.status, reason_code=state.reason_code, subjects=state.results)
+    pauses = await store.pause_history(job_id)
+    events = await store.events_after(job_id, 0)
+    return JobRecord(
+        job_id=job_id,
+        version=state.version,
+        submitter=state.submitter,
+        idem_key=state.idem_key or None,
+        snapshot=snapshot.model_dump(mode="json"),
+        results=results.model_dump(mode="json"),
+        pauses=[p.model_dump(mode="json") for p in pauses],
+        events=events,
+        audit=[{k: e.get(k) for k in AUDIT_FIELDS} for e in audit],
+    )
+
+
+async def archive_job(
+    store: Store,
+    archive: Archive,
+    job_id: str,
+    *,
+    audit: Sequence[Mapping[str, Any]] = (),
+    on_written: Callable[[], None] | None = None,
+) -> Outcome:
+    """Copy the finished job ``job_id`` from Redis into ``archive`` (see the module's docstring).
+    ``on_written`` runs after the rows are written and before the commit (the crash tests stop
+    the process there)."""
+    record = await read_job(store, job_id, audit)
+    return await asyncio.to_thread(write_record, archive, record, on_written)
+
+
+def write_record(archive: Archive, record: JobRecord, on_written: Callable[[], None] | None = None) -> Outcome:
+    """The upsert of one job's record in one transaction (retried when a concurrent first copy won)."""
+    for attempt in range(ATTEMPTS):
+        try:
+            with archive.transaction() as session:
+                return _upsert(session, record, on_written)
+        except (IntegrityError, OperationalError):
+            if attempt == ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _upsert(session: Session, record: JobRecord, on_written: Callable[[], None] | None) -> Outcome:
+    existing = session.execute(
+        select(ArchivedJob).where(ArchivedJob.job_id == record.job_id).with_for_update()
+    ).scalar_one_or_none()
+    if existing is not None:
+        have = (existing.version, existing.last_event_id, existing.audit_seq)
+        if have == record.progress:
+            return "UNCHANGED"
+        if have > record.progress:
+            return "OLDER"
+        for table in (ArchivedPause, ArchivedEvent, AuditEntry, ArtifactRef):
+            session.execute(delete(table).where(table.job_id == record.job_id))
+        _fill_job(existing, record)
+    else:
+        job = ArchivedJob(job_id=record.job_id)
+        _fill_job(job, record)
+        session.add(job)
+        session.flush()  # the parent row first: the children's foreign keys refer to it
+    session.add_all(_children(record))
+    session.flush()
+    if on_written is not None:
+        on_written()
+    return "INSERTED" if existing is None else "REPLACED"
+
+
+def _fill_job(job: ArchivedJob, r: JobRecord) -> None:
+    job.version, job.last_event_id, job.audit_seq = r.progress
+    job.status = str(r.snapshot["status"])
+    job.reason_code = r.snapshot.get("reason_code")
+    job.submitter = r.submitter
+    job.idem_key = r.idem_key
+    job.batch = batch_of(r.idem_key)
+    job.created_at = str(r.snapshot["created_at"])
+    job.finished_at = r.finished_at
+    job.finished_ts = parse_iso(r.finished_at)
+    job.archived_at = datetime.now(UTC)
+    job.snapshot = r.snapshot
+    job.results = r.results
+
+
+def _children(r: JobRecord) -> list[Any]:
+    rows: list[Any] = []
+    for i, p in enumerate(r.pauses):
+        pause = Pause.model_validate(p)
+        rows.append(
+            ArchivedPause(
+                job_id=r.job_id,
+                pause_token=pause.pause_token,
+                position=i,
+                status=pause.status,
+                stage=pause.stage,
+                round=pause.round,
+                base_version=pause.base_version,
+                created_at=pause.created_at,
+                body=p,
+            )
+        )
+    for e in r.events:
+        rows.append(ArchivedEvent(job_id=r.job_id, event_id=e.id, type=e.type, version=e.version, at=e.at, data=e.data))
+    for a in r.audit:
+        rows.append(AuditEntry(job_id=r.job_id, **a))
+    for i, (kind, name, box_id, url) in enumerate(artifact_refs(r.snapshot, r.results)):
+        rows.append(ArtifactRef(job_id=r.job_id, position=i, name=name, kind=kind, box_id=box_id, url=url))
+    return rows
+
+
+def artifact_refs(snapshot: Mapping[str, Any], results: Mapping[str, Any]) -> list[tuple[str, str, str | None, str]]:
+    """(kind, name, box_id, url) of every blob the job refers to: its image, then each subject's
+    mask and cut-out."""
+    refs: list[tuple[str, str, str | None, str]] = []
+    image_url = JobSnapshot.model_validate(snapshot).image.url
+    refs.append(("image", artifact_name(image_url), None, image_url))
+    for s in results.get("subjects", []):
+        for kind in ("mask", "cutout"):
+            url = s.get(f"{kind}_url")
+            if url:
+                refs.append((kind, artifact_name(url), s["box_id"], url))
+    return refs
+
+
+def artifact_name(url: str) -> str:
+    """``/api/v1/artifacts/<name>`` → ``<name>`` (statecore.artifacts names blobs by content)."""
+    return url.rsplit("/", 1)[-1]
+
+
+def batch_of(idem_key: str | None) -> str | None:
+    """``hitl submit`` keys a file ``<batch>:<sha256>`` (client.batch): the batch name, if any."""
+    if not idem_key or ":" not in idem_key:
+        return None
+    return idem_key.rsplit(":", 1)[0]
+
+
+def parse_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))

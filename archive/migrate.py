@@ -1,0 +1,56 @@
+"""Schema migrations of the archive through Alembic (docs/archive.md § Migrations): ``upgrade(url)``
+brings a database, empty or older, to the newest revision; ``schema_version(url)`` reports where
+it is. ``hitl`` runs the upgrade before it writes; ``hitl admin archive-upgrade`` runs it alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from .db import archive_url, make_engine
+
+SCRIPTS = Path(__file__).resolve().parent / "alembic"
+
+
+def _config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(SCRIPTS))
+    return cfg
+
+
+def head() -> str:
+    """The newest revision this build knows."""
+    revision = ScriptDirectory.from_config(_config()).get_current_head()
+    assert revision is not None, "the archive has no migrations"
+    return revision
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> str:
+    """Migrate the archive at ``url`` (default: :func:`archive.db.archive_url`) to ``revision``;
+    returns the schema version it is at afterwards. Idempotent; safe on an empty database."""
+    engine = make_engine(archive_url(url=url))
+    try:
+        with engine.begin() as conn:
+            cfg = _config()
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+        with engine.connect() as conn:
+            version = MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+    assert version is not None
+    return version
+
+
+def schema_version(url: str | None = None) -> str | None:
+    """The revision the archive at ``url`` is at; None for a database never migrated."""
+    engine = make_engine(archive_url(url=url))
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()

@@ -1,0 +1,86 @@
+"""Reading a job back from the archive with the API's own bodies (docs/archive.md § Reads), for the
+routes to answer from when Redis no longer holds the job: ``GET /jobs/{id}`` (``job(...).snapshot``),
+``/results``, ``/events`` (the history; the stream ends after its ``JOB_FINISHED``) and ``/audit``.
+
+Every function returns None for a job the archive does not hold; the route then answers 404.
+The archive's engine is synchronous: an async route calls these through ``asyncio.to_thread``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from statecore.models import Event, JobResults, JobSnapshot, Pause
+
+from .db import Archive
+from .schema import AUDIT_FIELDS, ArchivedEvent, ArchivedJob, ArchivedPause, AuditEntry
+
+
+@dataclass(frozen=True)
+class ArchivedView:
+    """A finished job as the archive holds it; ``submitter`` for the routes' visibility rule
+    (a submitter sees only its own jobs)."""
+
+    job_id: str
+    submitter: str
+    version: int
+    snapshot: JobSnapshot
+    results: JobResults | None
+
+
+def job(archive: Archive, job_id: str) -> ArchivedView | None:
+    with archive.reading() as s:
+        row = s.get(ArchivedJob, job_id)
+        if row is None:
+            return None
+        return ArchivedView(
+            job_id=row.job_id,
+            submitter=row.submitter,
+            version=row.version,
+            snapshot=JobSnapshot.model_validate(row.snapshot),
+            results=JobResults.model_validate(row.results) if row.results is not None else None,
+        )
+
+
+def snapshot(archive: Archive, job_id: str) -> JobSnapshot | None:
+    view = job(archive, job_id)
+    return view.snapshot if view else None
+
+
+def results(archive: Archive, job_id: str) -> JobResults | None:
+    view = job(archive, job_id)
+    return view.results if view else None
+
+
+def events(archive: Archive, job_id: str, after: int = 0) -> list[Event] | None:
+    """The job's events with id > ``after``, oldest first (as ``Store.events_after``)."""
+    with archive.reading() as s:
+        if s.get(ArchivedJob, job_id) is None:
+            return None
+        rows = s.scalars(
+            select(ArchivedEvent)
+            .where(ArchivedEvent.job_id == job_id, ArchivedEvent.event_id > after)
+            .order_by(ArchivedEvent.event_id)
+        )
+        return [Event(id=e.event_id, type=e.type, job_id=job_id, version=e.version, at=e.at, data=e.data) for e in rows]
+
+
+def pause_history(archive: Archive, job_id: str) -> list[Pause] | None:
+    with archive.reading() as s:
+        if s.get(ArchivedJob, job_id) is None:
+            return None
+        rows = s.scalars(select(ArchivedPause).where(ArchivedPause.job_id == job_id).order_by(ArchivedPause.position))
+        return [Pause.model_validate(p.body) for p in rows]
+
+
+def audit(archive: Archive, job_id: str) -> dict[str, Any] | None:
+    """``GET /jobs/{id}/audit``'s body: ``{"job_id", "entries" (oldest first), "head"}``, where
+    ``head`` is the last entry's hash (None without entries) (docs/protocol.md § Audit)."""
+    with archive.reading() as s:
+        if s.get(ArchivedJob, job_id) is None:
+            return None
+        rows = s.scalars(select(AuditEntry).where(AuditEntry.job_id == job_id).order_by(AuditEntry.seq))
+        entries = [{k: getattr(r, k) for k in AUDIT_FIELDS} for r in rows]
+    return {"job_id": job_id, "entries": entries, "head": entries[-1]["hash"] if entries else None}

@@ -1,0 +1,109 @@
+"""The archive's tables as SQLAlchemy 2 ORM classes (docs/archive.md § Tables). The DDL comes from
+the Alembic revisions in ``archive/alembic/versions``; a test checks they agree with these classes.
+
+JSON columns are ``JSON`` (not PostgreSQL's ``JSONB``): JSON keeps the text as written, so a body
+read back has its keys in the order the API wrote them (events' ``data`` is a free-form object)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ISO = String(40)  # the API's "…Z" timestamps, kept as the API spells them
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ArchivedJob(Base):
+    """One finished job: the snapshot and the results exactly as ``GET /jobs/{id}`` and
+    ``/results`` answer them, plus what filtering and the upsert need as columns."""
+
+    __tablename__ = "archived_jobs"
+
+    job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    last_event_id: Mapped[int] = mapped_column(Integer, default=0)
+    audit_seq: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(40), index=True)
+    reason_code: Mapped[str | None] = mapped_column(String(80))
+    submitter: Mapped[str] = mapped_column(String(200), index=True)
+    idem_key: Mapped[str | None] = mapped_column(String(300))
+    batch: Mapped[str | None] = mapped_column(String(200), index=True)
+    created_at: Mapped[str] = mapped_column(ISO)
+    finished_at: Mapped[str] = mapped_column(ISO)
+    finished_ts: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    archived_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    snapshot: Mapped[dict[str, Any]] = mapped_column(JSON)
+    results: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class ArchivedPause(Base):
+    __tablename__ = "archived_pauses"
+
+    job_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("archived_jobs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    pause_token: Mapped[str] = mapped_column(String(128), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)  # order in the pause history (oldest first)
+    status: Mapped[str] = mapped_column(String(20))
+    stage: Mapped[str] = mapped_column(String(40))
+    round: Mapped[int] = mapped_column(Integer)
+    base_version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[str] = mapped_column(ISO)
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class ArchivedEvent(Base):
+    __tablename__ = "archived_events"
+
+    job_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("archived_jobs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    event_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    type: Mapped[str] = mapped_column(String(60))
+    version: Mapped[int] = mapped_column(Integer)
+    at: Mapped[str] = mapped_column(ISO)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class AuditEntry(Base):
+    """docs/protocol.md § Audit: one entry of a job's hash chain, as the audit route returns it."""
+
+    __tablename__ = "audit_entries"
+
+    job_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("archived_jobs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[str] = mapped_column(ISO)
+    actor: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(80))
+    base_version: Mapped[int | None] = mapped_column(Integer)
+    snapshot_id: Mapped[str | None] = mapped_column(String(128))
+    outcome: Mapped[str] = mapped_column(String(120))
+    prev_hash: Mapped[str | None] = mapped_column(String(128))
+    hash: Mapped[str] = mapped_column(String(128))
+
+
+class ArtifactRef(Base):
+    """A blob a job refers to (the input image, each mask and cut-out): names only, the bytes stay
+    in the artifact store."""
+
+    __tablename__ = "artifact_refs"
+
+    job_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("archived_jobs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)  # a mask shared by two boxes is two refs
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    kind: Mapped[str] = mapped_column(String(20))  # image | mask | cutout
+    box_id: Mapped[str | None] = mapped_column(String(64))
+    url: Mapped[str] = mapped_column(String(300))
+
+
+AUDIT_FIELDS = ("seq", "at", "actor", "action", "base_version", "snapshot_id", "outcome", "prev_hash", "hash")
