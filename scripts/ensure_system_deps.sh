@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Provide the system programs the project needs: redis-server (always), promtool (Debian package
-# prometheus: checks deploy/prometheus/rules.yml) and Chromium (for the browser tests). Uses what
+# prometheus: checks deploy/prometheus/rules.yml), PostgreSQL's server (Debian package postgresql: the
+# archive's tests and benchmark start their own with initdb/pg_ctl, see harness/postgres.py; Debian
+# keeps its binaries under /usr/lib/postgresql/<version>/bin) and Chromium (for the browser tests). Uses what
 # is on PATH; otherwise installs Debian's packages when running as root; otherwise says what to do.
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 if [ "${HITL_SKIP_CHROMIUM:-0}" != "1" ]; then
   command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || need+=(chromium)
 fi

@@ -32,7 +32,7 @@ from statecore.states import JobStatus as S
 from statecore.store import Store
 
 from .api_util import blank_with_product, intervene, keep_all, submit, wait_status
-from .helpers import iv, keep, manual, report, validate, waiting_job
+from .helpers import THREE_BOXES, iv, keep, manual, report, validate, waiting_job
 
 DIALECTS = ["sqlite", "postgresql"]
 TABLES = (ArchivedJob, ArchivedPause, ArchivedEvent, AuditEntry, ArtifactRef)
@@ -80,11 +80,13 @@ def counts(archive: Archive, job_id: str) -> dict[str, int]:
 # --------------------------------------------------------------------------- driving a job to its end
 
 
-async def finished_job(store: Store, image: Any, masks: dict[int, str] | None = None) -> str:
+async def finished_job(store: Store, image: Any, masks: dict[int, str] | None = None, key: str | None = None) -> str:
     """Through the store, as reviewer and executors: three proposals; box 0 moved, box 1 kept,
     box 2 deleted, one manual box drawn; the manual box passes naming; every approved box is
-    segmented (``masks``: an artifact name per approved position, default placeholder names)."""
-    job_id = await waiting_job(store, image)
+    segmented (``masks``: an artifact name per approved position, default placeholder names).
+    ``key``: the submission's Idempotency-Key (``<batch>:<sha256>`` from ``hitl submit``)."""
+    job_id = (await store.create_job("alice", image, key)).job_id
+    assert await report(store, job_id, {"boxes": THREE_BOXES}) == "OK"
     st = await store.get(job_id)
     b0 = st.box_list[0]
     subjects = [

@@ -1,0 +1,274 @@
+"""``hitl export``: the reviewed boxes, labels and masks of archived jobs as a training set, COCO
+(masks as RLE through ``pycocotools.mask.encode``) or YOLO (docs/archive.md § Export).
+
+What is exported is what the reviewer approved (the job's ``approved_box_list``), one annotation per
+approved box, with its mask where the segmenter produced one. The reviewer's corrections to the
+detector's proposals (added, moved, relabelled, deleted boxes; ``archive.corrections``) go to a
+file of their own, ``corrections.json``, so the approved labels and the corrections stay apart.
+
+Layout of ``--out DIR``: ``images/<job_id>.<ext>`` (the input images, from the artifact store),
+then for COCO ``annotations.json``; for YOLO ``labels/<job_id>.txt`` (``class cx cy w h``,
+normalized), ``masks/<job_id>_<box_id>.png`` and ``data.yaml``; for both ``corrections.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from sqlalchemy import select
+
+from statecore.artifacts import ArtifactStore
+
+from . import corrections
+from .archiver import artifact_name
+from .db import Archive, archive_url
+from .schema import ArchivedEvent, ArchivedJob
+
+EXPORTED_STATUSES = ("SUCCEEDED", "PARTIAL_SUCCEEDED")
+NO_LABEL = "object"
+
+
+@dataclass
+class ExportJob:
+    job_id: str
+    width: int
+    height: int
+    image_name: str
+    approved: list[dict[str, Any]]
+    masks: dict[str, str]  # box_id -> mask artifact name (segmented boxes only)
+    corrections: corrections.Corrections
+
+
+@dataclass
+class ExportSummary:
+    format: str
+    out: Path
+    images: int = 0
+    annotations: int = 0
+    masks: int = 0
+    categories: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # artifacts the store does not hold
+
+
+def parse_since(text: str) -> datetime:
+    """A date (midnight UTC) or an ISO date-time (UTC unless it says otherwise)."""
+    try:
+        d = date.fromisoformat(text)
+        return datetime(d.year, d.month, d.day, tzinfo=UTC)
+    except ValueError:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def select_jobs(archive: Archive, *, since: datetime | None = None, batch: str | None = None) -> list[ExportJob]:
+    """The archived jobs to export (finished with subjects), oldest finished first."""
+    query = select(ArchivedJob).where(ArchivedJob.status.in_(EXPORTED_STATUSES))
+    if since is not None:
+        query = query.where(ArchivedJob.finished_ts >= since)
+    if batch is not None:
+        query = query.where(ArchivedJob.batch == batch)
+    out: list[ExportJob] = []
+    with archive.reading() as s:
+        for row in s.scalars(query.order_by(ArchivedJob.finished_ts, ArchivedJob.job_id)):
+            events = s.scalars(
+                select(ArchivedEvent)
+                .where(ArchivedEvent.job_id == row.job_id, ArchivedEvent.type == "PAUSE_OPENED")
+                .order_by(ArchivedEvent.event_id)
+                .limit(1)
+            )
+            snap = row.snapshot
+            approved = list(snap["approved_box_list"])
+            proposed = corrections.proposals(({"type": e.type, "data": e.data} for e in events), snap["box_list"])
+            subjects = (row.results or {}).get("subjects", [])
+            out.append(
+                ExportJob(
+                    job_id=row.job_id,
+                    width=int(snap["image"]["width"]),
+                    height=int(snap["image"]["height"]),
+                    image_name=artifact_name(snap["image"]["url"]),
+                    approved=approved,
+                    masks={
+                        r["box_id"]: artifact_name(r["mask_url"])
+                        for r in subjects
+                        if r["status"] == "SUCCEEDED" and r.get("mask_url")
+                    },
+                    corrections=corrections.compare(proposed, approved),
+                )
+            )
+    return out
+
+
+def load_mask(artifacts: ArtifactStore, name: str, width: int, height: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """A mask PNG (the image's size, nonzero = the subject) as a 0/1 array."""
+    with Image.open(io.BytesIO(artifacts.get(name))) as im:
+        mask = np.asarray(im.convert("L")) > 0
+    if mask.shape != (height, width):
+        raise ValueError(f"mask {name} is {mask.shape[1]}x{mask.shape[0]}, its image {width}x{height}")
+    return mask.astype(np.uint8)
+
+
+def _category_names(jobs: Sequence[ExportJob]) -> list[str]:
+    return sorted({b.get("label") or NO_LABEL for j in jobs for b in j.approved})
+
+
+def _copy_image(artifacts: ArtifactStore, job: ExportJob, out: Path, summary: ExportSummary) -> str:
+    ext = job.image_name.rsplit(".", 1)[-1]
+    file_name = f"images/{job.job_id}.{ext}"
+    if artifacts.exists(job.image_name):
+        (out / file_name).write_bytes(artifacts.get(job.image_name))
+    else:
+        summary.missing.append(job.image_name)
+    return file_name
+
+
+def export_coco(jobs: Sequence[ExportJob], artifacts: ArtifactStore, out: Path) -> ExportSummary:
+    from pycocotools import mask as mask_utils
+
+    summary = ExportSummary("coco", out, categories=_category_names(jobs))
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    category_id = {name: i + 1 for i, name in enumerate(summary.categories)}
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
+    for image_id, job in enumerate(jobs, start=1):
+        file_name = _copy_image(artifacts, job, out, summary)
+        image = {"id": image_id, "file_name": file_name, "width": job.width, "height": job.height}
+        images.append({**image, "hitl_job_id": job.job_id})
+        for box in job.approved:
+            x1, y1, x2, y2 = (float(v) for v in box["bbox"])
+            ann: dict[str, Any] = {
+                "id": len(annotations) + 1,
+                "image_id": image_id,
+                "category_id": category_id[box.get("label") or NO_LABEL],
+                "bbox": [x1, y1, x2 - x1, y2 - y1],
+                "area": (x2 - x1) * (y2 - y1),
+                "iscrowd": 0,
+                "segmentation": [[x1, y1, x2, y1, x2, y2, x1, y2]],  # the box itself when there is no mask
+                "hitl_box_id": box["box_id"],
+                "hitl_source": box.get("source"),
+            }
+            name = job.masks.get(box["box_id"])
+            if name is not None and artifacts.exists(name):
+                rle = mask_utils.encode(np.asfortranarray(load_mask(artifacts, name, job.width, job.height)))
+                ann["area"] = float(mask_utils.area(rle))
+                ann["segmentation"] = {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
+                summary.masks += 1
+            elif name is not None:
+                summary.missing.append(name)
+            annotations.append(ann)
+    coco = {
+        "info": {"description": "hitl-review: reviewer-approved boxes and masks", "date_created": _now()},
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": category_id[n], "name": n, "supercategory": "subject"} for n in summary.categories],
+    }
+    (out / "annotations.json").write_text(json.dumps(coco))
+    summary.images, summary.annotations = len(images), len(annotations)
+    _write_corrections(jobs, out, {im["hitl_job_id"]: im["file_name"] for im in images})
+    return summary
+
+
+def export_yolo(jobs: Sequence[ExportJob], artifacts: ArtifactStore, out: Path) -> ExportSummary:
+    summary = ExportSummary("yolo", out, categories=_category_names(jobs))
+    for sub in ("images", "labels", "masks"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    class_id = {name: i for i, name in enumerate(summary.categories)}
+    files: dict[str, str] = {}
+    for job in jobs:
+        files[job.job_id] = _copy_image(artifacts, job, out, summary)
+        lines = []
+        for box in job.approved:
+            x1, y1, x2, y2 = (float(v) for v in box["bbox"])
+            cx, cy = (x1 + x2) / 2 / job.width, (y1 + y2) / 2 / job.height
+            w, h = (x2 - x1) / job.width, (y2 - y1) / job.height
+            lines.append(f"{class_id[box.get('label') or NO_LABEL]} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}")
+            name = job.masks.get(box["box_id"])
+            if name is not None and artifacts.exists(name):
+                mask = load_mask(artifacts, name, job.width, job.height)
+                Image.fromarray(mask * 255).save(out / "masks" / f"{job.job_id}_{box['box_id']}.png")
+                summary.masks += 1
+            elif name is not None:
+                summary.missing.append(name)
+        (out / "labels" / f"{job.job_id}.txt").write_text("".join(line + "\n" for line in lines))
+        summary.annotations += len(lines)
+    summary.images = len(jobs)
+    names = "\n".join(f"  {i}: {json.dumps(n)}" for i, n in enumerate(summary.categories))
+    (out / "data.yaml").write_text(f"path: {out.resolve()}\ntrain: images\nval: images\nnames:\n{names}\n")
+    _write_corrections(jobs, out, files)
+    return summary
+
+
+CORRECTION_KINDS = ("added", "moved", "relabelled", "deleted")
+
+
+def _write_corrections(jobs: Sequence[ExportJob], out: Path, files: dict[str, str]) -> None:
+    per_job = [{"job_id": j.job_id, "image": files[j.job_id], **j.corrections.as_json()} for j in jobs]
+    totals = {k: sum(len(j.corrections.as_json()[k]) for j in jobs) for k in CORRECTION_KINDS}
+    body = {"format": "hitl-corrections/1", "totals": totals, "jobs": per_job}
+    (out / "corrections.json").write_text(json.dumps(body, indent=1))
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def export(
+    archive: Archive,
+    artifacts: ArtifactStore,
+    out: Path,
+    fmt: str,
+    *,
+    since: datetime | None = None,
+    batch: str | None = None,
+) -> ExportSummary:
+    jobs = select_jobs(archive, since=since, batch=batch)
+    out.mkdir(parents=True, exist_ok=True)
+    if fmt == "coco":
+        return export_coco(jobs, artifacts, out)
+    if fmt == "yolo":
+        return export_yolo(jobs, artifacts, out)
+    raise ValueError(f"unknown export format {fmt!r}")
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(prog="hitl export", description=__doc__.split("\n\n")[0])
+    p.add_argument("--format", required=True, choices=("coco", "yolo"), help="COCO (RLE masks) or YOLO")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory to write (created)")
+    p.add_argument("--since", type=parse_since, metavar="DATE", help="only jobs finished at or after DATE (UTC)")
+    p.add_argument("--batch", metavar="NAME", help="only jobs submitted by `hitl submit --batch NAME`")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help="data directory (default .hitl)")
+    p.add_argument("--archive-url", default=None, metavar="URL", help="the archive (default HITL_ARCHIVE_URL, else "
+                   "<data-dir>/archive.sqlite3)")  # fmt: skip
+    p.add_argument("--artifacts", default=None, metavar="ROOT", help="artifact store (default <data-dir>/artifacts)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    data_dir = (args.data_dir or Path(".hitl")).resolve()
+    archive = Archive(archive_url(data_dir, args.archive_url))
+    try:
+        artifacts = ArtifactStore(args.artifacts or f"file://{data_dir / 'artifacts'}")
+        s = export(archive, artifacts, args.out, args.format, since=args.since, batch=args.batch)
+    finally:
+        archive.close()
+    print(
+        f"export: {s.format} in {s.out}: {s.images} images, {s.annotations} boxes, {s.masks} masks, "
+        f"{len(s.categories)} labels"
+    )
+    for name in s.missing:
+        print(f"export: warning: artifact {name} is not in the artifact store", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

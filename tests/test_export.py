@@ -1,0 +1,133 @@
+"""``hitl export`` (docs/archive.md § Export): archived jobs with real mask PNGs in a real artifact
+store, exported as COCO (loaded back with pycocotools) and as YOLO, with the reviewer's corrections
+to the detector's proposals apart from the approved labels."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from pycocotools.coco import COCO
+
+from archive import migrate
+from archive.archiver import archive_job
+from archive.db import Archive
+from archive.export import main as export_main
+from statecore.artifacts import ArtifactStore
+from statecore.models import ImageRef
+
+from .test_archive import finished_job
+
+W, H = 640, 480
+
+
+def _png(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _mask(i: int, job: int) -> np.ndarray:
+    """A different shape per box and job: a rectangle, then a disk (so RLE has several runs per column)."""
+    m = np.zeros((H, W), dtype=np.uint8)
+    if i % 2 == 0:
+        m[20 + 10 * job : 80 + 7 * i, 30 : 90 + 13 * i + job] = 255
+    else:
+        yy, xx = np.mgrid[:H, :W]
+        m[(yy - 240) ** 2 + (xx - 320 - job) ** 2 <= (40 + 5 * i) ** 2] = 255
+    return m
+
+
+@pytest.fixture
+async def exported_world(store, tmp_path: Path):
+    """Three finished, archived jobs: two from batch ``spring``, one from ``autumn``; each box's
+    mask is a real PNG in the artifact store. Returns the paths and the masks by job."""
+    artifacts = ArtifactStore(f"file://{tmp_path / 'artifacts'}")
+    url = f"sqlite:///{tmp_path / 'archive.sqlite3'}"
+    migrate.upgrade(url)
+    archive = Archive(url)
+    masks: dict[str, list[np.ndarray]] = {}
+    try:
+        for n, batch in enumerate(("spring", "spring", "autumn")):
+            photo = np.full((H, W, 3), 40 * n, dtype=np.uint8)
+            name = artifacts.put("image", _png(photo), "png")
+            image = ImageRef(sha256=f"{n:064x}", width=W, height=H, url=ArtifactStore.url(name))
+            arrays = [_mask(i, n) for i in range(3)]
+            names = {i: artifacts.put("mask", _png(a), "png") for i, a in enumerate(arrays)}
+            job_id = await finished_job(store, image, masks=names, key=f"{batch}:{n:064x}")
+            assert await archive_job(store, archive, job_id) == "INSERTED"
+            masks[job_id] = arrays
+    finally:
+        archive.close()
+    return {"url": url, "artifacts": str(tmp_path / "artifacts"), "masks": masks, "tmp": tmp_path}
+
+
+def _export(world, fmt: str, out: Path, *extra: str) -> None:
+    argv = ["--format", fmt, "--out", str(out), "--archive-url", world["url"], "--artifacts", world["artifacts"]]
+    assert export_main([*argv, *extra]) == 0
+
+
+async def test_coco_export_loads_in_pycocotools_with_the_jobs_boxes_and_mask_areas(exported_world, capsys):
+    out = exported_world["tmp"] / "coco"
+    _export(exported_world, "coco", out, "--batch", "spring", "--since", "2020-01-01")
+    assert "2 images, 6 boxes, 6 masks" in capsys.readouterr().out
+    coco = COCO(str(out / "annotations.json"))
+    assert len(coco.getImgIds()) == 2 and len(coco.getAnnIds()) == 6
+    assert {c["name"] for c in coco.loadCats(coco.getCatIds())} == {"shoe", "bag"}
+    masks = exported_world["masks"]
+    spring = list(masks)[:2]
+    for img in coco.loadImgs(coco.getImgIds()):
+        job_id = img["hitl_job_id"]
+        assert job_id in spring
+        assert (img["width"], img["height"]) == (W, H)
+        assert (out / img["file_name"]).exists()
+        anns = coco.loadAnns(coco.getAnnIds(imgIds=[img["id"]]))
+        assert len(anns) == 3
+        for ann, expected in zip(anns, masks[job_id], strict=True):
+            truth = expected > 0
+            assert ann["area"] == int(truth.sum())
+            assert np.array_equal(coco.annToMask(ann).astype(bool), truth)
+        # The approved boxes, as the reviewer left them: box 0 moved 5 px right.
+        assert [a["bbox"] for a in anns][0] == [15.0, 10.0, 90.0, 110.0]
+    corrections = json.loads((out / "corrections.json").read_text())
+    assert corrections["totals"] == {"added": 2, "moved": 2, "relabelled": 0, "deleted": 2}
+    job = corrections["jobs"][0]
+    assert (job["proposed"], job["approved"]) == (3, 3)
+    assert [b["label"] for b in job["added"]] == ["bag"] and [b["label"] for b in job["deleted"]] == ["hand"]
+    assert job["moved"][0]["from"] == [10.0, 10.0, 100.0, 120.0] and job["moved"][0]["to"] == [15.0, 10.0, 105.0, 120.0]
+
+
+async def test_coco_export_since_a_later_date_is_empty(exported_world):
+    out = exported_world["tmp"] / "none"
+    _export(exported_world, "coco", out, "--since", "2999-01-01")
+    assert json.loads((out / "annotations.json").read_text())["images"] == []
+
+
+async def test_yolo_export_writes_normalized_labels_masks_and_names(exported_world):
+    out = exported_world["tmp"] / "yolo"
+    _export(exported_world, "yolo", out)
+    labels = sorted((out / "labels").glob("*.txt"))
+    assert len(labels) == 3 and len(list((out / "images").glob("*.png"))) == 3
+    assert len(list((out / "masks").glob("*.png"))) == 9
+    names = (out / "data.yaml").read_text()
+    assert '0: "bag"' in names and '1: "shoe"' in names
+    for path in labels:
+        rows = [line.split() for line in path.read_text().splitlines()]
+        assert len(rows) == 3
+        # Moved box 0 (shoe) [15, 10, 105, 120]; kept box 1 (shoe) [200, 40, 320, 200]; drawn bag [500, 300, 600, 400].
+        assert rows[0] == ["1", f"{60 / W:.6f}", f"{65 / H:.6f}", f"{90 / W:.6f}", f"{110 / H:.6f}"]
+        assert rows[1] == ["1", f"{260 / W:.6f}", f"{120 / H:.6f}", f"{120 / W:.6f}", f"{160 / H:.6f}"]
+        assert rows[2] == ["0", f"{550 / W:.6f}", f"{350 / H:.6f}", f"{100 / W:.6f}", f"{100 / H:.6f}"]
+    job_id = labels[0].stem
+    first = np.asarray(Image.open(out / "masks" / f"{job_id}_{_box_ids(out, job_id)[0]}.png")) > 0
+    assert np.array_equal(first, exported_world["masks"][job_id][0] > 0)
+
+
+def _box_ids(out: Path, job_id: str) -> list[str]:
+    corrections = json.loads((out / "corrections.json").read_text())
+    job = next(j for j in corrections["jobs"] if j["job_id"] == job_id)
+    return [m["box_id"] for m in job["moved"]]
