@@ -183,7 +183,7 @@ def deployment_options(backend: str, overrides: Mapping[str, Any], gpu: bool) ->
     return opts
 
 
-def build_model_deployments(config: Mapping[str, Any]) -> dict[str, Any]:
+def build_model_deployments(config: Mapping[str, Any], gpu: bool | None = None) -> dict[str, Any]:
     """Bound ``Detector``, ``BoxValidator`` and ``Segmenter`` from ``Settings.backend_config()``.
 
     ``config["deployments"]`` (the ``--config`` file) may hold, per deployment name or role:
@@ -191,8 +191,12 @@ def build_model_deployments(config: Mapping[str, Any]) -> dict[str, Any]:
     ``upscale_delay_s``, ``downscale_delay_s`` (or an ``autoscaling_config`` mapping),
     ``num_replicas``, ``max_ongoing_requests``, ``num_gpus``, ``num_cpus``,
     ``ray_actor_options``, ``max_batch_size``, ``batch_wait_timeout_s`` and ``options``
-    (extra backend settings such as ``threshold`` or ``feather_px``)."""
-    gpu = _cuda_available()
+    (extra backend settings such as ``threshold`` or ``feather_px``).
+
+    ``gpu``: whether torch backends ask Ray for GPUs; ``None`` asks only when the building
+    process sees CUDA (on a cluster whose GPUs are on other nodes, say ``True``)."""
+    if gpu is None:
+        gpu = _cuda_available()
     artifact_root = str(config.get("artifacts") or "file://.hitl/artifacts")
     out: dict[str, Any] = {}
     deployments: tuple[tuple[Role, Any], ...] = (

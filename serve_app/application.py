@@ -11,18 +11,32 @@
 
 The ingress builds its FastAPI app on the replica (``__serve_build_asgi_app__``)
 so the app's lifespan can use the replica's own handles.
-"""
 
-from __future__ import annotations
+One deployment graph, three ways in (``build_application`` is the graph):
+
+- ``hitl up`` calls ``build_application(settings)``;
+- ``serve run serve_app.application:build_app redis_url=redis://…`` and a Serve config file
+  whose ``import_path`` is ``serve_app.application:build_app``: Ray Serve validates the
+  arguments (``args:``) into :class:`AppArgs`, the builder's annotated parameter;
+- ``serve run serve_app.application:app`` / ``serve build serve_app.application:app``: the
+  application bound from environment variables (:meth:`AppArgs.from_environment`).
+
+No ``from __future__ import annotations`` here: Ray Serve reads the builder's annotation at run
+time (``inspect.signature``) and converts ``args`` only when it is a class, not a string.
+"""
 
 import asyncio
 import functools
+import json
 import logging
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import ray
 from fastapi import FastAPI
+from pydantic import ConfigDict, model_validator
 from ray import serve
 
 from statecore.artifacts import ArtifactStore
@@ -84,7 +98,14 @@ class ServeRunner:
         return {name: await h.describe.remote() for name, h in self.handles.items()}
 
 
-@serve.deployment(name="Api", max_ongoing_requests=4096, graceful_shutdown_timeout_s=5)
+# Api and Events: Serve's own health-check defaults, spelled out so that the config file states them.
+@serve.deployment(
+    name="Api",
+    max_ongoing_requests=4096,
+    health_check_period_s=10.0,
+    health_check_timeout_s=30.0,
+    graceful_shutdown_timeout_s=5.0,
+)
 @serve.ingress()
 class Api:
     """Ingress: the HTTP API, plus this replica's outbox dispatcher."""
@@ -141,7 +162,13 @@ class Api:
         return rt
 
 
-@serve.deployment(name="Events", max_ongoing_requests=20000, graceful_shutdown_timeout_s=5)
+@serve.deployment(
+    name="Events",
+    max_ongoing_requests=20000,
+    health_check_period_s=10.0,
+    health_check_timeout_s=30.0,
+    graceful_shutdown_timeout_s=5.0,
+)
 class Events:
     """Every open SSE stream of this replica shares one EventHub."""
 
@@ -155,15 +182,110 @@ class Events:
             yield line
 
 
-def build_application(settings: Settings) -> Any:
-    """The whole application, bound; run it with ``serve.run(app, name=APP_NAME, route_prefix="/")``."""
+def build_application(settings: Settings, gpu: bool | None = None) -> Any:
+    """The whole application, bound; run it with ``serve.run(app, name=APP_NAME, route_prefix="/")``.
+    ``gpu``: see ``deployments.serve.build_model_deployments``."""
     from deployments.serve import build_model_deployments
 
     cfg = settings.model_dump_json()
-    models = build_model_deployments(settings.backend_config())
+    models = build_model_deployments(settings.backend_config(), gpu=gpu)
     events_d: Any = Events  # a serve Deployment at run time; mypy sees the undecorated class
     api_d: Any = Api
     events = events_d.options(num_replicas=settings.events_replicas, ray_actor_options={"num_cpus": 0}).bind(cfg)
     return api_d.options(num_replicas=settings.api_replicas, ray_actor_options={"num_cpus": 0}).bind(
         cfg, events, models["Detector"], models["BoxValidator"], models["Segmenter"]
     )
+
+
+# Environment variables an argument falls back to when it is not given (first one set wins).
+ENV_FALLBACK = {
+    "redis_url": ("HITL_REDIS_URL", "REDIS_URL"),
+    "artifacts_root": ("HITL_ARTIFACTS",),
+    "tokens": ("HITL_TOKENS",),
+    "data_dir": ("HITL_DATA_DIR",),
+}
+# ``hitl up`` options with no meaning inside a Serve application, and where that setting lives.
+LAUNCHER_ONLY = {
+    "api_port": "http_options.port of the Serve config (serve run: --port is not an app argument)",
+    "ui_port": "the reviewer UI is started by `hitl up`, or `python -m ui --api-url …`",
+    "ray_address": "serve run/deploy --address, or RAY_ADDRESS",
+}
+
+
+class AppArgs(Settings):
+    """The application's arguments: every ``Settings`` field a Serve application uses, plus ``gpus``.
+
+    Unknown names are refused (a typo in a config's ``args:`` fails the deploy instead of being
+    ignored). ``redis_url``, ``artifacts_root``, ``tokens`` and ``data_dir`` fall back to
+    ``HITL_REDIS_URL`` (or ``REDIS_URL``), ``HITL_ARTIFACTS``, ``HITL_TOKENS`` and ``HITL_DATA_DIR``
+    in the process that builds the application (on a cluster: the config's ``runtime_env.env_vars``
+    or the nodes' environment). ``host`` says where the API listens: beyond loopback,
+    ``HITL_TOKENS`` is required."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Whether torch backends ask Ray for GPUs (``num_gpus``). None: only when the building process
+    # sees CUDA, right on one machine; on a cluster the GPUs are on other nodes, so say true.
+    gpus: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_environment(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        wrong = sorted(set(data) & set(LAUNCHER_ONLY))
+        if wrong:
+            raise ValueError("; ".join(f"{k} is not an application argument: use {LAUNCHER_ONLY[k]}" for k in wrong))
+        values = dict(data)
+        for field, names in ENV_FALLBACK.items():
+            if values.get(field) is None:
+                found = next((os.environ[n] for n in names if os.environ.get(n)), None)
+                if found is not None:
+                    values[field] = found
+        return values
+
+    @model_validator(mode="after")
+    def _complete(self) -> "AppArgs":
+        if not self.redis_url:
+            raise ValueError(
+                "no Redis: pass redis_url (serve run serve_app.application:build_app redis_url=redis://HOST:6379/0, "
+                "or args.redis_url in the Serve config) or set HITL_REDIS_URL"
+            )
+        if not self.tokens and not self.loopback:
+            raise ValueError(f"host {self.host} is beyond loopback: set HITL_TOKENS (name:role:token,...)")
+        return self
+
+    @classmethod
+    def from_environment(cls) -> "AppArgs":
+        """Arguments from the environment only: ``HITL_APP_ARGS`` (a JSON object of arguments,
+        optional) and the fallbacks of ``ENV_FALLBACK``."""
+        raw = os.environ.get("HITL_APP_ARGS") or "{}"
+        try:
+            data = json.loads(raw)
+        except ValueError as e:
+            raise ValueError(f"HITL_APP_ARGS is not JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise ValueError("HITL_APP_ARGS must be a JSON object of application arguments")
+        return cls.model_validate(data)
+
+    def settings(self) -> Settings:
+        """The ``Settings`` the replicas get; relative paths are resolved here, in the building process."""
+        values = self.model_dump(exclude={"gpus"})
+        values["data_dir"] = Path(values["data_dir"]).resolve()
+        return Settings.model_validate(values)
+
+
+def build_app(args: AppArgs) -> Any:
+    """The application builder for Ray's CLI and config files (``import_path:
+    serve_app.application:build_app`` with ``args:``): Serve validates ``args`` into ``AppArgs``."""
+    if not isinstance(args, AppArgs):  # called directly with a mapping (or by an older Serve)
+        args = AppArgs.model_validate(args)
+    return build_application(args.settings(), gpu=args.gpus)
+
+
+def __getattr__(name: str) -> Any:
+    """``serve_app.application:app``: the application bound from the environment
+    (``AppArgs.from_environment``), built when it is asked for, so importing this module builds nothing."""
+    if name == "app":
+        return build_app(AppArgs.from_environment())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,262 @@
+"""The deployment files stay honest: ``deploy/serve-config.yaml`` is what the application builder
+makes from its own ``args`` (same deployments, same options) and a valid Ray Serve config;
+``deploy/kuberay/rayservice.yaml`` validates against the RayService CRD's openAPIV3Schema (the copy
+in ``deploy/kuberay/schema/``, unknown fields refused as ``kubectl apply --validate=strict`` does),
+embeds exactly that Serve config, and points at what ``deploy/kuberay/redis.yaml`` provides.
+
+No Ray cluster here: building an application (``.bind()``, Serve's ``build_app``) needs none.
+``tests/test_serve_cli.py`` runs the same files through Ray's CLI."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import jsonschema
+import pytest
+import ray
+import yaml
+from pydantic import ValidationError
+from ray._common.utils import import_attr
+from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+from ray.serve._private.build_app import build_app
+from ray.serve.schema import DeploymentSchema, ServeDeploySchema
+
+from serve_app.application import ENV_FALLBACK, AppArgs
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVE_CONFIG = ROOT / "deploy" / "serve-config.yaml"
+KUBERAY = ROOT / "deploy" / "kuberay"
+CRD = KUBERAY / "schema" / "ray.io_rayservices.yaml"
+MODEL_DEPLOYMENTS = ("Detector", "BoxValidator", "Segmenter")
+
+
+@pytest.fixture(autouse=True)
+def no_env_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builder reads HITL_REDIS_URL & co. when an argument is missing: not from this shell."""
+    for names in ENV_FALLBACK.values():
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("HITL_APP_ARGS", raising=False)
+
+
+@pytest.fixture
+def node_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a node of the cluster has in its environment (a Secret on KubeRay)."""
+    monkeypatch.setenv("HITL_TOKENS", "ops:admin:test-token")
+
+
+def load(path: Path) -> Any:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: the 1 MB CRD in 1 s, not 8
+    return yaml.load(path.read_text(), Loader=loader)  # a safe loader, chosen above
+
+
+def serve_config() -> dict[str, Any]:
+    return load(SERVE_CONFIG)
+
+
+def built_deployments(import_path: str, args: dict[str, Any], name: str = "hitl") -> dict[str, dict[str, Any]]:
+    """What ``serve deploy`` would run: the builder called by Serve's own code with ``args``, each
+    deployment as Serve's config schema writes it (``serve build`` does the same)."""
+    from ray.serve.scripts import deployment_to_schema
+
+    app = call_user_app_builder_with_args_if_necessary(import_attr(import_path), args)
+    return {
+        d.name: deployment_to_schema(d).model_dump(exclude_unset=True) for d in build_app(app, name=name).deployments
+    }
+
+
+def as_written(deployment: dict[str, Any]) -> dict[str, Any]:
+    """A config file's deployment entry normalised through Serve's schema (2 and 2.0 compare equal)."""
+    return DeploymentSchema.model_validate(deployment).model_dump(exclude_unset=True)
+
+
+def test_serve_config_is_what_the_builder_makes(node_tokens):
+    t0 = time.monotonic()
+    config = serve_config()
+    ServeDeploySchema.model_validate(config)
+    [app] = config["applications"]
+    assert app["import_path"] == "serve_app.application:build_app"
+    written = {d["name"]: as_written(d) for d in app["deployments"]}
+    built = built_deployments(app["import_path"], app["args"])
+    assert sorted(written) == sorted(built) == sorted(["Api", "Events", *MODEL_DEPLOYMENTS])
+    for name in built:
+        assert written[name] == built[name], f"deploy/serve-config.yaml's {name} is not what the builder makes"
+    # What the file must state for each deployment (SPEC's operator-facing options), not merely match.
+    for name, d in written.items():
+        assert d["max_ongoing_requests"] >= 1
+        assert {"health_check_period_s", "health_check_timeout_s", "graceful_shutdown_timeout_s"} <= set(d)
+        assert "ray_actor_options" in d
+        if name in MODEL_DEPLOYMENTS:
+            assert d["autoscaling_config"]["min_replicas"] >= 1
+            assert d["ray_actor_options"]["num_gpus"] > 0
+        else:  # open SSE streams are ongoing requests: a fixed count, never autoscaled on them
+            assert "autoscaling_config" not in d and d["num_replicas"] >= 1
+    print(f"builder vs serve-config.yaml: {time.monotonic() - t0:.2f}s")
+
+
+def test_a_drifted_serve_config_is_caught(node_tokens):
+    """The comparison above can fail: change one option in the args and the deployments differ."""
+    [app] = serve_config()["applications"]
+    args = copy.deepcopy(app["args"])
+    args["models"]["deployments"]["Segmenter"]["max_replicas"] = 3
+    built = built_deployments(app["import_path"], args)
+    written = {d["name"]: as_written(d) for d in app["deployments"]}
+    assert built["Segmenter"] != written["Segmenter"]
+    assert built["Detector"] == written["Detector"]
+
+
+def test_builder_args_are_validated_by_serve_into_the_typed_model():
+    build = import_attr("serve_app.application:build_app")
+    # Serve converts the mapping (CLI arguments are strings) into the annotated pydantic model.
+    app = call_user_app_builder_with_args_if_necessary(
+        build, {"redis_url": "redis://r:6379/0", "api_replicas": "3", "detector_delay_ms": "40"}
+    )
+    api = {d.name: d for d in build_app(app, name="x").deployments}["Api"]
+    assert api.num_replicas == 3
+    with pytest.raises(ValidationError, match="no Redis"):
+        call_user_app_builder_with_args_if_necessary(build, {})
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        call_user_app_builder_with_args_if_necessary(build, {"redis_url": "redis://r", "detektor": "sam"})
+    with pytest.raises(ValidationError, match="api_port is not an application argument"):
+        call_user_app_builder_with_args_if_necessary(build, {"redis_url": "redis://r", "api_port": "9000"})
+    with pytest.raises(ValidationError, match="HITL_TOKENS"):
+        call_user_app_builder_with_args_if_necessary(build, {"redis_url": "redis://r", "host": "0.0.0.0"})
+
+
+def test_env_fallback_and_app_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("HITL_REDIS_URL", "redis://from-env:6380/2")
+    monkeypatch.setenv("HITL_ARTIFACTS", f"file://{tmp_path}/a")
+    monkeypatch.setenv("HITL_APP_ARGS", '{"api_replicas": 2}')
+    args = AppArgs.from_environment()
+    assert (args.redis_url, args.artifacts, args.api_replicas) == ("redis://from-env:6380/2", f"file://{tmp_path}/a", 2)
+    assert AppArgs.model_validate({"redis_url": "redis://given"}).redis_url == "redis://given"  # args win
+    app = import_attr("serve_app.application:app")
+    assert {d.name for d in build_app(app, name="x").deployments} == {"Api", "Events", *MODEL_DEPLOYMENTS}
+    monkeypatch.setenv("HITL_APP_ARGS", "[1]")
+    with pytest.raises(ValueError, match="HITL_APP_ARGS must be a JSON object"):
+        AppArgs.from_environment()
+
+
+# ---------------------------------------------------------------------------- KubeRay
+
+
+def strict(schema: Any) -> Any:
+    """The CRD schema with unknown fields refused, as the API server's strict field validation does
+    (a structural schema otherwise prunes them silently: a typo would deploy without its setting)."""
+    if isinstance(schema, dict):
+        out = {k: strict(v) for k, v in schema.items()}
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def rayservice_validator() -> jsonschema.protocols.Validator:
+    crd = load(CRD)
+    assert crd["kind"] == "CustomResourceDefinition" and crd["spec"]["names"]["kind"] == "RayService"
+    [v1] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    assert v1["served"] and v1["storage"]
+    schema = strict(v1["schema"]["openAPIV3Schema"])
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def rayservice() -> dict[str, Any]:
+    return load(KUBERAY / "rayservice.yaml")
+
+
+def errors(validator: jsonschema.protocols.Validator, doc: Any) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def test_rayservice_validates_against_the_crd(rayservice_validator):
+    rs = rayservice()
+    assert (rs["apiVersion"], rs["kind"]) == ("ray.io/v1", "RayService")
+    assert errors(rayservice_validator, rs) == []
+    # The validation can fail: a misspelt field, a wrong type, a missing required field.
+    typo = copy.deepcopy(rs)
+    typo["spec"]["rayClusterConfig"]["workerGroupSpec"] = typo["spec"]["rayClusterConfig"].pop("workerGroupSpecs")
+    assert any("workerGroupSpec" in e for e in errors(rayservice_validator, typo))
+    wrong = copy.deepcopy(rs)
+    wrong["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplicas"] = "one"
+    assert errors(rayservice_validator, wrong)
+    missing = copy.deepcopy(rs)
+    del missing["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    assert any("template" in e for e in errors(rayservice_validator, missing))
+
+
+def test_rayservice_embeds_the_serve_config():
+    rs = rayservice()
+    embedded = yaml.safe_load(rs["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(embedded)
+    assert embedded == serve_config(), "rayservice.yaml's serveConfigV2 differs from deploy/serve-config.yaml"
+    assert rs["spec"]["rayClusterConfig"]["rayVersion"] == ray.__version__
+
+
+def pods(rs: dict[str, Any]) -> list[dict[str, Any]]:
+    cluster = rs["spec"]["rayClusterConfig"]
+    return [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
+
+
+def mounted(pod: dict[str, Any], path: str) -> bool:
+    return any(
+        path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")
+        for c in pod["containers"]
+        for m in c.get("volumeMounts", [])
+    )
+
+
+def test_rayservice_nodes_have_what_the_application_args_name():
+    rs = rayservice()
+    [app] = serve_config()["applications"]
+    args = AppArgs.model_validate({**app["args"], "tokens": "x:admin:y"})  # tokens: from the Secret
+    gpu_groups = [
+        g
+        for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+        if any("nvidia.com/gpu" in c["resources"].get("limits", {}) for c in g["template"]["spec"]["containers"])
+    ]
+    assert gpu_groups, "the model deployments ask for GPUs: a worker group must have them"
+    artifacts = urlparse(args.artifacts)
+    assert artifacts.scheme == "file"
+    for pod in pods(rs):
+        # Any node may run an Api replica (uploads) or a model replica (masks): same paths on all.
+        assert mounted(pod, artifacts.path) and mounted(pod, str(args.data_dir))
+        # host 0.0.0.0 needs tokens; they come from a Secret, never from the config.
+        env = {e["name"]: e for c in pod["containers"] for e in c.get("env", [])}
+        assert "secretKeyRef" in env["HITL_TOKENS"]["valueFrom"]
+    for group in gpu_groups:
+        assert args.sam_checkpoint and mounted(group["template"]["spec"], args.sam_checkpoint)
+
+
+def test_redis_manifest_provides_the_redis_the_config_names():
+    docs = list(yaml.safe_load_all((KUBERAY / "redis.yaml").read_text()))
+    by_kind = {d["kind"]: d for d in docs}
+    assert sorted(by_kind) == ["Service", "StatefulSet"]
+    service, sts = by_kind["Service"], by_kind["StatefulSet"]
+    [app] = serve_config()["applications"]
+    url = urlparse(app["args"]["redis_url"])
+    assert url.scheme == "redis"
+    assert url.hostname == service["metadata"]["name"] == sts["spec"]["serviceName"]
+    [port] = service["spec"]["ports"]
+    assert port["port"] == (url.port or 6379)
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert sts["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert service["spec"]["selector"].items() <= labels.items()
+    [container] = sts["spec"]["template"]["spec"]["containers"]
+    assert port["targetPort"] in [p[k] for p in container["ports"] for k in ("name", "containerPort")]
+    flags = dict(zip(container["args"][::2], container["args"][1::2], strict=True))
+    # What `hitl up --redis-url` insists on for an external Redis: persistence on, no eviction.
+    assert flags["--appendonly"] == "yes" and flags["--maxmemory-policy"] == "noeviction"
+    data_mount = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}[flags["--dir"]]
+    assert data_mount in {t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]}
