@@ -1,8 +1,11 @@
 """A real ``hitl up`` (embedded redis-server, local Ray, Ray Serve, optionally the UI) as a child
 process group on free ports: what the end-to-end tests, the load test and the benchmarks run.
 
-``start`` waits for the ``READY api=<url> [ui=<url>] …`` line; the embedded Redis's URL comes from
-its "embedded redis-server on redis://…" log line. ``stop`` is a SIGTERM and a clean exit, ``kill``
+``start`` waits for the ``READY api=<url> [ui=<url>] [dashboard=<url>]`` line; the embedded Redis's
+URL comes from its "embedded redis-server on redis://…" log line. The Ray dashboard is off
+(``--no-dashboard``, a cheaper start) unless ``dashboard=True``; joining a cluster
+(``--ray-address`` among the options) the API is wherever that cluster's Serve proxy listens, as
+the READY line says. ``stop`` is a SIGTERM and a clean exit, ``kill``
 a SIGKILL of the whole tree (a crash); the data directory outlives both, so a second ``HitlUp`` on
 it finds the same jobs.
 """
@@ -35,6 +38,7 @@ class HitlUp:
         data_dir: Path,
         *args: str,
         ui: bool = False,
+        dashboard: bool = False,
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
     ) -> None:
@@ -46,6 +50,9 @@ class HitlUp:
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         self.ui_url = f"http://127.0.0.1:{self.ui_port}" if ui else None
         self.redis_url: str | None = None
+        self.dashboard = dashboard
+        self.dashboard_url: str | None = None
+        self.joins_cluster = "--ray-address" in args
         self.ready: dict[str, str] = {}
         cmd = [
             sys.executable,
@@ -59,6 +66,8 @@ class HitlUp:
             *args,
         ]
         cmd += ["--ui-port", str(self.ui_port)] if ui else ["--no-ui"]
+        if not dashboard:
+            cmd.append("--no-dashboard")
         full_env = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV}
         full_env.update(PYTHONUNBUFFERED="1", **(env or {}))
         self.child = Child(cmd, env=full_env, log_path=log_path)
@@ -77,8 +86,13 @@ class HitlUp:
         try:
             line = self.child.wait_for(READY, timeout).group(1)
             self.ready = dict(part.split("=", 1) for part in line.split() if "=" in part)
+            if self.joins_cluster and self.ready.get("api"):
+                self.api_url = self.ready["api"]
             if self.ready.get("api") != self.api_url or self.ready.get("ui") != self.ui_url:
                 raise RuntimeError(f"hitl up is not where it was asked to be: READY {line}")
+            self.dashboard_url = self.ready.get("dashboard")
+            if self.dashboard and not self.joins_cluster and not self.dashboard_url:
+                raise RuntimeError(f"hitl up names no dashboard: READY {line}")
             m = next((EMBEDDED_REDIS.search(ln) for ln in self.lines if EMBEDDED_REDIS.search(ln)), None)
             self.redis_url = m.group(1) if m else None
         except BaseException:
@@ -93,6 +107,12 @@ class HitlUp:
     def stop(self, timeout: float = 90) -> int | None:
         """SIGTERM and wait for a clean exit; returns the exit code (negative when it had to be killed)."""
         return self.child.stop(timeout)
+
+    @property
+    def pid(self) -> int:
+        """The ``hitl up`` process, leader of its own process group (as a terminal's job would be)."""
+        assert self.child.proc is not None, "not started"
+        return self.child.proc.pid
 
     def wait_port_free(self, timeout: float = 30) -> None:
         """Until nothing listens on the API port (Ray's proxy may linger after a SIGKILL)."""

@@ -77,9 +77,22 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         "--ray-address",
         default=None,
         metavar="ADDR",
-        help="join an existing Ray cluster instead of starting a local one (default $RAY_ADDRESS)",
+        help="join an existing Ray cluster instead of starting a local one (default $RAY_ADDRESS): the "
+        "project's packages reach the workers in the job's runtime environment, GPUs are counted from the "
+        "cluster's resources, the API is where the cluster's Serve proxy listens, and stopping deletes only "
+        "the `hitl` application. Unless every node is this machine, a loopback Redis, a file:// artifact "
+        "store (set HITL_ARTIFACTS) and the local token file (set HITL_TOKENS) are refused",
     )
-    g.add_argument("--dashboard", action="store_true", help="also start the Ray dashboard (http://127.0.0.1:8265)")
+    g.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="the Ray dashboard's port on --host (default 8265, or a free port when 8265 is taken, e.g. by "
+        "another Ray on this machine; the READY line names it; a port given here must be free; 0: any "
+        "free port). With --ray-address the cluster's own dashboard is named instead",
+    )
+    g.add_argument("--no-dashboard", action="store_true", help="do not start the Ray dashboard")
     g.add_argument(
         "--api-replicas",
         type=int,
@@ -251,8 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         help="start Redis, Ray Serve, the API and the reviewer UI on this machine",
         description="Start everything on one machine: the embedded Redis (unless --redis-url), Ray (local, or "
-        "--ray-address), the API and the reviewer UI (unless --no-ui). When it is serving it prints "
-        "one line `READY api=<url> ui=<url>`. SIGTERM or Ctrl-C stops it cleanly; jobs, pauses and "
+        "--ray-address), the API, the Ray dashboard (unless --no-dashboard) and the reviewer UI (unless "
+        "--no-ui). When it is serving it prints one line `READY api=<url> ui=<url> dashboard=<url>` "
+        "(ui= and dashboard= only when they run). SIGTERM or Ctrl-C stops it in a few seconds, leaving no "
+        "process behind (a second one kills what is left at once); jobs, pauses and "
         "results survive a restart on the same --data-dir.",
         epilog="Without HITL_TOKENS on a loopback address, a local admin token is written to "
         "<data-dir>/api-token (mode 0600); the UI and the client commands pick it up from there.",
@@ -285,7 +300,14 @@ def _run_up(args: argparse.Namespace) -> int:
         return 2
     settings = settings_from_args(args)
     on_ready = _demo_submitter(settings.data_dir.resolve()) if args.command == "demo" else None
-    return up(settings, ui=not args.no_ui, dashboard=args.dashboard, on_ready=on_ready, verbose=args.verbose)
+    return up(
+        settings,
+        ui=not args.no_ui,
+        dashboard=not args.no_dashboard,
+        dashboard_port=args.dashboard_port,
+        on_ready=on_ready,
+        verbose=args.verbose,
+    )
 
 
 def _demo_submitter(data_dir: Path) -> Callable[[str, str | None], None]:

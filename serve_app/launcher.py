@@ -1,14 +1,17 @@
-"""`hitl up` / `hitl demo`: everything on one machine, stopped cleanly on SIGTERM or Ctrl-C.
+"""`hitl up` / `hitl demo`: everything on one machine (or this driver on a joined Ray cluster).
 
-Order: lock the data directory, start the embedded redis-server (AOF) unless
-REDIS_URL is given, make the local token, start or join Ray, run the Serve
-application, wait until /readyz says ready, start the UI, print READY.
-A second `hitl up` on the same data directory (also after SIGKILL) finds every
-job where it was: state is in Redis's AOF, blobs in the artifact store.
+Order: lock the data directory, start the embedded redis-server (AOF) unless REDIS_URL is given,
+make the local token, start or join Ray (``serve_app.ray_runtime``), run the Serve application,
+wait until /readyz answers ready where the ingress really listens, start the UI, print READY.
+SIGINT or SIGTERM, reaching this process alone or its whole process group, stops everything in
+order in a few seconds, leaving no process behind (``serve_app.stopping``); a signal during the
+start-up abandons it the same way. A second `hitl up` on the same data directory (also after
+SIGKILL) finds every job where it was: state is in Redis's AOF, blobs in the artifact store.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import logging
 import os
@@ -22,10 +25,12 @@ from typing import Any
 
 import httpx
 
+from . import ray_runtime
 from .auth import local_token
 from .config import Settings, load_config_file
 from .durability import appendfsync, check_external
 from .redis_server import RedisServer, free_port
+from .stopping import Stopper, descendants
 
 log = logging.getLogger("hitl.up")
 
@@ -75,53 +80,54 @@ def _wait_ready(api_url: str, token: str | None, timeout: float) -> dict[str, An
     raise SystemExit(f"hitl up: the API did not become ready within {timeout:.0f}s (last answer: {last})")
 
 
-def _start_ray(settings: Settings, dashboard: bool) -> None:
-    import ray
-
-    kwargs: dict[str, Any] = {
-        "namespace": "hitl",
-        "include_dashboard": dashboard,
-        "log_to_driver": False,
-        "logging_level": logging.WARNING,
-    }
-    if settings.ray_address:
-        ray.init(address=settings.ray_address, **kwargs)
-    else:
-        # A local single-machine cluster: logical CPUs are resources, not cores; give the
-        # control plane and three model deployments room even on a 2-core machine.
-        ray.init(
-            num_cpus=max(8, os.cpu_count() or 1),
-            object_store_memory=256 * 1024 * 1024,
-            _temp_dir=str(Path("/tmp") / f"hitl-ray-{os.getuid()}"),
-            **kwargs,
-        )
+class StopRequested(BaseException):
+    """SIGINT or SIGTERM while starting: abandon the start-up and stop what is already running."""
 
 
 def up(
     settings: Settings,
     *,
     ui: bool = True,
-    dashboard: bool = False,
+    dashboard: bool = True,
+    dashboard_port: int | None = None,
     ready_timeout: float = 300,
     on_ready: Any = None,
     verbose: bool = False,
 ) -> int:
+    """Run until SIGINT or SIGTERM, then stop everything (``serve_app.stopping``); 0 on a clean stop."""
+    # Read when ray is first imported: a Ray call from a stop step still running after ray.shutdown
+    # (serve_app.stopping bounds each step) must fail, not start a new local cluster behind our back.
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     settings.data_dir = settings.data_dir.resolve()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(settings.data_dir, verbose)
     DataDirLock(settings.data_dir).acquire()
     stop = threading.Event()
+    stopper = Stopper()
+    serving = False  # past start-up: a signal only sets ``stop``
+    stopping = False
 
     def _signal(signum: int, _frame: Any) -> None:
         log.info("received %s; stopping", signal.Signals(signum).name)
+        if stopping:
+            stopper.hurry.set()  # a second signal while stopping: kill what is left
+            return
         stop.set()
+        if not serving:
+            raise StopRequested()
 
-    signal.signal(signal.SIGTERM, _signal)
-    signal.signal(signal.SIGINT, _signal)
+    def _own_signals() -> None:
+        # Ray installs its own SIGTERM handler in the driver; ours must win so that Serve, Ray and
+        # Redis are stopped in order.
+        signal.signal(signal.SIGTERM, _signal)
+        signal.signal(signal.SIGINT, _signal)
 
+    _own_signals()
     redis: RedisServer | None = None
     ui_proc: subprocess.Popen | None = None
-    started_serve = False
+    ray_info: ray_runtime.RayInfo | None = None
+    deployed = False
+    app_name = ""
     try:
         if not settings.redis_url:
             redis = RedisServer(settings.data_dir / "redis", appendfsync=appendfsync(settings.durability)).start()
@@ -142,33 +148,39 @@ def up(
                 raise SystemExit("hitl up: set HITL_TOKENS (name:role:token,...) to listen beyond loopback")
             token = local_token(settings.data_dir)
         log.info("starting Ray (%s)", settings.ray_address or "local")
-        _start_ray(settings, dashboard)
+        ray_info = ray_runtime.start(settings, dashboard=dashboard, dashboard_port_requested=dashboard_port)
+        _own_signals()
+        if ray_info.joined:
+            ray_runtime.check_joined_cluster(settings)
         from ray import serve
 
         from .application import APP_NAME, build_application
 
-        serve.start(http_options={"host": settings.host, "port": settings.api_port}, detached=False)
-        started_serve = True
+        # Applied only when Serve is not running on the cluster yet; ray_runtime.ingress_url says where it is.
+        serve.start(http_options={"host": settings.host, "port": settings.api_port})
+        gpus = ray_runtime.cluster_gpus()  # the cluster's, not this machine's: they may be on other nodes
         log.info(
-            "deploying the Serve application (detector=%s, validator=%s, segmenter=%s)",
+            "deploying the Serve application (detector=%s, validator=%s, segmenter=%s; %g GPU in the cluster)",
             settings.detector,
             settings.validator_backend,
             settings.segmenter,
+            gpus,
         )
-        serve.run(build_application(settings), name=APP_NAME, route_prefix="/", blocking=False)
-        api_url = f"http://{settings.host}:{settings.api_port}"
-        # Ray installs its own SIGTERM handler in the driver; ours must win so that
-        # Serve, Ray and Redis are stopped in order.
-        signal.signal(signal.SIGTERM, _signal)
-        signal.signal(signal.SIGINT, _signal)
+        app_name, deployed = APP_NAME, True
+        serve.run(build_application(settings, gpu=gpus > 0), name=APP_NAME, route_prefix="/", blocking=False)
+        _own_signals()
+        api_url = ray_runtime.ingress_url(settings)
         info = _wait_ready(api_url, token, ready_timeout)
         log.info("ready: %s", info)
         ui_url = None
         if ui:
             ui_proc, ui_url = _start_ui(settings, api_url, token)
-        print(f"READY api={api_url}" + (f" ui={ui_url}" if ui_url else ""), flush=True)
+        print(ready_line(api_url, ui_url, ray_info.dashboard_url), flush=True)
         if on_ready is not None:
             threading.Thread(target=on_ready, args=(api_url, token), daemon=True).start()
+        serving = True
+        if stop.is_set():  # a signal between the READY line and here
+            return 0
         while not stop.wait(1.0):
             if redis is not None:
                 supervise_redis(redis)
@@ -176,28 +188,28 @@ def up(
                 log.error("the UI process exited with %s; restarting it", ui_proc.returncode)
                 ui_proc, ui_url = _start_ui(settings, api_url, token)
         return 0
+    except StopRequested:
+        log.info("stopped while starting")
+        return 0
     finally:
+        stopping = True
+        stopper.t0 = time.monotonic()
         log.info("shutting down")
-        if ui_proc is not None and ui_proc.poll() is None:
-            ui_proc.terminate()
-            try:
-                ui_proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                ui_proc.kill()
-        try:
-            import ray
+        started = descendants()
+        stopper.terminate_ui(ui_proc)
+        stopper.stop_ray(app_name, serving=deployed, joined=bool(ray_info and ray_info.joined))
+        stopper.stop_redis(redis)
+        stopper.kill_stragglers(started)
 
-            if started_serve:
-                from ray import serve
 
-                serve.shutdown()
-            if ray.is_initialized():
-                ray.shutdown()
-        except Exception as e:  # keep going: Redis must still be stopped
-            log.warning("ray shutdown: %s", e)
-        if redis is not None:
-            redis.stop()
-        log.info("stopped")
+def ready_line(api_url: str, ui_url: str | None, dashboard_url: str | None) -> str:
+    """``READY api=<url> [ui=<url>] [dashboard=<url>]``: the one line scripts wait for."""
+    parts = [f"api={api_url}"]
+    if ui_url:
+        parts.append(f"ui={ui_url}")
+    if dashboard_url:
+        parts.append(f"dashboard={dashboard_url}")
+    return "READY " + " ".join(parts)
 
 
 def supervise_redis(redis: RedisServer) -> bool:
@@ -230,7 +242,9 @@ def _start_ui(settings: Settings, api_url: str, token: str | None) -> tuple[subp
         env["HITL_TOKEN"] = token
     if settings.tokens:
         args.append("--require-login")
-    proc = subprocess.Popen(args, env=env)
+    # A session of its own: a terminal's Ctrl-C reaches `hitl up`, which stops the UI in order; and
+    # it dies with `hitl up` even when that is SIGKILLed.
+    proc = subprocess.Popen(args, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     url = f"http://{settings.host}:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -243,6 +257,15 @@ def _start_ui(settings: Settings, api_url: str, token: str | None) -> tuple[subp
             raise SystemExit(f"hitl up: the UI failed to start (exit {proc.returncode})")
         time.sleep(0.5)
     raise SystemExit("hitl up: the UI did not answer within 120s")
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG)."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def parse_node_timeouts(items: list[str] | None) -> dict[str, float] | None:

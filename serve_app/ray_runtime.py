@@ -1,0 +1,214 @@
+"""Ray for ``hitl up``: a local cluster of its own, or an existing cluster joined with ``--ray-address``.
+
+- Local: ``ray.init`` starts gcs_server, the raylet and (by default) the dashboard. Ray spawns its
+  daemons with SIGINT blocked and its workers in process groups of their own; when ``ray.init``
+  moves this process into a new process group (it does so to reap its daemons, whenever ``hitl up``
+  is not a group leader, e.g. under ``make demo``) we step back into the terminal's group, so a
+  terminal's Ctrl-C reaches ``hitl up`` alone, which then stops everything in order
+  (``serve_app.stopping``).
+- Joined: the project's packages reach every worker as ``py_modules`` of the job's runtime
+  environment; Redis and the artifact store must be reachable from every node; GPUs are counted
+  from the cluster's resources; the API is wherever the cluster's Serve proxy listens.
+"""
+
+from __future__ import annotations
+
+import importlib
+import ipaddress
+import logging
+import os
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
+
+from .config import Settings
+from .redis_server import free_port
+
+log = logging.getLogger("hitl.ray")
+
+DEFAULT_DASHBOARD_PORT = 8265
+# What the Serve replicas import: shipped to every node of a joined cluster.
+REPLICA_PACKAGES = ("statecore", "serve_app", "deployments")
+RUNTIME_ENV_EXCLUDES = ["__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache"]
+
+
+@dataclass
+class RayInfo:
+    joined: bool  # an existing cluster (--ray-address), not one of our own
+    dashboard_url: str | None  # http://host:port, or None when there is none
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def dashboard_port(requested: int | None, host: str) -> int:
+    """The dashboard's port. Not given: 8265, or any free port when 8265 is taken (another Ray on this
+    machine: the READY line names the one chosen). Given: that port, refused when it is taken; 0:
+    any free port."""
+    if requested == 0:
+        return free_port()
+    if requested is not None:
+        if not _port_free(host, requested):
+            raise SystemExit(f"hitl up: --dashboard-port {requested} is in use on {host}; pick another or pass 0")
+        return requested
+    if _port_free(host, DEFAULT_DASHBOARD_PORT):
+        return DEFAULT_DASHBOARD_PORT
+    port = free_port()
+    log.warning("port %d is taken (another Ray dashboard?); the dashboard listens on %d", DEFAULT_DASHBOARD_PORT, port)
+    return port
+
+
+def runtime_env() -> dict[str, Any]:
+    """The job's runtime environment on a joined cluster: the replicas' packages, found where this
+    process imports them from (a checkout or an installed wheel alike)."""
+    modules = [str(Path(importlib.import_module(name).__file__ or "").parent) for name in REPLICA_PACKAGES]
+    return {"py_modules": modules, "excludes": list(RUNTIME_ENV_EXCLUDES)}
+
+
+def start(settings: Settings, *, dashboard: bool, dashboard_port_requested: int | None) -> RayInfo:
+    import ray
+
+    kwargs: dict[str, Any] = {"namespace": "hitl", "log_to_driver": False, "logging_level": logging.WARNING}
+    if settings.ray_address:
+        ctx = ray.init(address=settings.ray_address, runtime_env=runtime_env(), **kwargs)
+        url = _http(ctx.dashboard_url) if dashboard else None
+        return RayInfo(joined=True, dashboard_url=url)
+    group = os.getpgrp()
+    port = dashboard_port(dashboard_port_requested, settings.host) if dashboard else None
+    # A local single-machine cluster: logical CPUs are resources, not cores; give the control
+    # plane and three model deployments room even on a 2-core machine.
+    ctx = ray.init(
+        num_cpus=max(8, os.cpu_count() or 1),
+        object_store_memory=256 * 1024 * 1024,
+        _temp_dir=str(Path("/tmp") / f"hitl-ray-{os.getuid()}"),
+        include_dashboard=dashboard,
+        dashboard_host=settings.host,
+        dashboard_port=port,
+        **kwargs,
+    )
+    _back_to_group(group)
+    return RayInfo(joined=False, dashboard_url=_http(ctx.dashboard_url) if dashboard else None)
+
+
+def _back_to_group(group: int) -> None:
+    """Undo ``ray.init``'s move of this process into a process group of its own; Ray's daemons stay
+    in that group, out of reach of a terminal's Ctrl-C."""
+    if os.getpgrp() == group:
+        return
+    try:
+        os.setpgid(0, group)
+    except OSError as e:  # the old group is gone (its leader exited): stay where Ray put us
+        log.debug("could not go back to process group %d: %s", group, e)
+
+
+def _http(address: str | None) -> str | None:
+    if not address:
+        return None
+    return address if "://" in address else f"http://{address}"
+
+
+# ------------------------------------------------------------------------------- a joined cluster
+
+
+def local_addresses() -> set[str]:
+    """Every address of this machine's interfaces, and what its hostname resolves to."""
+    out = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    try:
+        out.update(str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None))
+    except OSError:
+        pass
+    return out
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def all_nodes_local(node_ips: Iterable[str], local: set[str]) -> bool:
+    return all(ip in local or _is_loopback(ip) for ip in node_ips)
+
+
+def cluster_problems(settings: Settings, node_ips: Iterable[str], local: set[str]) -> list[str]:
+    """Why this cluster's other machines could not do their part; [] when every node is this machine."""
+    ips = sorted(set(node_ips))
+    if all_nodes_local(ips, local):
+        return []
+    remote = ", ".join(ip for ip in ips if ip not in local and not _is_loopback(ip))
+    problems = []
+    host = urlsplit(settings.redis_url or "").hostname or ""
+    if not settings.redis_url or _is_loopback(host):
+        problems.append(
+            f"Redis at {settings.redis_url or '(embedded)'} is on this machine's loopback, which the nodes "
+            f"{remote} cannot reach: pass --redis-url (or REDIS_URL) with an address every node can reach"
+        )
+    if settings.artifacts.startswith("file://"):
+        problems.append(
+            f"the artifact store {settings.artifacts} is a local directory the nodes {remote} do not share: "
+            "set HITL_ARTIFACTS to a store every node can reach (s3://bucket/prefix, …)"
+        )
+    if not settings.tokens:
+        problems.append(
+            "the local api-token file lives on this machine only: set HITL_TOKENS (name:role:token,…) "
+            "so replicas on the other nodes know the tokens"
+        )
+    return problems
+
+
+def check_joined_cluster(settings: Settings) -> None:
+    """Refuse, with every reason at once, a setting the other nodes of the cluster could not use."""
+    import ray
+
+    ips = [str(n["NodeManagerAddress"]) for n in ray.nodes() if n.get("Alive")]
+    problems = cluster_problems(settings, ips, local_addresses())
+    if problems:
+        raise SystemExit("hitl up: cannot join this cluster as configured:\n  - " + "\n  - ".join(problems))
+    log.info("joined a Ray cluster of %d node(s) at %s: %s", len(ips), settings.ray_address, ", ".join(sorted(ips)))
+
+
+def cluster_gpus() -> float:
+    import ray
+
+    return float(ray.cluster_resources().get("GPU", 0))
+
+
+def ingress_url(settings: Settings) -> str:
+    """Where the Serve proxy really listens: on a joined cluster whose Serve was already running,
+    its own HTTP options, not --host/--api-port."""
+    asked = f"http://{settings.host}:{settings.api_port}"
+    try:
+        # The controller's instance details (what `serve status` and the dashboard read).
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client()
+        if client is None:
+            raise RuntimeError("Serve is not running")
+        details = client.get_serve_details()
+    except Exception as e:  # no controller answer: what we asked for is the best guess
+        log.warning("could not read Serve's HTTP options (%s); assuming %s", e, asked)
+        return asked
+    http = details.get("http_options") or {}
+    host, port = str(http.get("host") or settings.host), int(http.get("port") or settings.api_port)
+    if host in ("0.0.0.0", "::", ""):
+        local = local_addresses()
+        ips = [str(p.get("node_ip")) for p in (details.get("proxies") or {}).values() if p.get("node_ip")]
+        host = next((ip for ip in ips if ip in local), ips[0] if ips else "127.0.0.1")
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    if url != asked:
+        log.warning("Serve was already running on this cluster: the API is at %s (--host/--api-port not applied)", url)
+    return url

@@ -1,0 +1,124 @@
+"""`hitl up` stops in under 10 s leaving no process behind, whichever process the signal reaches first:
+the whole process group as a terminal's Ctrl-C sends it, the main process alone (SIGINT), or the
+main process alone (SIGTERM, as a service manager sends it). Each run has a detection in flight
+(20 s of simulated model latency), so the stop cannot wait for the work to end. It also runs with
+the Ray dashboard on (the default) and checks that the READY line's dashboard URL answers on
+loopback. Real processes: a real `hitl up` with its embedded redis-server, Ray and Serve."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import psutil
+import pytest
+
+from harness.ci import require_binary
+from harness.hitl_up import HitlUp
+from serve_app.samples import product_composite
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+STOP_LIMIT_S = 10.0
+
+
+def ray_token_header() -> dict[str, str]:
+    """Ray's authentication token (``RAY_AUTH_TOKEN``, else ``~/.ray/auth_token``) as a bearer header."""
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    path = Path.home() / ".ray" / "auth_token"
+    if not token and path.exists():
+        token = path.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _listening_ports(procs: list[psutil.Process]) -> set[int]:
+    ports = set()
+    for p in procs:
+        try:
+            conns = p.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        ports.update(c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN and c.laddr)
+    return ports
+
+
+def _still_listening(ports: set[int]) -> set[int]:
+    return {
+        c.laddr.port
+        for c in psutil.net_connections("inet")
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports
+    }
+
+
+SIGNALS = {
+    "group-sigint": lambda pid: os.killpg(pid, signal.SIGINT),  # a terminal's Ctrl-C
+    "main-sigint": lambda pid: os.kill(pid, signal.SIGINT),
+    "main-sigterm": lambda pid: os.kill(pid, signal.SIGTERM),
+}
+
+
+@pytest.mark.parametrize("how", list(SIGNALS))
+def test_hitl_up_stops_within_10s_leaving_nothing(tmp_path: Path, how: str):
+    require_binary("redis-server")
+    t_start = time.monotonic()
+    up = HitlUp(
+        tmp_path / "data", "--detector-delay-ms", "20000", dashboard=True, log_path=tmp_path / "hitl-up.log"
+    ).start(timeout=400)
+    try:
+        started_s = time.monotonic() - t_start
+        assert up.dashboard_url, up.ready
+        assert urlsplit(up.dashboard_url).hostname == "127.0.0.1"
+        page = httpx.get(f"{up.dashboard_url}/", timeout=30)  # the page itself needs no token
+        assert page.status_code == 200 and "<html" in page.text.lower(), page.text[:200]
+        # Its API wants Ray's token (a local cluster enables token authentication).
+        r = httpx.get(f"{up.dashboard_url}/api/version", headers=ray_token_header(), timeout=30)
+        assert r.status_code == 200 and "ray_version" in r.json(), r.text
+        with httpx.Client(base_url=up.api_url, headers={"Authorization": f"Bearer {up.token}"}, timeout=30) as c:
+            data, _ = product_composite(seed=3, n=1)
+            job = c.post("/api/v1/jobs", files={"image": ("a.png", data, "image/png")})
+            assert job.status_code == 202, job.text
+            deadline = time.monotonic() + 60
+            while (c.get(f"/api/v1/jobs/{job.json()['job_id']}").json().get("current_node") or {}).get(
+                "status"
+            ) != "RUNNING":
+                assert time.monotonic() < deadline, "the detection never started"
+                time.sleep(0.2)
+        tree = up.child.tree()
+        names = sorted({p.name() for p in tree})
+        assert any("raylet" in n for n in names) and any("redis-server" in n for n in names), names
+        ports = _listening_ports(tree) | {up.api_port}
+        assert urlsplit(up.dashboard_url).port in ports
+
+        t0 = time.monotonic()
+        SIGNALS[how](up.pid)
+        left = _alive(tree)
+        while left and time.monotonic() - t0 < STOP_LIMIT_S + 20:
+            time.sleep(0.1)
+            left = _alive(tree)
+        stopped_s = time.monotonic() - t0
+        busy = _still_listening(ports)
+        print(
+            f"\n[stop-fast] {how}: {len(tree)} processes gone in {stopped_s:.1f}s "
+            f"(start-up {started_s:.0f}s; ports {sorted(ports)})"
+        )
+        assert not left, f"still alive after {stopped_s:.1f}s: {[(p.pid, p.name()) for p in left]}"
+        assert stopped_s < STOP_LIMIT_S, f"{how}: stopping took {stopped_s:.1f}s\n{up.child.tail(30)}"
+        assert not busy, f"ports still listening: {busy}"
+        assert up.child.proc is not None and up.child.proc.wait(5) == 0
+    finally:
+        up.kill()
