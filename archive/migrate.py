@@ -4,6 +4,8 @@ it is. ``hitl`` runs the upgrade before it writes; ``hitl admin archive-upgrade`
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 from alembic import command
@@ -54,3 +56,25 @@ def schema_version(url: str | None = None) -> str | None:
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``hitl admin archive-upgrade [--archive-url URL] [--data-dir DIR] [--check]``: migrate the
+    archive to this build's schema (``--check``: only report, exit 1 when it is behind)."""
+    p = argparse.ArgumentParser(prog="hitl admin archive-upgrade", description=main.__doc__)
+    p.add_argument("--archive-url", default=None, metavar="URL", help="default HITL_ARCHIVE_URL, else the SQLite file")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help="data directory (default .hitl)")
+    p.add_argument("--check", action="store_true", help="report the schema version and change nothing")
+    args = p.parse_args(argv)
+    url = archive_url(args.data_dir, args.archive_url)
+    before = schema_version(url)
+    if args.check:
+        print(f"archive schema_version={before} head={head()}")
+        return 0 if before == head() else 1
+    after = upgrade(url)
+    print(f"archive schema_version={after} (was {before})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -136,7 +136,9 @@ async def late_report(store: Store, job_id: str) -> None:
 
 def test_alembic_upgrades_an_empty_database_and_reports_its_schema_version(empty_url):
     assert migrate.schema_version(empty_url) is None
+    assert migrate.main(["--archive-url", empty_url, "--check"]) == 1  # behind: `hitl admin archive-upgrade --check`
     assert migrate.upgrade(empty_url) == migrate.head() == "0001"
+    assert migrate.main(["--archive-url", empty_url, "--check"]) == 0
     assert migrate.schema_version(empty_url) == "0001"
     assert migrate.upgrade(empty_url) == "0001"  # again: nothing to do
     a = Archive(empty_url)
