@@ -19,7 +19,7 @@ from typing import Any, Generic, Self, TypeVar, cast
 
 import httpx
 
-from statecore.models import Event, JobList, JobResults, JobSnapshot, JobSummary
+from statecore.models import Claim, Event, JobList, JobResults, JobSnapshot, JobSummary
 
 from .config import DEFAULT_API_URL, ClientConfig
 from .core import ClientCore
@@ -158,8 +158,25 @@ class HitlClient(_Client[httpx.BaseTransport]):
     def get_job(self, job_id: str) -> JobSnapshot:
         return self._run(self._core.get_job(job_id))
 
-    def list_jobs(self, status: str | None = None, limit: int = 50, cursor: str | None = None) -> JobList:
-        return self._run(self._core.list_jobs(status, limit, cursor))
+    def list_jobs(
+        self, status: str | None = None, limit: int = 50, cursor: str | None = None, *, unclaimed: bool = False
+    ) -> JobList:
+        """``unclaimed``: leave out jobs another reviewer has claimed (docs/protocol.md § Claims)."""
+        return self._run(self._core.list_jobs(status, limit, cursor, unclaimed))
+
+    def next_job(self, exclude: Iterable[str] = ()) -> JobSummary | None:
+        """The oldest waiting job no other reviewer has claimed, other than ``exclude``; None when none."""
+        return self._run(self._core.next_job(exclude))
+
+    def claim(self, job_id: str, *, force: bool = False) -> Claim:
+        """Take or renew this reviewer's claim on a waiting job (renew it every few seconds while the
+        panel is open); ``force`` takes over another reviewer's. ``ConflictError`` with ``claim``
+        (``CLAIMED_BY_OTHER``) when another reviewer holds it."""
+        return self._run(self._core.claim(job_id, force))
+
+    def release(self, job_id: str) -> bool:
+        """Release this reviewer's claim; False when there was none. Submitting or cancelling releases it too."""
+        return self._run(self._core.release(job_id))
 
     def iter_jobs(self, status: str | None = None, *, page_size: int = 100) -> Iterator[JobSummary]:
         """Every job (or the queue for ``status``), page by page through ``next_cursor``."""
@@ -173,9 +190,14 @@ class HitlClient(_Client[httpx.BaseTransport]):
         pause_token: str,
         base_version: int,
         subjects: Iterable[SubjectInput],
+        snapshot_id: str | None = None,
     ) -> InterventionResult:
-        """POST an intervention. Safe to retry: the server replays an ``intervention_id`` it has seen."""
-        return self._run(self._core.intervene(job_id, intervention_id, pause_token, base_version, subjects))
+        """POST an intervention. Safe to retry: the server replays an ``intervention_id`` it has seen.
+        ``snapshot_id``: the pause's, as shown to the reviewer (409 ``SNAPSHOT_MISMATCH`` if it is not
+        the waiting pause's). Every 409 (``ConflictError``) carries ``snapshot`` and ``rebase``."""
+        return self._run(
+            self._core.intervene(job_id, intervention_id, pause_token, base_version, subjects, snapshot_id)
+        )
 
     def cancel(self, job_id: str) -> JobSnapshot:
         return self._run(self._core.cancel(job_id))
@@ -303,8 +325,19 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
     async def get_job(self, job_id: str) -> JobSnapshot:
         return await self._run(self._core.get_job(job_id))
 
-    async def list_jobs(self, status: str | None = None, limit: int = 50, cursor: str | None = None) -> JobList:
-        return await self._run(self._core.list_jobs(status, limit, cursor))
+    async def list_jobs(
+        self, status: str | None = None, limit: int = 50, cursor: str | None = None, *, unclaimed: bool = False
+    ) -> JobList:
+        return await self._run(self._core.list_jobs(status, limit, cursor, unclaimed))
+
+    async def next_job(self, exclude: Iterable[str] = ()) -> JobSummary | None:
+        return await self._run(self._core.next_job(exclude))
+
+    async def claim(self, job_id: str, *, force: bool = False) -> Claim:
+        return await self._run(self._core.claim(job_id, force))
+
+    async def release(self, job_id: str) -> bool:
+        return await self._run(self._core.release(job_id))
 
     def iter_jobs(self, status: str | None = None, *, page_size: int = 100) -> AsyncIterator[JobSummary]:
         """See ``HitlClient.iter_jobs``."""
@@ -318,8 +351,11 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
         pause_token: str,
         base_version: int,
         subjects: Iterable[SubjectInput],
+        snapshot_id: str | None = None,
     ) -> InterventionResult:
-        return await self._run(self._core.intervene(job_id, intervention_id, pause_token, base_version, subjects))
+        return await self._run(
+            self._core.intervene(job_id, intervention_id, pause_token, base_version, subjects, snapshot_id)
+        )
 
     async def cancel(self, job_id: str) -> JobSnapshot:
         return await self._run(self._core.cancel(job_id))

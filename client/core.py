@@ -24,7 +24,17 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from statecore.models import CreateJobResponse, Event, InterventionResponse, JobList, JobResults, JobSnapshot
+from statecore.models import (
+    Claim,
+    ClaimReleased,
+    CreateJobResponse,
+    Event,
+    InterventionResponse,
+    JobList,
+    JobResults,
+    JobSnapshot,
+    JobSummary,
+)
 
 from .calls import SSE_READ_TIMEOUT, CallCore
 from .errors import ApiError, ConnectionFailed
@@ -106,14 +116,29 @@ class ClientCore(CallCore):
         resp = yield from self.call("GET", job_path(job_id))
         return JobSnapshot.model_validate_json(resp.content)
 
-    def list_jobs(self, status: str | None, limit: int, cursor: str | None) -> Plan[JobList]:
+    def list_jobs(self, status: str | None, limit: int, cursor: str | None, unclaimed: bool = False) -> Plan[JobList]:
         params: dict[str, Any] = {"limit": limit}
         if status:
             params["status"] = status
         if cursor:
             params["cursor"] = cursor
+        if unclaimed:
+            params["unclaimed"] = "true"
         resp = yield from self.call("GET", f"{API}/jobs", params=params)
         return JobList.model_validate_json(resp.content)
+
+    def next_job(self, exclude: Iterable[str], page_size: int = 20) -> Plan[JobSummary | None]:
+        """The oldest waiting job no other reviewer has claimed, leaving out ``exclude`` (the job on
+        screen): GET /jobs?status=WAITING&unclaimed=true (docs/protocol.md § Claims). Claim it next;
+        a 409 ``CLAIMED_BY_OTHER`` means another reviewer took it in between: ask again."""
+        skip = set(exclude)
+        cursor: str | None = None
+        while True:
+            page = yield from self.list_jobs("WAITING", page_size, cursor, unclaimed=True)
+            found = next((j for j in page.jobs if j.job_id not in skip), None)
+            if found is not None or not page.next_cursor:
+                return found
+            cursor = page.next_cursor
 
     def iter_jobs(self, status: str | None, page_size: int) -> Plan[None]:
         """Emits every ``JobSummary``, page by page through ``next_cursor``."""
@@ -135,13 +160,16 @@ class ClientCore(CallCore):
         pause_token: str,
         base_version: int,
         subjects: Iterable[SubjectInput],
+        snapshot_id: str | None = None,
     ) -> Plan[InterventionResult]:
-        body = {
+        body: dict[str, Any] = {
             "intervention_id": intervention_id,
             "pause_token": pause_token,
             "base_version": base_version,
             "subjects": [subject_dict(s) for s in subjects],
         }
+        if snapshot_id is not None:
+            body["snapshot_id"] = snapshot_id
         resp = yield from self.call("POST", job_path(job_id, "/interventions"), json=body)
         parsed = InterventionResponse.model_validate_json(resp.content)
         return InterventionResult(**parsed.model_dump(), replayed=was_replayed(resp), raw=resp.content)
@@ -149,6 +177,17 @@ class ClientCore(CallCore):
     def cancel(self, job_id: str) -> Plan[JobSnapshot]:
         resp = yield from self.call("POST", job_path(job_id, "/cancel"))
         return JobSnapshot.model_validate_json(resp.content)
+
+    def claim(self, job_id: str, force: bool) -> Plan[Claim]:
+        """POST /jobs/{id}/claim: take or renew the caller's claim (a second send renews it)."""
+        params = {"force": "true"} if force else {}
+        resp = yield from self.call("POST", job_path(job_id, "/claim"), params=params)
+        return Claim.model_validate_json(resp.content)
+
+    def release(self, job_id: str) -> Plan[bool]:
+        """DELETE /jobs/{id}/claim: True when the caller held a claim (idempotent)."""
+        resp = yield from self.call("DELETE", job_path(job_id, "/claim"))
+        return ClaimReleased.model_validate_json(resp.content).released
 
     def results(self, job_id: str) -> Plan[JobResults]:
         resp = yield from self.call("GET", job_path(job_id, "/results"))

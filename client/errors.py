@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from statecore.models import JobSnapshot
+from statecore.models import ClaimView, JobSnapshot
 
 
 class HitlClientError(Exception):
@@ -95,6 +95,19 @@ class NotFoundError(ApiError):
 
 class ConflictError(ApiError):
     """409: the request clashed with the job's state; ``snapshot`` is the job as it is now."""
+
+    @property
+    def claim(self) -> ClaimView | None:
+        """``CLAIMED_BY_OTHER``: who holds the job's claim and until when (docs/protocol.md § Claims)."""
+        raw = self.body.get("claim") if isinstance(self.body, dict) else None
+        return ClaimView.model_validate(raw) if isinstance(raw, dict) else None
+
+    @property
+    def rebase(self) -> dict[str, Any] | None:
+        """A refused intervention's box-level change since its ``base_version`` (``added``, ``removed``,
+        ``moved``, ``relabelled``; docs/protocol.md § Rebase help), or None on other routes."""
+        raw = self.body.get("rebase") if isinstance(self.body, dict) else None
+        return raw if isinstance(raw, dict) else None
 
 
 class RateLimitedError(ApiError):

@@ -40,6 +40,7 @@ from statecore.store import Reply, Store, StoreConfig
 from . import metrics
 from .admission import Admission
 from .auth import Authenticator, Identity
+from .claim_routes import add_claim_routes
 from .config import Settings
 from .uploads import check_image, read_upload
 
@@ -62,6 +63,8 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("GET", re.compile(rf"^{API}/jobs/?$"), _READ),
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/interventions/?$"), ("reviewer",)),
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/cancel/?$"), ("reviewer",)),
+    ("POST", re.compile(rf"^{API}/jobs/[^/]+/claim/?$"), ("reviewer",)),
+    ("DELETE", re.compile(rf"^{API}/jobs/[^/]+/claim/?$"), ("reviewer",)),
     ("GET", re.compile(rf"^{API}/jobs/[^/]+(/events|/results)?/?$"), _READ),
     ("GET", re.compile(rf"^{API}/artifacts/[^/]+$"), _READ),
     ("GET", re.compile(rf"^{API}/whoami$"), ("submitter", "reviewer", "executor")),
@@ -291,12 +294,20 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         status: str | None = Query(default=None),
         limit: int = Query(default=50, ge=1, le=500),
         cursor: str | None = Query(default=None, max_length=200),
+        unclaimed: bool = Query(
+            default=False,
+            description="leave out jobs another reviewer has claimed (status=WAITING: the next job to review first)",
+        ),
     ) -> JobList:
         if status is not None and status != "WAITING" and status not in JobStatus.__members__:
             raise errors.InvalidRequest(f"unknown status {status!r}", field="status")
         ident = identity(request)
         jobs, nxt = await rt().store.list_jobs(
-            submitter=ident.name if ident.role == "submitter" else None, status=status, limit=limit, cursor=cursor
+            submitter=ident.name if ident.role == "submitter" else None,
+            status=status,
+            limit=limit,
+            cursor=cursor,
+            unclaimed_for=ident.name if unclaimed else None,
         )
         return JobList(jobs=jobs, next_cursor=nxt)
 
@@ -323,6 +334,8 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         snap = await rt().store.cancel(job_id, identity(request).name)
         log.info("job cancelled job=%s by=%s", job_id, identity(request).name)
         return snap
+
+    add_claim_routes(app, lambda: rt().store)
 
     @app.get(
         f"{API}/jobs/{{job_id}}/events",
@@ -443,6 +456,7 @@ def store_for(settings: Settings, redis_url: str, *, blocking_s: float = 0.0) ->
             node_timeouts=settings.node_timeouts,
             max_attempts=settings.max_attempts,
             retry_backoff_s=settings.retry_backoff_s,
+            claim_ttl_s=settings.claim_ttl_s,
         ),
         timeout_s=settings.store_timeout_s + blocking_s,
     )

@@ -55,6 +55,8 @@ class Settings(BaseModel):
     # hitl_terminal_coverage_ratio covers the jobs submitted in this many seconds (whole minutes;
     # the counters keep 6 h of minute buckets: statecore.counters.HORIZON_S).
     coverage_window_s: float = Field(default=3600.0, ge=60, le=6 * 3600)
+    # A reviewer's claim on a waiting job lapses unless renewed within this (docs/protocol.md § Claims).
+    claim_ttl_s: float = Field(default=60.0, gt=0, le=24 * 3600)
 
     max_upload_bytes: int = 25 * 1024 * 1024
     max_pixels: int = 50_000_000

@@ -95,6 +95,20 @@ class PauseTokenMismatch(Conflict):
     code = "PAUSE_TOKEN_MISMATCH"
 
 
+class SnapshotMismatch(Conflict):
+    code = "SNAPSHOT_MISMATCH"
+
+
+class WorkflowVersionIncompatible(Conflict):
+    code = "WORKFLOW_VERSION_INCOMPATIBLE"
+
+
+class ClaimedByOther(Conflict):
+    """Another reviewer holds the job's review claim; the body carries ``claim``."""
+
+    code = "CLAIMED_BY_OTHER"
+
+
 class JobTerminal(Conflict):
     code = "JOB_TERMINAL"
 

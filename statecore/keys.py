@@ -137,6 +137,9 @@ class JobKeys:
     idem: str  # HASH: intervention_id -> payload hash + "\n" + response bytes
     reports: str  # SET: node_instance_ids whose report was applied or ignored
     executor: str  # STRING (with a TTL): who runs the job's node now; asked before a re-dispatch
+    # HASH (with a TTL: --claim-ttl-s) reviewer, claimed_at, expires_at: the reviewer looking at the
+    # waiting job (docs/protocol.md § Claims). Apart from ``meta``: a claim is not a change of the job.
+    claim: str
 
     @property
     def outbox(self) -> str:
@@ -196,6 +199,7 @@ class JobKeys:
             self.inspector_lease,
             self.counts,
             self.finished,
+            self.claim,
         ]
 
 
@@ -211,4 +215,5 @@ def job(job_id: str) -> JobKeys:
         idem=f"{base}:idem",
         reports=f"{base}:reports",
         executor=f"{base}:executor",
+        claim=f"{base}:claim",
     )

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 from . import decide, errors, keys
-from .models import JobSummary
+from .models import ClaimView, JobSummary
 
 CURSOR_RE = re.compile(r"^([0-9]{1,16}):([A-Za-z0-9_]{1,64})$")
 
@@ -114,6 +114,8 @@ async def list_jobs(
     status: str | None,
     limit: int,
     cursor: str | None,
+    read_claims: Callable[[list[str]], Awaitable[list[ClaimView | None]]] | None = None,
+    unclaimed_for: str | None = None,
 ) -> tuple[list[JobSummary], str | None]:
     """Newest first over all partitions; with a waiting ``status`` (or ``WAITING``), the review
     queue, oldest pause first.
@@ -122,6 +124,9 @@ async def list_jobs(
     are merged, and rows are examined strictly in the listing's total order (score, then job
     id), so a page is exactly the next ``limit`` matching jobs and the cursor (the last row
     returned, ``<score>:<job_id>``) is a position in that order, valid for every partition.
+
+    ``read_claims`` gives each summary its review claim (docs/protocol.md § Claims); with
+    ``unclaimed_for``, a job claimed by another reviewer than that one does not match.
     """
     waiting_queue = status in ("WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION", "WAITING")
     after = parse_cursor(cursor) if cursor else None
@@ -130,8 +135,8 @@ async def list_jobs(
     await asyncio.gather(*(rd.fill() for rd in readers))
     heap: list[tuple[Any, int]] = [(rd.order_key(), i) for i, rd in enumerate(readers) if rd.rows]
     heapq.heapify(heap)
-    filtered = submitter is not None or (status is not None and status != "WAITING")
-    out: list[tuple[_Row, decide.JobState]] = []
+    filtered = submitter is not None or (status is not None and status != "WAITING") or unclaimed_for is not None
+    out: list[tuple[_Row, JobSummary]] = []
     more = False
     while heap and len(out) < limit:
         need = limit - len(out)
@@ -145,7 +150,9 @@ async def list_jobs(
             if rd.rows:
                 heapq.heappush(heap, (rd.order_key(), i))
         metas = await asyncio.gather(*(read_meta(row.job_id) for row in chunk))
-        for n, (row, meta) in enumerate(zip(chunk, metas, strict=True)):
+        ids = [row.job_id for row in chunk]
+        claims = await read_claims(ids) if read_claims is not None else [None] * len(chunk)
+        for n, (row, meta, claim) in enumerate(zip(chunk, metas, claims, strict=True)):
             if not meta:  # expired after its retention; the inspector prunes the index too
                 if not waiting_queue:
                     await r.zrem(keys.jobs(keys.partition_of(row.job_id)), row.job_id)
@@ -155,10 +162,14 @@ async def list_jobs(
                 continue
             if status and status != "WAITING" and st.status != status:
                 continue
-            out.append((row, st))
+            if unclaimed_for is not None and claim is not None and claim.reviewer != unclaimed_for:
+                continue
+            summary = st.summary()
+            summary.claim = claim
+            out.append((row, summary))
             if len(out) == limit:
                 more = n + 1 < len(chunk)
                 break
     more = more or bool(heap)
     nxt = f"{out[-1][0].score}:{out[-1][0].job_id}" if out and len(out) == limit and more else None
-    return [st.summary() for _, st in out], nxt
+    return [summary for _, summary in out], nxt

@@ -54,6 +54,10 @@ class ConsumedBy(BaseModel):
     reviewer: str
 
 
+# The workflow definition of every pause recorded before pauses named theirs (docs/protocol.md § Pause).
+FIRST_WORKFLOW_VERSION = "cutout-v1"
+
+
 class Pause(BaseModel):
     pause_token: str
     status: Literal["WAITING", "CONSUMED", "CANCELLED"]
@@ -65,6 +69,7 @@ class Pause(BaseModel):
     created_at: str
     consumed_at: str | None = None
     consumed_by: ConsumedBy | None = None
+    workflow_version: str = FIRST_WORKFLOW_VERSION  # the definition that opened it (the fifth gate)
 
 
 class ImageRef(BaseModel):
@@ -89,6 +94,24 @@ class CurrentNode(BaseModel):
     deadline_at: str | None = None
 
 
+class ClaimView(BaseModel):
+    """Who is looking at a waiting job, as the snapshot and the queue show it (docs/protocol.md § Claims)."""
+
+    reviewer: str
+    expires_at: str
+
+
+class Claim(ClaimView):
+    """The answer to ``POST /jobs/{id}/claim``: ``claimed_at`` stays while the holder renews."""
+
+    claimed_at: str
+
+
+class ClaimReleased(BaseModel):
+    job_id: str
+    released: bool  # false: there was no claim (it had expired, or was never taken)
+
+
 class JobSnapshot(BaseModel):
     job_id: str
     status: JobStatus
@@ -105,6 +128,7 @@ class JobSnapshot(BaseModel):
     reason_code: str | None = None
     cancel_requested: bool = False
     empty_selection: bool = False
+    claim: ClaimView | None = None
 
 
 class JobSummary(BaseModel):
@@ -117,6 +141,7 @@ class JobSummary(BaseModel):
     box_count: int = 0
     stage: str | None = None
     pause_created_at: str | None = None
+    claim: ClaimView | None = None
 
 
 class JobList(BaseModel):
@@ -149,6 +174,7 @@ class Subject(Strict):
 
 
 MAX_SUBJECTS = 500
+SNAPSHOT_ID_PATTERN = r"^snap_[0-9a-f]{20}$"  # statecore.plan.snapshot_id
 
 
 class InterventionRequest(Strict):
@@ -156,6 +182,16 @@ class InterventionRequest(Strict):
     pause_token: str = Field(min_length=1, max_length=128)
     base_version: int = Field(ge=0, le=2**63 - 1)  # a Redis integer; beyond it is a 400, not a 500
     subjects: list[Subject] = Field(max_length=MAX_SUBJECTS)
+    # The pause's snapshot the reviewer was shown; checked after the pause token (the fifth gate).
+    snapshot_id: str | None = Field(default=None, pattern=SNAPSHOT_ID_PATTERN)
+
+    def hashed_body(self) -> dict[str, Any]:
+        """The body as its idempotency hash covers it: without an absent ``snapshot_id``, so a body
+        recorded before the field existed still replays."""
+        body = self.model_dump(mode="json")
+        if body.get("snapshot_id") is None:
+            body.pop("snapshot_id", None)
+        return body
 
     @field_validator("base_version", mode="before")
     @classmethod

@@ -11,13 +11,18 @@ from typing import Any
 
 from .ids import canonical_json, new_id, now_iso
 from .jobstate import JobState
-from .models import Box, CurrentNode, ImageRef, NodeCommand, Pause, PauseStage
+from .models import FIRST_WORKFLOW_VERSION, Box, CurrentNode, ImageRef, NodeCommand, Pause, PauseStage
 from .nodes import NodeBox, NodeInput, ProcessInput
 from .states import JobStatus, NodeType, transition
 
-# The workflow definition recorded with every snapshot id, so a pause names
-# exactly what the reviewer was shown (docs/protocol.md § Pause).
-WORKFLOW_VERSION = "cutout-v1"
+# The workflow definition this build runs, recorded with every pause and in its snapshot id, so a
+# pause names exactly what the reviewer was shown (docs/protocol.md § Pause); and the definitions
+# whose pauses this build can continue. A pause opened under any other is re-offered for review
+# under this one, never continued (docs/protocol.md § Snapshot echo and the fifth gate). A build
+# that changes what a submission means bumps WORKFLOW_VERSION and keeps in CONTINUABLE only the
+# versions whose pauses it still reads the same way.
+WORKFLOW_VERSION = FIRST_WORKFLOW_VERSION
+CONTINUABLE_WORKFLOW_VERSIONS: frozenset[str] = frozenset({WORKFLOW_VERSION})
 
 
 @dataclass
@@ -131,6 +136,7 @@ def open_pause(
     to_revise: list[str],
     now: str,
     now_ms: int,
+    workflow: str = WORKFLOW_VERSION,
 ) -> Pause:
     pause = Pause(
         pause_token=new_id("pause"),
@@ -138,11 +144,15 @@ def open_pause(
         stage=stage,
         base_version=state.version + 1,
         round=round_,
-        snapshot_id=snapshot_id(state.image.sha256, box_list),
+        snapshot_id=snapshot_id(state.image.sha256, box_list, workflow),
         box_ids_to_revise=to_revise,
         created_at=now,
+        workflow_version=workflow,
     )
-    plan.meta["active_pause"] = dump(pause)
+    # A waiting pause is stored without its null fields (consumed_at, consumed_by: null until it is
+    # consumed): every byte of a waiting job counts, and reading it back gives the same Pause.
+    stored = pause.model_dump(mode="json", exclude_none=True)
+    plan.meta["active_pause"] = canonical_json(stored)
     plan.meta["pause_token"] = pause.pause_token
     plan.meta["round"] = str(round_)
     plan.waiting = ("add", now_ms)
@@ -152,7 +162,7 @@ def open_pause(
         (
             "PAUSE_OPENED",
             {
-                "active_pause": pause.model_dump(mode="json"),
+                "active_pause": stored,
                 "box_list": [b.model_dump(mode="json") for b in box_list],
             },
         )
@@ -160,13 +170,13 @@ def open_pause(
     return pause
 
 
-def snapshot_id(image_sha: str, box_list: list[Box]) -> str:
+def snapshot_id(image_sha: str, box_list: list[Box], workflow: str = WORKFLOW_VERSION) -> str:
     """Names the exact boxes, image and workflow version a reviewer is shown."""
     digest = hashlib.sha256(
         canonical_json(
             {
                 "image": image_sha,
-                "workflow": WORKFLOW_VERSION,
+                "workflow": workflow,
                 "boxes": [b.model_dump(mode="json") for b in box_list],
             }
         ).encode()

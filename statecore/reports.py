@@ -17,6 +17,7 @@ from .jobstate import JobState
 from .models import Box, NodeCommand, NodeReport, SubjectResult, Validation
 from .nodes import DetectOutput, FinalizeInput, FinalizeOutput, NodeOutput, ProcessOutput, ValidateOutput, parse_output
 from .plan import (
+    WORKFLOW_VERSION,
     Plan,
     approved_of,
     command,
@@ -147,6 +148,7 @@ def plan_report(
     now: str,
     now_ms: int,
     artifact_url: Callable[[str], str] = lambda n: f"/api/v1/artifacts/{n}",
+    workflow: str = WORKFLOW_VERSION,
 ) -> Plan:
     """Apply one node's result. The caller has checked the node is current.
 
@@ -184,9 +186,9 @@ def plan_report(
         return plan
     plan.events.append(("NODE_COMPLETED", ev))
     if isinstance(output, DetectOutput):
-        _on_detect(plan, state, output, now, now_ms)
+        _on_detect(plan, state, output, now, now_ms, workflow)
     elif isinstance(output, ValidateOutput):
-        _on_validate(plan, state, output, now, now_ms)
+        _on_validate(plan, state, output, now, now_ms, workflow)
     elif isinstance(output, ProcessOutput):
         _on_process(plan, state, output, now, now_ms, artifact_url)
     else:
@@ -194,7 +196,7 @@ def plan_report(
     return plan
 
 
-def _on_detect(plan: Plan, state: JobState, output: DetectOutput, now: str, now_ms: int) -> None:
+def _on_detect(plan: Plan, state: JobState, output: DetectOutput, now: str, now_ms: int, workflow: str) -> None:
     boxes = []
     for d in output.boxes:
         bbox = _clip(d.bbox, state.image.width, state.image.height)
@@ -215,7 +217,7 @@ def _on_detect(plan: Plan, state: JobState, output: DetectOutput, now: str, now_
     plan.meta["detector"] = output.backend
     move(plan, state, S.WAITING_USER_SELECTION)
     # Always a pause, even with zero boxes: the reviewer may draw what the model missed.
-    open_pause(plan, state, "WAITING_USER_SELECTION", 1, boxes, [], now, now_ms)
+    open_pause(plan, state, "WAITING_USER_SELECTION", 1, boxes, [], now, now_ms, workflow)
 
 
 def _clip(bbox: tuple[float, ...], width: int, height: int) -> tuple[float, float, float, float] | None:
@@ -227,7 +229,7 @@ def _clip(bbox: tuple[float, ...], width: int, height: int) -> tuple[float, floa
     return (round(x1, 2), round(y1, 2), round(x2, 2), round(y2, 2))
 
 
-def _on_validate(plan: Plan, state: JobState, output: ValidateOutput, now: str, now_ms: int) -> None:
+def _on_validate(plan: Plan, state: JobState, output: ValidateOutput, now: str, now_ms: int, workflow: str) -> None:
     verdicts: dict[str, Validation] = {}
     for r in output.results:
         verdicts[r.box_id] = Validation(
@@ -250,7 +252,7 @@ def _on_validate(plan: Plan, state: JobState, output: ValidateOutput, now: str, 
     if decision == RoundDecision.NEED_BATCH_REVISION:
         to_revise = [k for k, v in verdicts.items() if v.status != "PASSED"]
         move(plan, state, S.WAITING_BOX_BATCH_REVISION)
-        open_pause(plan, state, "WAITING_BOX_BATCH_REVISION", 2, box_list, to_revise, now, now_ms)
+        open_pause(plan, state, "WAITING_BOX_BATCH_REVISION", 2, box_list, to_revise, now, now_ms, workflow)
         return
     rejected = [b for b in box_list if b.validation and b.validation.status == "REJECTED"]
     if not approved:

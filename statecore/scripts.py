@@ -9,7 +9,7 @@ from typing import Any
 
 from . import errors
 
-SCRIPT_NAMES = ("create_job", "consume_pause", "apply_report", "cancel")
+SCRIPT_NAMES = ("create_job", "consume_pause", "apply_report", "cancel", "claim")
 STANDALONE = ("heartbeat", "lease")  # touch no job state: no shared prologue
 
 
@@ -33,7 +33,10 @@ _SNAPSHOT_CODES = {
     "VERSION_CONFLICT": errors.VersionConflict,
     "PAUSE_NOT_ACTIVE": errors.PauseNotActive,
     "PAUSE_TOKEN_MISMATCH": errors.PauseTokenMismatch,
+    "SNAPSHOT_MISMATCH": errors.SnapshotMismatch,
+    "WORKFLOW_VERSION_INCOMPATIBLE": errors.WorkflowVersionIncompatible,
     "JOB_TERMINAL": errors.JobTerminal,
+    "CLAIMED_BY_OTHER": errors.ClaimedByOther,
 }
 
 _MESSAGES = {
@@ -42,7 +45,12 @@ _MESSAGES = {
     "VERSION_CONFLICT": "your view of the job is out of date (base_version differs from the job's version)",
     "PAUSE_NOT_ACTIVE": "no review is waiting on this job any more",
     "PAUSE_TOKEN_MISMATCH": "this review was already submitted or replaced; the pause token is not the active one",
+    "SNAPSHOT_MISMATCH": "the snapshot you reviewed is not the one the waiting pause shows (snapshot_id differs)",
+    "WORKFLOW_VERSION_INCOMPATIBLE": "this pause was opened under a workflow definition this server cannot continue; "
+    "the job was offered for review again under the current one: review the new pause",
     "JOB_TERMINAL": "the job has already ended",
+    "CLAIMED_BY_OTHER": "another reviewer is looking at this job (their claim has not expired); "
+    "take it over with ?force=true",
 }
 
 
@@ -55,6 +63,11 @@ def raise_for(result: list[Any], job_id: str, snapshot_of: Callable[[dict[str, s
     code = result[0]
     if code in _SNAPSHOT_CODES:
         snap = snapshot_of(pairs_to_dict(result[1])) if len(result) > 1 and isinstance(result[1], list) else None
+        if code == "CLAIMED_BY_OTHER":  # claim.lua: the holder and when its claim expires follow
+            claim = {"reviewer": result[2], "expires_at": result[3]}
+            if snap is not None:
+                snap["claim"] = claim
+            raise errors.ClaimedByOther(_MESSAGES[code], job_id=job_id, snapshot=snap, claim=claim)
         raise _SNAPSHOT_CODES[code](_MESSAGES[code], job_id=job_id, snapshot=snap)
     if code == "JOB_NOT_FOUND":
         raise errors.JobNotFound(f"job {job_id} not found", job_id=job_id)

@@ -21,7 +21,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from . import counters, decide, durable, errors, keys, listing, scripts
+from . import counters, decide, durable, errors, gates, keys, listing, rebase, scripts
+from .claims import ClaimsMixin
 from .ids import canonical_json, now_iso, payload_hash
 from .lifecycle import LifecycleMixin
 from .models import (
@@ -36,6 +37,7 @@ from .models import (
     Pause,
 )
 from .outbox import OutboxMixin
+from .plan import CONTINUABLE_WORKFLOW_VERSIONS, WORKFLOW_VERSION
 from .states import JobStatus, is_terminal
 
 log = logging.getLogger("hitl.store")
@@ -50,6 +52,11 @@ class StoreConfig:
     node_timeouts: dict[str, float] = field(default_factory=dict)  # per node type, overriding it
     max_attempts: int = 3  # starts of one node before a lost executor fails the job
     retry_backoff_s: float = 1.0  # before a re-dispatch; doubles per attempt
+    claim_ttl_s: float = 60.0  # a review claim not renewed within this expires (docs/protocol.md § Claims)
+    # The workflow definition new pauses are opened under, and those whose pauses this store
+    # continues (docs/protocol.md § Snapshot echo and the fifth gate): the build's, unless a test says otherwise.
+    workflow_version: str = WORKFLOW_VERSION
+    continuable_workflow_versions: frozenset[str] = CONTINUABLE_WORKFLOW_VERSIONS
 
     def max_execution_s(self, node_type: str) -> float:
         return self.node_timeouts.get(node_type, self.node_timeout_s)
@@ -65,9 +72,9 @@ class Reply:
     job_id: str
 
 
-class Store(OutboxMixin, LifecycleMixin):
-    """The state core's operations on Redis; the outbox and the inspector-side reads are in
-    :mod:`statecore.outbox` and :mod:`statecore.lifecycle`."""
+class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
+    """The state core's operations on Redis; the outbox, the inspector-side reads and review claims
+    are in :mod:`statecore.outbox`, :mod:`statecore.lifecycle` and :mod:`statecore.claims`."""
 
     def __init__(self, client: Any, config: StoreConfig | None = None, *, cluster: bool = False) -> None:
         self.r = client
@@ -160,9 +167,11 @@ class Store(OutboxMixin, LifecycleMixin):
         return await self.snapshot_of(await self.get(job_id))
 
     async def snapshot_of(self, state: decide.JobState) -> JobSnapshot:
-        """The job as GET answers it; a running node's ``heartbeat_at`` comes from the heartbeat index."""
+        """The job as GET answers it; a running node's ``heartbeat_at`` comes from the heartbeat index,
+        the review claim from its own key."""
         job_id = state.job_id
         snap = state.snapshot()
+        snap.claim = await self.claim_of(job_id)
         node = snap.current_node
         if node is not None and node.status == "RUNNING":
             beat = await self.r.zscore(keys.job(job_id).heartbeats, job_id)
@@ -202,16 +211,23 @@ class Store(OutboxMixin, LifecycleMixin):
     # ------------------------------------------------------------------ intervene
 
     async def intervene(self, job_id: str, req: InterventionRequest, reviewer: str) -> Reply:
-        """Consume the active pause exactly once (docs/protocol.md § Intervention, checks 2–8)."""
-        body = req.model_dump(mode="json")
-        phash = payload_hash(body, reviewer)
+        """Consume the active pause exactly once (docs/protocol.md § Intervention, checks 2–8, and
+        § Snapshot echo and the fifth gate after check 7). Every 409 carries ``rebase``."""
+        phash = payload_hash(req.hashed_body(), reviewer)
         jk = keys.job(job_id)
         for _ in range(STALE_RETRIES):
             state = await self.get(job_id)  # 404 before any state is touched
             decide.check_bboxes_in_image(req.subjects, state.image.width, state.image.height)
             now = now_iso()
             now_ms = int(time.time() * 1000)
-            ip = decide.plan_intervention(state, req, reviewer, now, now_ms)
+            gate = gates.snapshot_gate(state, req, self.config.continuable_workflow_versions)
+            if gate:
+                plan = None
+                if gate == gates.WORKFLOW_VERSION_INCOMPATIBLE:
+                    plan = gates.plan_reoffer(state, now, now_ms, self.config.workflow_version)
+                ip = decide.InterventionPlan(plan, None, None)
+            else:
+                ip = decide.plan_intervention(state, req, reviewer, now, now_ms)
             resp = ip.response.model_dump_json() if ip.response else ""
             res = await self._scripts["consume_pause"](
                 keys=self._keys(state, jk),
@@ -225,6 +241,7 @@ class Store(OutboxMixin, LifecycleMixin):
                     ip.plan.to_json(now) if ip.plan else "",
                     resp,
                     ip.invalid.message if ip.invalid else "",
+                    gate,
                 ],
             )
             if res[0] == "OK":
@@ -233,7 +250,12 @@ class Store(OutboxMixin, LifecycleMixin):
                 return Reply(200, res[1], True, job_id)
             if res[0] == "STALE":
                 continue
-            self._raise_for(res, job_id)
+            try:
+                self._raise_for(res, job_id)
+            except errors.Conflict as e:
+                await self.with_claim(e)
+                e.details["rebase"] = await rebase.rebase_for(self.r, job_id, req.base_version, e.snapshot)
+                raise
         raise errors.StaleRead("the job kept changing; try again", job_id=job_id)
 
     # ------------------------------------------------------------------ cancel
@@ -244,11 +266,10 @@ class Store(OutboxMixin, LifecycleMixin):
             state = await self.get(job_id)
             now = now_iso()
             if state.status == JobStatus.CANCELLED:
-                return state.snapshot()
+                return await self.snapshot_of(state)
             if is_terminal(state.status):
-                raise errors.JobTerminal(
-                    scripts._MESSAGES["JOB_TERMINAL"], job_id=job_id, snapshot=state.snapshot().model_dump(mode="json")
-                )
+                snap = (await self.snapshot_of(state)).model_dump(mode="json")
+                raise errors.JobTerminal(scripts._MESSAGES["JOB_TERMINAL"], job_id=job_id, snapshot=snap)
             plan = decide.plan_cancel(state, who, now)
             res = await self._scripts["cancel"](
                 keys=self._keys(state, jk), args=self._args(job_id, now) + [str(state.version), plan.to_json(now)]
@@ -257,7 +278,10 @@ class Store(OutboxMixin, LifecycleMixin):
                 return await self.snapshot(job_id)
             if res[0] == "STALE":
                 continue
-            self._raise_for(res, job_id)
+            try:
+                self._raise_for(res, job_id)
+            except errors.Conflict as e:
+                raise await self.with_claim(e) from None
         raise errors.StaleRead("the job kept changing; try again", job_id=job_id)
 
     # ------------------------------------------------------------------ reports
@@ -338,7 +362,9 @@ class Store(OutboxMixin, LifecycleMixin):
                 plan_json = plan.to_json(now)
             elif live and status in ("QUEUED", "RETRY_WAIT", "RUNNING"):
                 assert report is not None
-                plan_json = decide.plan_report(state, report, now, now_ms).to_json(now)
+                plan_json = decide.plan_report(
+                    state, report, now, now_ms, workflow=self.config.workflow_version
+                ).to_json(now)
             by_inspector = lease is not None
             res = await self._scripts["apply_report"](
                 keys=self._keys(state, jk),
@@ -413,12 +439,26 @@ class Store(OutboxMixin, LifecycleMixin):
         return sorted(pauses, key=lambda p: p.created_at)
 
     async def list_jobs(
-        self, *, submitter: str | None = None, status: str | None = None, limit: int = 50, cursor: str | None = None
+        self,
+        *,
+        submitter: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        unclaimed_for: str | None = None,
     ) -> tuple[list[JobSummary], str | None]:
         """Newest first over all partitions; with a waiting ``status`` (or ``WAITING``), the review
-        queue, oldest pause first. Exact pages: see :mod:`statecore.listing`."""
+        queue, oldest pause first. Exact pages: see :mod:`statecore.listing`. Each summary carries
+        the job's claim; ``unclaimed_for``: leave out jobs claimed by anyone but that reviewer."""
         return await listing.list_jobs(
-            self.r, self._meta, submitter=submitter, status=status, limit=limit, cursor=cursor
+            self.r,
+            self._meta,
+            submitter=submitter,
+            status=status,
+            limit=limit,
+            cursor=cursor,
+            read_claims=self.claims_of,
+            unclaimed_for=unclaimed_for,
         )
 
     async def count_by_status(self) -> dict[str, int]:

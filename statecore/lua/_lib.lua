@@ -1,20 +1,21 @@
 -- _lib.lua: shared prologue, prepended to every state-changing script at load time.
--- KEYS[1..13] (statecore.keys.JobKeys.for_script, one hash slot):
+-- KEYS[1..16] (statecore.keys.JobKeys.for_script, one hash slot):
 --   1 meta  2 pauses  3 events (LIST; also the wake-up channel)  4 idem  5 reports  6 outbox  7 waiting  8 running
 --   9 jobs  10 expiring (finished jobs by when their records expire)  11 queued  12 heartbeats
 --   13 the partition's inspector lease (checked by the inspector's writes: fencing)
 --   14 the partition's counters (HASH, statecore.counters): one field per status, cumulative
 --      totals, and per-minute coverage buckets of the jobs submitted in that minute
 --   15 the partition's finished jobs' final statuses (HASH job_id -> status, until pruned)
--- KEYS[16]    optional: the job's creation idempotency record (same slot)
+--   16 the job's review claim (HASH with a TTL; never part of the job's version: claim.lua)
+-- KEYS[17]    optional: the job's creation idempotency record (same slot)
 -- ARGV[1] job_id   ARGV[2] now (ISO-8601)   ARGV[3] retention seconds for finished jobs
 -- A "plan" (statecore.decide.Plan.to_json) lists every write of one atomic step;
 -- applying it increments the job's version by exactly one.
 local K_META, K_PAUSES, K_EVENTS, K_IDEM, K_REPORTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_OUTBOX, K_WAITING, K_RUNNING, K_JOBS, K_EXPIRING = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local K_QUEUED, K_HEARTBEATS, K_LEASE = KEYS[11], KEYS[12], KEYS[13]
-local K_COUNTS, K_FINISHED = KEYS[14], KEYS[15]
-local K_CREATE = KEYS[16]
+local K_COUNTS, K_FINISHED, K_CLAIM = KEYS[14], KEYS[15], KEYS[16]
+local K_CREATE = KEYS[17]
 local JOB_ID, NOW, RETENTION = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 -- An event is one JSON string appended to the job's list (its id is its position);

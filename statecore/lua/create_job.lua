@@ -1,5 +1,5 @@
 -- create_job: a new job, its first outbox command (DETECT_SUBJECTS) and events, atomically.
--- KEYS: see _lib.lua; KEYS[16] present when the submitter sent an Idempotency-Key.
+-- KEYS: see _lib.lua; KEYS[17] present when the submitter sent an Idempotency-Key.
 -- ARGV[4] plan JSON   ARGV[5] image sha256   ARGV[6] response body   ARGV[7] created_at (ms)
 -- Returns {'OK', version} | {'REPLAY', response} | {'IDEMPOTENCY_CONFLICT', existing_job_id} | {'COLLISION'}
 if K_CREATE then

@@ -1,0 +1,43 @@
+"""The review-claim routes (docs/protocol.md § Claims): ``POST`` and ``DELETE /jobs/{id}/claim``.
+
+Reviewer role (the role table is ``serve_app.api.ROUTE_ROLES``). A claim only says who is looking
+at a waiting job; the intervention gates never consult it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from fastapi import FastAPI, Query, Request
+
+from statecore.models import Claim, ClaimReleased
+from statecore.store import Store
+
+log = logging.getLogger("hitl.api")
+
+API = "/api/v1"
+CLAIM_PATH = f"{API}/jobs/{{job_id}}/claim"
+
+
+def add_claim_routes(app: FastAPI, store_of: Callable[[], Store]) -> None:
+    @app.post(CLAIM_PATH, response_model=Claim, responses={400: {}, 404: {}, 409: {}})
+    async def claim(
+        request: Request,
+        job_id: str,
+        force: bool = Query(
+            default=False, description="take over another reviewer's claim (recorded as a CLAIM_TAKEN_OVER event)"
+        ),
+    ) -> Claim:
+        """Take or renew the caller's claim on a waiting job; ``expires_at`` moves with every renewal."""
+        reviewer = request.state.identity.name
+        taken = await store_of().claim(job_id, reviewer, force=force)
+        if force:
+            log.info("claim job=%s reviewer=%s (force)", job_id, reviewer)
+        return taken
+
+    @app.delete(CLAIM_PATH, response_model=ClaimReleased, responses={404: {}, 409: {}})
+    async def release(request: Request, job_id: str) -> ClaimReleased:
+        """Release the caller's claim; ``released`` is false when there was none."""
+        released = await store_of().release_claim(job_id, request.state.identity.name)
+        return ClaimReleased(job_id=job_id, released=released)

@@ -1,0 +1,61 @@
+"""The control plane's FastAPI app in this process over ASGI (no uvicorn, no Ray, no models), on the
+test's redis-server, with the identities of ``harness.tokens``: fast protocol tests of routes whose
+jobs the test drives through the store (tests.helpers) instead of through the models."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harness.tokens import TOKENS_SPEC
+from serve_app.api import Runtime, create_app
+from serve_app.auth import Authenticator
+from serve_app.config import Settings
+from statecore.artifacts import ArtifactStore
+from statecore.store import Store, StoreConfig
+
+BASE_URL = "http://asgi"
+
+
+async def _no_events(_job_id: str, _after: int) -> AsyncIterator[str]:
+    if False:  # an async generator that yields nothing: these tests read events from the store
+        yield ""
+
+
+async def _ready() -> dict[str, Any]:
+    return {"models_ready": True}
+
+
+@asynccontextmanager
+async def asgi_client(url: str, data_dir: Path, config: StoreConfig | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client on the app; the app's store is its own, on ``url``, configured by ``config``."""
+    async with asgi_transport(url, data_dir, config) as transport:
+        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL, timeout=30) as client:
+            yield client
+
+
+@asynccontextmanager
+async def asgi_transport(
+    url: str, data_dir: Path, config: StoreConfig | None = None
+) -> AsyncIterator[httpx.ASGITransport]:
+    """The app, started (its lifespan entered), as an httpx transport: for the project's own client."""
+    settings = Settings(data_dir=data_dir, tokens=TOKENS_SPEC, redis_url=url)
+
+    async def build() -> Runtime:
+        store = Store.from_url(url, config or StoreConfig(retention_s=3600, node_timeout_s=60))
+        return Runtime(
+            settings=settings,
+            store=store,
+            artifacts=ArtifactStore(settings.artifacts),
+            auth=Authenticator.from_settings(settings.tokens, settings.data_dir, settings.loopback),
+            events=_no_events,
+            readiness=_ready,
+        )
+
+    app = create_app(build)
+    async with app.router.lifespan_context(app):
+        yield httpx.ASGITransport(app=app)
