@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 
 from archive import migrate, reads
@@ -143,6 +145,9 @@ def test_alembic_upgrades_an_empty_database_and_reports_its_schema_version(empty
     assert migrate.upgrade(empty_url) == "0001"  # again: nothing to do
     a = Archive(empty_url)
     try:
+        with a.engine.connect() as conn:
+            # Alembic's own comparison: the revisions create exactly what the ORM maps (types included).
+            assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata) == []
         found = inspect(a.engine)
         # The revisions create what the ORM maps, column for column.
         for table in Base.metadata.sorted_tables:
