@@ -11,6 +11,7 @@ interrupted half-way (the process killed, the connection lost) leaves the previo
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
+from statecore.errors import JobNotFound
 from statecore.models import Event, JobResults, JobSnapshot, Pause
 from statecore.states import is_terminal
 from statecore.store import Store
@@ -99,6 +101,25 @@ async def archive_job(
     the process there)."""
     record = await read_job(store, job_id, audit)
     return await asyncio.to_thread(write_record, archive, record, on_written)
+
+
+async def archive_finished(store: Store, archive: Archive, *, page: int = 200) -> Counter[str]:
+    """Copy every finished job Redis still holds (a catch-up: jobs finished before the archive was
+    configured, or whose archive command was lost). Returns how many copies ended how; ``GONE``
+    counts jobs that expired between the listing and the copy."""
+    outcomes: Counter[str] = Counter()
+    cursor: str | None = None
+    while True:
+        jobs, cursor = await store.list_jobs(limit=page, cursor=cursor)
+        for summary in jobs:
+            if not is_terminal(summary.status):
+                continue
+            try:
+                outcomes[await archive_job(store, archive, summary.job_id)] += 1
+            except JobNotFound:
+                outcomes["GONE"] += 1
+        if cursor is None:
+            return outcomes
 
 
 def write_record(archive: Archive, record: JobRecord, on_written: Callable[[], None] | None = None) -> Outcome:

@@ -23,7 +23,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 
 from archive import migrate, reads
-from archive.archiver import NotFinished, archive_job, read_job, write_record
+from archive.archiver import NotFinished, archive_finished, archive_job, read_job, write_record
 from archive.db import Archive
 from archive.schema import ArchivedEvent, ArchivedJob, ArchivedPause, ArtifactRef, AuditEntry, Base
 from harness.postgres import PostgresServer, require_postgres
@@ -188,11 +188,15 @@ async def test_archived_bodies_equal_the_stores(store, image, archive):
         assert unknown(archive, "job_missing") is None
 
 
-async def test_a_live_job_is_not_archived(store, image, archive):
-    job_id = await waiting_job(store, image)
+async def test_a_live_job_is_not_archived_and_the_catch_up_copies_the_finished_ones(store, image, archive):
+    live = await waiting_job(store, image)
     with pytest.raises(NotFinished):
-        await archive_job(store, archive, job_id)
-    assert counts(archive, job_id)["archived_jobs"] == 0
+        await archive_job(store, archive, live)
+    done = [await finished_job(store, image) for _ in range(3)]
+    assert await archive_finished(store, archive, page=2) == {"INSERTED": 3}  # pages of 2: the cursor is followed
+    assert await archive_finished(store, archive) == {"UNCHANGED": 3}
+    assert counts(archive, live)["archived_jobs"] == 0
+    assert all(counts(archive, j)["archived_jobs"] == 1 for j in done)
 
 
 @pytest.fixture(scope="module")
