@@ -83,6 +83,12 @@ def roles_for(method: str, path: str) -> tuple[str, ...]:
     return ()
 
 
+INTERVENTION_409 = (
+    "IDEMPOTENCY_CONFLICT, JOB_CANCELLED, VERSION_CONFLICT, PAUSE_NOT_ACTIVE, PAUSE_TOKEN_MISMATCH, "
+    "SNAPSHOT_MISMATCH or WORKFLOW_VERSION_INCOMPATIBLE (the job was re-offered: a new pause): "
+    '{"code", "message", "snapshot", "rebase": {"base_version", "version", "base_found", "base_pause_token", '
+    '"added", "removed", "moved", "relabelled"}} (docs/protocol.md § Rebase help)'
+)
 EVENT_ID_RE = re.compile(r"^[0-9]{1,15}$")  # ASCII digits: str.isdigit() also takes "²" and "٣"
 PUBLIC = re.compile(r"^/(healthz|readyz|metrics|docs|redoc|openapi\.json)(/.*)?$")
 
@@ -318,7 +324,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
     @app.post(
         f"{API}/jobs/{{job_id}}/interventions",
         response_model=InterventionResponse,
-        responses={400: {}, 404: {}, 409: {}},
+        responses={400: {}, 404: {}, 409: {"description": INTERVENTION_409}},
     )
     async def intervene(request: Request, job_id: str, body: InterventionRequest) -> Response:
         try:

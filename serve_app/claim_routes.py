@@ -18,10 +18,14 @@ log = logging.getLogger("hitl.api")
 
 API = "/api/v1"
 CLAIM_PATH = f"{API}/jobs/{{job_id}}/claim"
+CLAIM_409 = (
+    'CLAIMED_BY_OTHER {"code", "message", "claim": {"reviewer", "expires_at"}, "snapshot"} unless force=true; '
+    "PAUSE_NOT_ACTIVE, JOB_CANCELLED or JOB_TERMINAL when no review waits"
+)
 
 
 def add_claim_routes(app: FastAPI, store_of: Callable[[], Store]) -> None:
-    @app.post(CLAIM_PATH, response_model=Claim, responses={400: {}, 404: {}, 409: {}})
+    @app.post(CLAIM_PATH, response_model=Claim, responses={400: {}, 404: {}, 409: {"description": CLAIM_409}})
     async def claim(
         request: Request,
         job_id: str,
@@ -36,7 +40,11 @@ def add_claim_routes(app: FastAPI, store_of: Callable[[], Store]) -> None:
             log.info("claim job=%s reviewer=%s (force)", job_id, reviewer)
         return taken
 
-    @app.delete(CLAIM_PATH, response_model=ClaimReleased, responses={404: {}, 409: {}})
+    @app.delete(
+        CLAIM_PATH,
+        response_model=ClaimReleased,
+        responses={404: {}, 409: {"description": "CLAIMED_BY_OTHER: another reviewer's claim is not yours to release"}},
+    )
     async def release(request: Request, job_id: str) -> ClaimReleased:
         """Release the caller's claim; ``released`` is false when there was none."""
         released = await store_of().release_claim(job_id, request.state.identity.name)
