@@ -1,0 +1,226 @@
+"""The application the way Ray users deploy it, through Ray's own CLI (docs/scaling.md § Deploying
+on an existing Ray cluster): ``serve build`` writes the config of ``deploy/serve-config.yaml``;
+``serve run serve_app.application:app`` serves the API and a job reaches its pause; ``serve deploy
+deploy/serve-config.yaml`` on a ``ray start --head`` cluster comes up RUNNING with every deployment
+HEALTHY, its SAM replicas placed on the cluster's (logical) GPU.
+
+One cluster for the module (``tests.ray_cluster_util.RayHead``: free ports, its own temp dir,
+stopped by PID) and a redis-server of its own; each test prints its wall time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from ray.serve.schema import DeploymentSchema, ServeDeploySchema
+
+from harness.ci import require_binary
+from harness.proc import Child
+from harness.tokens import token_file
+from serve_app.redis_server import RedisServer, free_port
+from serve_app.samples import product_composite
+from tests.ray_cluster_util import RayHead, ray_cli
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVE_CONFIG = ROOT / "deploy" / "serve-config.yaml"
+# What a node of the cluster has in its environment (a Secret on KubeRay): the config's
+# `host: 0.0.0.0` requires tokens.
+NODE_TOKEN = "ci-admin-token"
+NODE_ENV = {"HITL_TOKENS": f"ops:admin:{NODE_TOKEN}"}
+# Inherited from the caller's shell they would point the builder elsewhere.
+FOREIGN_ENV = ("RAY_ADDRESS", "REDIS_URL", "HITL_REDIS_URL", "HITL_ARTIFACTS", "HITL_TOKENS", "HITL_DATA_DIR")
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The CLI's environment. Ray 2.60's `ray start` turns token authentication on by default; a
+    client uses the token (~/.ray/auth_token or RAY_AUTH_TOKEN) only under RAY_AUTH_MODE=token."""
+    env = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV and k != "HITL_APP_ARGS"}
+    env.update(PYTHONUNBUFFERED="1", RAY_AUTH_MODE="token", **extra)
+    return env
+
+
+def serve_cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120) -> str:
+    """Run ``serve ARGS…`` to completion; its stdout, or a failure with everything it printed."""
+    proc = subprocess.run(
+        [ray_cli("serve"), *args], env=dict(env or cli_env()), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+    assert proc.returncode == 0, f"serve {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def committed() -> dict[str, Any]:
+    return yaml.safe_load(SERVE_CONFIG.read_text())
+
+
+def deployments_of(app: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {d["name"]: DeploymentSchema.model_validate(d).model_dump(exclude_unset=True) for d in app["deployments"]}
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    require_binary("redis-server")
+    server = RedisServer(tmp_path_factory.mktemp("serve-cli-redis")).start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayHead]:
+    """``ray start --head`` with one logical GPU: the config's model deployments ask for GPU fractions."""
+    t0 = time.monotonic()
+    head = RayHead(num_cpus=6, num_gpus=1, env={**NODE_ENV, "RAY_AUTH_MODE": "token"}).start()
+    print(f"\nray start --head: {time.monotonic() - t0:.1f}s ({head.gcs_address}, temp dir {head.temp_dir})")
+    yield head
+    t0 = time.monotonic()
+    head.stop()
+    assert head.leftovers() == []
+    print(f"ray cluster stopped: {time.monotonic() - t0:.1f}s")
+
+
+def test_serve_build_writes_the_committed_deployments(tmp_path: Path):
+    """``serve build`` (Ray 2.60's takes a bound application, so ``:app`` with the config's args in
+    HITL_APP_ARGS) writes a valid config whose deployments are those of deploy/serve-config.yaml."""
+    t0 = time.monotonic()
+    [app] = committed()["applications"]
+    out = tmp_path / "built.yaml"
+    env = cli_env(HITL_APP_ARGS=json.dumps(app["args"]), **NODE_ENV)
+    serve_cli("build", "serve_app.application:app", "-o", str(out), env=env)
+    built = yaml.safe_load(out.read_text())
+    ServeDeploySchema.model_validate(built)
+    [built_app] = built["applications"]
+    assert built_app["import_path"] == "serve_app.application:app"
+    assert deployments_of(built_app) == deployments_of(app)
+    print(f"serve build: {time.monotonic() - t0:.1f}s")
+
+
+def wait_until(what: str, probe: Any, timeout: float, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+            if last:
+                return last
+        except (httpx.HTTPError, OSError, ValueError) as e:
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"{what} not within {timeout:.0f}s (last: {last!r})")
+
+
+def test_serve_run_app_serves_and_a_job_reaches_its_pause(cluster: RayHead, redis_url: str, tmp_path: Path):
+    t0 = time.monotonic()
+    port = free_port()
+    # Serve's HTTP port for an import path is fixed (8000) unless Serve is already up: start it on a free one.
+    serve_cli("start", "--address", cluster.gcs_address, "--http-host", "127.0.0.1", "--http-port", str(port))
+    data_dir = tmp_path / "data"
+    env = cli_env(
+        HITL_REDIS_URL=redis_url,
+        HITL_ARTIFACTS=f"file://{tmp_path / 'artifacts'}",
+        HITL_DATA_DIR=str(data_dir),
+        HITL_APP_ARGS=json.dumps({"heartbeat_lapse_s": 10}),
+    )
+    run = Child([ray_cli("serve"), "run", "serve_app.application:app", "--address", cluster.gcs_address], env=env)
+    run.start()
+    api = f"http://127.0.0.1:{port}"
+    try:
+        wait_until("/healthz", lambda: httpx.get(f"{api}/healthz", timeout=5).status_code == 200, 240)
+        t_up = time.monotonic() - t0
+        # No HITL_TOKENS on loopback: the Api replica wrote the local admin token into the data dir.
+        token = wait_until("the local token", lambda: token_file(data_dir), 60)
+        headers = {"Authorization": f"Bearer {token}"}
+        image, _boxes = product_composite(seed=3)
+        r = httpx.post(
+            f"{api}/api/v1/jobs", files={"image": ("p.png", image, "image/png")}, headers=headers, timeout=30
+        )
+        assert r.status_code == 202, r.text
+        job_id = r.json()["job_id"]
+
+        def waiting() -> dict[str, Any] | None:
+            snap = httpx.get(f"{api}/api/v1/jobs/{job_id}", headers=headers, timeout=10).json()
+            assert snap["status"] not in ("FAILED", "CANCELLED", "TIMED_OUT"), snap
+            return snap if snap["status"] == "WAITING_USER_SELECTION" else None
+
+        snap = wait_until("WAITING_USER_SELECTION", waiting, 120)
+        assert snap["box_list"] and snap["active_pause"]
+        ready = httpx.get(f"{api}/readyz", timeout=30).json()
+        assert ready["backends"]["detector"] == "classical"
+    finally:
+        if run.proc is not None and run.running:
+            run.proc.send_signal(signal.SIGINT)  # what Ctrl-C does: serve run shuts Serve down
+            try:
+                run.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                run.kill()
+    print(f"serve run: up in {t_up:.1f}s, job paused, stopped; {time.monotonic() - t0:.1f}s in all")
+
+
+@pytest.fixture(scope="module")
+def tiny_sam_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A SAM of the real architecture with random weights, small enough for CPU (docs/scaling.md)."""
+    import torch
+
+    from deployments.backends.sam import build_sam_vit_tiny
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("sam") / "sam_tiny.pth"
+    torch.save(build_sam_vit_tiny().state_dict(), path)
+    return str(path)
+
+
+def site_config(redis_url: str, tmp_path: Path, checkpoint: str, port: int) -> dict[str, Any]:
+    """deploy/serve-config.yaml with this site's values: Redis, artifact and data paths, the SAM
+    checkpoint, the HTTP address. Deployments and every other argument stay as committed."""
+    config = committed()
+    config["http_options"] = {"host": "127.0.0.1", "port": port}
+    config["grpc_options"]["port"] = free_port()
+    [app] = config["applications"]
+    app["args"].update(
+        redis_url=redis_url,
+        artifacts_root=f"file://{tmp_path / 'artifacts'}",
+        data_dir=str(tmp_path / "data"),
+        sam_checkpoint=checkpoint,
+        sam_model_type="vit_tiny",
+    )
+    return config
+
+
+def test_serve_deploy_config_runs_healthy(cluster: RayHead, redis_url: str, tiny_sam_checkpoint: str, tmp_path: Path):
+    t0 = time.monotonic()
+    port = free_port()
+    config = site_config(redis_url, tmp_path, tiny_sam_checkpoint, port)
+    path = tmp_path / "serve-config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    serve_cli("deploy", str(path), "--address", cluster.dashboard_url)
+
+    def running() -> dict[str, Any] | None:
+        status = yaml.safe_load(serve_cli("status", "--address", cluster.dashboard_url))
+        app = (status.get("applications") or {}).get("hitl") or {}
+        assert app.get("status") not in ("DEPLOY_FAILED", "UNHEALTHY"), status
+        healthy = app.get("status") == "RUNNING" and all(
+            d.get("status") == "HEALTHY" for d in app.get("deployments", {}).values()
+        )
+        return app if healthy else None
+
+    app = wait_until("hitl RUNNING with every deployment HEALTHY", running, 300, interval=2)
+    assert sorted(app["deployments"]) == sorted(d["name"] for d in config["applications"][0]["deployments"])
+    api = f"http://127.0.0.1:{port}"
+    ready = httpx.get(f"{api}/readyz", timeout=30)
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["backends"] == {"detector": "sam-auto", "validator": "sam", "segmenter": "sam"}
+    # host 0.0.0.0: the cluster's HITL_TOKENS, not a local token, guard the API.
+    assert httpx.get(f"{api}/api/v1/jobs", timeout=10).status_code == 401
+    jobs = httpx.get(f"{api}/api/v1/jobs", headers={"Authorization": f"Bearer {NODE_TOKEN}"}, timeout=10)
+    assert jobs.status_code == 200, jobs.text
+    print(f"serve deploy: RUNNING/HEALTHY in {time.monotonic() - t0:.1f}s")
+    serve_cli("shutdown", "--address", cluster.dashboard_url, "--yes")
