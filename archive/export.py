@@ -19,7 +19,7 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from statecore.artifacts import ArtifactStore
 
 from . import corrections
 from .archiver import artifact_name
+from .cli import export_main
 from .db import Archive, archive_url
 from .schema import ArchivedEvent, ArchivedJob
 
@@ -58,16 +59,6 @@ class ExportSummary:
     masks: int = 0
     categories: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # artifacts the store does not hold
-
-
-def parse_since(text: str) -> datetime:
-    """A date (midnight UTC) or an ISO date-time (UTC unless it says otherwise)."""
-    try:
-        d = date.fromisoformat(text)
-        return datetime(d.year, d.month, d.day, tzinfo=UTC)
-    except ValueError:
-        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 def select_jobs(archive: Archive, *, since: datetime | None = None, batch: str | None = None) -> list[ExportJob]:
@@ -239,21 +230,8 @@ def export(
     raise ValueError(f"unknown export format {fmt!r}")
 
 
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(prog="hitl export", description=__doc__.split("\n\n")[0])
-    p.add_argument("--format", required=True, choices=("coco", "yolo"), help="COCO (RLE masks) or YOLO")
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory to write (created)")
-    p.add_argument("--since", type=parse_since, metavar="DATE", help="only jobs finished at or after DATE (UTC)")
-    p.add_argument("--batch", metavar="NAME", help="only jobs submitted by `hitl submit --batch NAME`")
-    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help="data directory (default .hitl)")
-    p.add_argument("--archive-url", default=None, metavar="URL", help="the archive (default HITL_ARCHIVE_URL, else "
-                   "<data-dir>/archive.sqlite3)")  # fmt: skip
-    p.add_argument("--artifacts", default=None, metavar="ROOT", help="artifact store (default <data-dir>/artifacts)")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """``hitl export`` with parsed arguments (archive.cli)."""
     data_dir = (args.data_dir or Path(".hitl")).resolve()
     archive = Archive(archive_url(data_dir, args.archive_url))
     try:
@@ -268,6 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in s.missing:
         print(f"export: warning: artifact {name} is not in the artifact store", file=sys.stderr)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``hitl export ARGS``: see archive.cli for the options."""
+    return export_main(argv)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from .cli import upgrade_main
 from .db import archive_url, make_engine
 
 SCRIPTS = Path(__file__).resolve().parent / "alembic"
@@ -58,14 +59,9 @@ def schema_version(url: str | None = None) -> str | None:
         engine.dispose()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``hitl admin archive-upgrade [--archive-url URL] [--data-dir DIR] [--check]``: migrate the
-    archive to this build's schema (``--check``: only report, exit 1 when it is behind)."""
-    p = argparse.ArgumentParser(prog="hitl admin archive-upgrade", description=main.__doc__)
-    p.add_argument("--archive-url", default=None, metavar="URL", help="default HITL_ARCHIVE_URL, else the SQLite file")
-    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help="data directory (default .hitl)")
-    p.add_argument("--check", action="store_true", help="report the schema version and change nothing")
-    args = p.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """``hitl admin archive-upgrade`` with parsed arguments (archive.cli): migrate, or with
+    ``--check`` only report (exit 1 when the archive is behind this build)."""
     url = archive_url(args.data_dir, args.archive_url)
     before = schema_version(url)
     if args.check:
@@ -74,6 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     after = upgrade(url)
     print(f"archive schema_version={after} (was {before})")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return upgrade_main(argv)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ to the detector's proposals apart from the approved labels."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 from pathlib import Path
@@ -15,6 +16,7 @@ from pycocotools.coco import COCO
 
 from archive import migrate
 from archive.archiver import archive_job
+from archive.cli import add_export_command
 from archive.db import Archive
 from archive.export import main as export_main
 from statecore.artifacts import ArtifactStore
@@ -105,6 +107,22 @@ async def test_coco_export_since_a_later_date_is_empty(exported_world):
     out = exported_world["tmp"] / "none"
     _export(exported_world, "coco", out, "--since", "2999-01-01")
     assert json.loads((out / "annotations.json").read_text())["images"] == []
+    with pytest.raises(SystemExit):
+        export_main(["--format", "coco", "--out", str(out), "--since", "last tuesday"])
+
+
+async def test_hitl_export_as_a_subcommand_of_a_parser_like_hitls(exported_world):
+    """What serve_app/cli.py adds: ``add_export_command(sub)`` on its subparsers, run by ``args.func``."""
+    parser = argparse.ArgumentParser(prog="hitl")
+    sub = parser.add_subparsers(dest="command")
+    add_export_command(sub)
+    out = exported_world["tmp"] / "sub"
+    args = parser.parse_args(
+        ["export", "--format", "yolo", "--out", str(out), "--archive-url", exported_world["url"]]
+        + ["--artifacts", exported_world["artifacts"], "--batch", "autumn", "--since", "2026-01-01T00:00:00Z"]
+    )
+    assert args.func(args) == 0
+    assert len(list((out / "labels").glob("*.txt"))) == 1
 
 
 async def test_yolo_export_writes_normalized_labels_masks_and_names(exported_world):
