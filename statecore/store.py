@@ -58,6 +58,14 @@ class StoreConfig:
     workflow_version: str = WORKFLOW_VERSION
     continuable_workflow_versions: frozenset[str] = CONTINUABLE_WORKFLOW_VERSIONS
 
+    def __post_init__(self) -> None:
+        if self.workflow_version not in self.continuable_workflow_versions:
+            # Its own re-offers would be refused again at every submission: never done reviewing.
+            raise ValueError(
+                f"workflow_version {self.workflow_version!r} must be one of the continuable versions "
+                f"{sorted(self.continuable_workflow_versions)}"
+            )
+
     def max_execution_s(self, node_type: str) -> float:
         return self.node_timeouts.get(node_type, self.node_timeout_s)
 

@@ -192,10 +192,23 @@ async def test_only_a_waiting_job_can_be_claimed(api, store, image):
     await store.cancel(cancelled, "rev1")
     r = await api.post(claim_path(cancelled), headers=auth("rev1"))
     assert r.status_code == 409 and r.json()["code"] == "JOB_CANCELLED"
+    ended = await waiting_job(store, image)
+    st = await store.get(ended)
+    assert (await store.intervene(ended, iv(st, []), "rev1")).status_code == 200  # EMPTY_SELECTION
+    r = await api.post(claim_path(ended), headers=auth("rev1"))
+    assert r.status_code == 409 and r.json()["code"] == "JOB_TERMINAL"
+    assert r.json()["snapshot"]["status"] == "EMPTY_SELECTION"
     missing = await api.post(claim_path("job_doesnotexist"), headers=auth("rev1"))
     assert missing.status_code == 404 and missing.json()["code"] == "JOB_NOT_FOUND"
     assert (await api.delete(claim_path("job_doesnotexist"), headers=auth("rev1"))).status_code == 404
-    assert await store.r.exists(keys.job(detecting).claim, keys.job(cancelled).claim) == 0
+    assert await store.r.exists(keys.job(detecting).claim, keys.job(cancelled).claim, keys.job(ended).claim) == 0
+
+
+def test_the_claim_key_is_in_the_jobs_partition():
+    for n in range(50):
+        jk = keys.job(f"job_{n:020x}")
+        assert jk.claim.startswith(keys.tag(jk.p) + ":job:") and jk.claim.endswith(":claim")
+        assert jk.claim in jk.for_script() and jk.claim != jk.meta
 
 
 @pytest.mark.parametrize("force", ["maybe", "2", "", "truee"])

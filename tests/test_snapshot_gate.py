@@ -45,6 +45,9 @@ async def next_build(redis_server):
 def test_the_build_names_its_workflow_version_and_what_it_continues():
     assert WORKFLOW_VERSION in CONTINUABLE_WORKFLOW_VERSIONS
     assert NEXT_VERSION not in CONTINUABLE_WORKFLOW_VERSIONS
+    # A store that could not continue its own pauses would re-offer them for ever.
+    with pytest.raises(ValueError, match="continuable"):
+        StoreConfig(workflow_version=NEXT_VERSION)
 
 
 async def test_every_pause_records_its_workflow_version(store, image):
@@ -235,3 +238,30 @@ def test_snapshot_id_is_optional_in_the_request_model():
     base = {"intervention_id": "iv_1", "pause_token": "pause_x", "base_version": 2, "subjects": []}
     assert InterventionRequest(**base).snapshot_id is None
     assert InterventionRequest(**base, snapshot_id=OTHER).snapshot_id == OTHER
+
+
+@pytest.mark.cluster
+async def test_the_reoffer_and_the_rebase_on_a_redis_cluster(cluster_store, redis_cluster, image):
+    next_on_cluster = Store.from_url(
+        redis_cluster.url,
+        StoreConfig(
+            retention_s=3600, workflow_version=NEXT_VERSION, continuable_workflow_versions=frozenset({NEXT_VERSION})
+        ),
+        cluster=True,
+    )
+    try:
+        job_id = await waiting_job(cluster_store, image)
+        st = await cluster_store.get(job_id)
+        with pytest.raises(SnapshotMismatch):
+            await next_on_cluster.intervene(job_id, iv(st, keep(st, 0), snapshot_id=OTHER), "rev1")
+        with pytest.raises(WorkflowVersionIncompatible) as ei:
+            await next_on_cluster.intervene(job_id, iv(st, keep(st, 0)), "rev1")
+        new = ei.value.snapshot["active_pause"]
+        assert new["workflow_version"] == NEXT_VERSION and new["pause_token"] != st.active_pause.pause_token
+        rebase = ei.value.to_body()["rebase"]
+        assert rebase["base_found"] and rebase["base_pause_token"] == st.active_pause.pause_token
+        now = await next_on_cluster.get(job_id)
+        ok = await next_on_cluster.intervene(job_id, iv(now, keep(now, 0), snapshot_id=new["snapshot_id"]), "rev1")
+        assert ok.status_code == 200
+    finally:
+        await next_on_cluster.close()
