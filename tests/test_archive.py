@@ -352,3 +352,20 @@ async def test_a_copy_killed_mid_transaction_leaves_the_previous_state(store, im
     assert counts(archive, job_id) == {**first, "archived_events": first["archived_events"] + 1}
     assert await archive_job(store, archive, job_id) == "UNCHANGED"
     assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.cluster
+async def test_a_job_on_a_redis_cluster_is_archived_the_same(cluster_store, image, tmp_path):
+    url = f"sqlite:///{tmp_path / 'archive.sqlite3'}"
+    migrate.upgrade(url)
+    archive = Archive(url)
+    try:
+        job_id = await finished_job(cluster_store, image)
+        assert await archive_job(cluster_store, archive, job_id) == "INSERTED"
+        assert await archive_finished(cluster_store, archive) == {"UNCHANGED": 1}
+        view = reads.job(archive, job_id)
+        assert view is not None
+        assert view.snapshot.model_dump_json() == (await cluster_store.snapshot(job_id)).model_dump_json()
+        assert reads.events(archive, job_id) == await cluster_store.events_after(job_id)
+    finally:
+        archive.close()
