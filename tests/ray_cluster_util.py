@@ -2,12 +2,16 @@
 child process group, every port chosen free on loopback, its own ``--temp-dir`` (short: Ray's
 unix sockets live under it). Stopping is SIGTERM to ``ray start --block`` (it stops what it
 started), then SIGKILL to any process left whose command line names the temp dir; never a global
-``ray stop``, which would end other people's clusters on the machine."""
+``ray stop``, which would end other people's clusters on the machine.
+
+Ray 2.60 clusters use token authentication: this one gets a token of its own (``auth_env``: give
+it to every client, the ``serve`` CLI included), so it neither needs nor touches ~/.ray/auth_token."""
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import signal
 import sys
@@ -38,6 +42,7 @@ class RayHead:
         self.dashboard_port = free_port()
         self.gcs_address = f"127.0.0.1:{self.gcs_port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
+        self.auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
         ports = {
             "--port": self.gcs_port,
             "--dashboard-port": self.dashboard_port,
@@ -74,6 +79,7 @@ class RayHead:
             cmd += [flag, str(port)]
         full_env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         full_env.update(env or {})
+        full_env.update(self.auth_env)
         self.child = Child(cmd, env=full_env)
 
     def start(self, timeout: float = 180) -> RayHead:

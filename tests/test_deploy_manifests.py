@@ -85,7 +85,8 @@ def test_serve_config_is_what_the_builder_makes(node_tokens):
     assert sorted(written) == sorted(built) == sorted(["Api", "Events", *MODEL_DEPLOYMENTS])
     for name in built:
         assert written[name] == built[name], f"deploy/serve-config.yaml's {name} is not what the builder makes"
-    # What the file must state for each deployment (SPEC's operator-facing options), not merely match.
+    # What the file must state for each deployment (docs/scaling.md § Deploying on an existing Ray
+    # cluster / KubeRay), not merely match the builder.
     for name, d in written.items():
         assert d["max_ongoing_requests"] >= 1
         assert {"health_check_period_s", "health_check_timeout_s", "graceful_shutdown_timeout_s"} <= set(d)

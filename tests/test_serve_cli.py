@@ -1,5 +1,5 @@
 """The application the way Ray users deploy it, through Ray's own CLI (docs/scaling.md § Deploying
-on an existing Ray cluster): ``serve build`` writes the config of ``deploy/serve-config.yaml``;
+on an existing Ray cluster / KubeRay): ``serve build`` writes the config of ``deploy/serve-config.yaml``;
 ``serve run serve_app.application:app`` serves the API and a job reaches its pause; ``serve deploy
 deploy/serve-config.yaml`` on a ``ray start --head`` cluster comes up RUNNING with every deployment
 HEALTHY, its SAM replicas placed on the cluster's (logical) GPU.
@@ -42,18 +42,18 @@ NODE_ENV = {"HITL_TOKENS": f"ops:admin:{NODE_TOKEN}"}
 FOREIGN_ENV = ("RAY_ADDRESS", "REDIS_URL", "HITL_REDIS_URL", "HITL_ARTIFACTS", "HITL_TOKENS", "HITL_DATA_DIR")
 
 
-def cli_env(**extra: str) -> dict[str, str]:
-    """The CLI's environment. Ray 2.60's `ray start` turns token authentication on by default; a
-    client uses the token (~/.ray/auth_token or RAY_AUTH_TOKEN) only under RAY_AUTH_MODE=token."""
+def cli_env(cluster: RayHead | None = None, **extra: str) -> dict[str, str]:
+    """The CLI's environment; with ``cluster``, its authentication token (a client sends one only
+    under RAY_AUTH_MODE=token)."""
     env = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV and k != "HITL_APP_ARGS"}
-    env.update(PYTHONUNBUFFERED="1", RAY_AUTH_MODE="token", **extra)
+    env.update(PYTHONUNBUFFERED="1", **(cluster.auth_env if cluster else {}), **extra)
     return env
 
 
-def serve_cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120) -> str:
+def serve_cli(*args: str, env: Mapping[str, str], timeout: float = 120) -> str:
     """Run ``serve ARGS…`` to completion; its stdout, or a failure with everything it printed."""
     proc = subprocess.run(
-        [ray_cli("serve"), *args], env=dict(env or cli_env()), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+        [ray_cli("serve"), *args], env=dict(env), capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )
     assert proc.returncode == 0, f"serve {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
@@ -79,7 +79,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def cluster() -> Iterator[RayHead]:
     """``ray start --head`` with one logical GPU: the config's model deployments ask for GPU fractions."""
     t0 = time.monotonic()
-    head = RayHead(num_cpus=6, num_gpus=1, env={**NODE_ENV, "RAY_AUTH_MODE": "token"}).start()
+    head = RayHead(num_cpus=6, num_gpus=1, env=NODE_ENV).start()
     print(f"\nray start --head: {time.monotonic() - t0:.1f}s ({head.gcs_address}, temp dir {head.temp_dir})")
     yield head
     t0 = time.monotonic()
@@ -122,9 +122,14 @@ def test_serve_run_app_serves_and_a_job_reaches_its_pause(cluster: RayHead, redi
     t0 = time.monotonic()
     port = free_port()
     # Serve's HTTP port for an import path is fixed (8000) unless Serve is already up: start it on a free one.
-    serve_cli("start", "--address", cluster.gcs_address, "--http-host", "127.0.0.1", "--http-port", str(port))
+    serve_cli(
+        "start",
+        *("--address", cluster.gcs_address, "--http-host", "127.0.0.1", "--http-port", str(port)),
+        env=cli_env(cluster),
+    )
     data_dir = tmp_path / "data"
     env = cli_env(
+        cluster,
         HITL_REDIS_URL=redis_url,
         HITL_ARTIFACTS=f"file://{tmp_path / 'artifacts'}",
         HITL_DATA_DIR=str(data_dir),
@@ -167,7 +172,7 @@ def test_serve_run_app_serves_and_a_job_reaches_its_pause(cluster: RayHead, redi
 
 @pytest.fixture(scope="module")
 def tiny_sam_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A SAM of the real architecture with random weights, small enough for CPU (docs/scaling.md)."""
+    """A SAM of the real architecture with random weights, small enough for CPU (as in test_models_sam.py)."""
     import torch
 
     from deployments.backends.sam import build_sam_vit_tiny
@@ -201,10 +206,11 @@ def test_serve_deploy_config_runs_healthy(cluster: RayHead, redis_url: str, tiny
     config = site_config(redis_url, tmp_path, tiny_sam_checkpoint, port)
     path = tmp_path / "serve-config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    serve_cli("deploy", str(path), "--address", cluster.dashboard_url)
+    env = cli_env(cluster)
+    serve_cli("deploy", str(path), "--address", cluster.dashboard_url, env=env)
 
     def running() -> dict[str, Any] | None:
-        status = yaml.safe_load(serve_cli("status", "--address", cluster.dashboard_url))
+        status = yaml.safe_load(serve_cli("status", "--address", cluster.dashboard_url, env=env))
         app = (status.get("applications") or {}).get("hitl") or {}
         assert app.get("status") not in ("DEPLOY_FAILED", "UNHEALTHY"), status
         healthy = app.get("status") == "RUNNING" and all(
@@ -223,4 +229,4 @@ def test_serve_deploy_config_runs_healthy(cluster: RayHead, redis_url: str, tiny
     jobs = httpx.get(f"{api}/api/v1/jobs", headers={"Authorization": f"Bearer {NODE_TOKEN}"}, timeout=10)
     assert jobs.status_code == 200, jobs.text
     print(f"serve deploy: RUNNING/HEALTHY in {time.monotonic() - t0:.1f}s")
-    serve_cli("shutdown", "--address", cluster.dashboard_url, "--yes")
+    serve_cli("shutdown", "--address", cluster.dashboard_url, "--yes", env=env)
