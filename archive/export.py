@@ -31,8 +31,8 @@ from statecore.artifacts import ArtifactStore
 
 from . import corrections
 from .archiver import artifact_name
-from .cli import export_main
 from .db import Archive, archive_url
+from .options import EXPORT_DESCRIPTION, add_export_arguments
 from .schema import ArchivedEvent, ArchivedJob
 
 EXPORTED_STATUSES = ("SUCCEEDED", "PARTIAL_SUCCEEDED")
@@ -249,8 +249,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``hitl export ARGS``: see archive.cli for the options."""
-    return export_main(argv)
+    """``hitl export ARGS`` (archive.options)."""
+    parser = add_export_arguments(argparse.ArgumentParser(prog="hitl export", description=EXPORT_DESCRIPTION))
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from .cli import upgrade_main
 from .db import archive_url, make_engine
+from .options import add_upgrade_arguments
 
 SCRIPTS = Path(__file__).resolve().parent / "alembic"
 
@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return upgrade_main(argv)
+    """``hitl admin archive-upgrade ARGS`` (archive.options)."""
+    return run(add_upgrade_arguments(argparse.ArgumentParser(prog="hitl admin archive-upgrade")).parse_args(argv))
 
 
 if __name__ == "__main__":

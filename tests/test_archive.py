@@ -4,6 +4,7 @@ after a copy killed half-way) and never lets an older copy replace a newer one."
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import signal
@@ -24,6 +25,7 @@ from sqlalchemy import func, inspect, select
 
 from archive import migrate, reads
 from archive.archiver import NotFinished, archive_finished, archive_job, read_job, write_record
+from archive.cli import add_upgrade_command
 from archive.db import Archive
 from archive.schema import ArchivedEvent, ArchivedJob, ArchivedPause, ArtifactRef, AuditEntry, Base
 from harness.postgres import PostgresServer, require_postgres
@@ -143,6 +145,11 @@ def test_alembic_upgrades_an_empty_database_and_reports_its_schema_version(empty
     assert migrate.main(["--archive-url", empty_url, "--check"]) == 0
     assert migrate.schema_version(empty_url) == "0001"
     assert migrate.upgrade(empty_url) == "0001"  # again: nothing to do
+    # As `hitl admin archive-upgrade` (archive.cli on hitl's `admin` subparsers).
+    admin = argparse.ArgumentParser(prog="hitl admin").add_subparsers(dest="admin_command")
+    add_upgrade_command(admin)
+    args = admin._name_parser_map["archive-upgrade"].parse_args(["--archive-url", empty_url])
+    assert args.func(args) == 0
     a = Archive(empty_url)
     try:
         with a.engine.connect() as conn:
