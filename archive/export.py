@@ -32,6 +32,7 @@ from statecore.artifacts import ArtifactStore
 from . import corrections
 from .archiver import artifact_name
 from .db import Archive, archive_url
+from .migrate import not_ready
 from .options import EXPORT_DESCRIPTION, add_export_arguments
 from .schema import ArchivedEvent, ArchivedJob
 
@@ -233,7 +234,12 @@ def export(
 def run(args: argparse.Namespace) -> int:
     """``hitl export`` with parsed arguments (archive.cli)."""
     data_dir = (args.data_dir or Path(".hitl")).resolve()
-    archive = Archive(archive_url(data_dir, args.archive_url))
+    url = archive_url(data_dir, args.archive_url)
+    problem = not_ready(url)
+    if problem is not None:
+        print(f"export: {problem}", file=sys.stderr)
+        return 1
+    archive = Archive(url)
     try:
         artifacts = ArtifactStore(args.artifacts or f"file://{data_dir / 'artifacts'}")
         s = export(archive, artifacts, args.out, args.format, since=args.since, batch=args.batch)

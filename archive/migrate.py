@@ -59,6 +59,23 @@ def schema_version(url: str | None = None) -> str | None:
         engine.dispose()
 
 
+def not_ready(url: str) -> str | None:
+    """Why the archive at ``url`` cannot be read by this build (None: it can): a SQLite file that
+    does not exist (checked before connecting, which would create it), a database never migrated,
+    or one at another revision than this build's."""
+    url = archive_url(url=url)
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:" and not Path(path).exists():
+            return f"no archive at {path} (a server writes it as jobs finish)"
+    version = schema_version(url)
+    if version is None:
+        return "the archive has no schema yet: run `hitl admin archive-upgrade`"
+    if version != head():
+        return f"the archive's schema is {version}, this build's {head()}: run `hitl admin archive-upgrade`"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """``hitl admin archive-upgrade`` with parsed arguments (archive.cli): migrate, or with
     ``--check`` only report (exit 1 when the archive is behind this build)."""

@@ -111,6 +111,16 @@ async def test_coco_export_since_a_later_date_is_empty(exported_world):
         export_main(["--format", "coco", "--out", str(out), "--since", "last tuesday"])
 
 
+def test_export_from_no_archive_or_an_unmigrated_one_says_so(tmp_path, capsys):
+    out = str(tmp_path / "out")
+    assert export_main(["--format", "coco", "--out", out, "--data-dir", str(tmp_path)]) == 1
+    assert "no archive at" in capsys.readouterr().err
+    assert not (tmp_path / "archive.sqlite3").exists()  # a read creates nothing
+    Archive(f"sqlite:///{tmp_path / 'archive.sqlite3'}").engine.connect().close()  # an empty database file
+    assert export_main(["--format", "coco", "--out", out, "--data-dir", str(tmp_path)]) == 1
+    assert "archive-upgrade" in capsys.readouterr().err
+
+
 async def test_hitl_export_as_a_subcommand_of_a_parser_like_hitls(exported_world):
     """What serve_app/cli.py adds: ``add_export_command(sub)`` on its subparsers, run by ``args.func``."""
     parser = argparse.ArgumentParser(prog="hitl")
