@@ -7,15 +7,19 @@ The archive's engine is synchronous: an async route calls these through ``asynci
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
 from statecore.models import Event, JobResults, JobSnapshot, Pause
 
 from .db import Archive
 from .schema import AUDIT_FIELDS, ArchivedEvent, ArchivedJob, ArchivedPause, AuditEntry
+
+log = logging.getLogger("hitl.archive")
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,17 @@ def job(archive: Archive, job_id: str) -> ArchivedView | None:
             snapshot=JobSnapshot.model_validate(row.snapshot),
             results=JobResults.model_validate(row.results) if row.results is not None else None,
         )
+
+
+def lookup(archive: Archive, job_id: str) -> ArchivedView | None:
+    """:func:`job` for a route's fallback: an archive that cannot be read (the database down, the
+    network cut) answers like one without the job, with a warning in the log, so a request for a
+    job Redis does not hold is a 404 rather than a 500 (docs/archive.md § Reads)."""
+    try:
+        return job(archive, job_id)
+    except SQLAlchemyError as e:
+        log.warning("archive read failed job=%s: %s: %s", job_id, type(e).__name__, e)
+        return None
 
 
 def snapshot(archive: Archive, job_id: str) -> JobSnapshot | None:

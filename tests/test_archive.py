@@ -191,6 +191,12 @@ async def test_archived_bodies_equal_the_stores(store, image, archive):
         (k, b.box_id) for b in state.approved_box_list for k in ("mask", "cutout")
     ]
     assert refs[0].url == state.image.url
+    assert reads.lookup(archive, job_id) == view
+    down = Archive("postgresql://nobody@127.0.0.1:1/none")  # nothing listens on port 1
+    try:
+        assert reads.lookup(down, job_id) is None  # a 404 for the route, not a 500
+    finally:
+        down.close()
     for unknown in (reads.job, reads.snapshot, reads.results, reads.events, reads.audit, reads.pause_history):
         assert unknown(archive, "job_missing") is None
 
