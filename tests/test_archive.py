@@ -24,7 +24,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 
 from archive import migrate, reads
-from archive.archiver import NotFinished, archive_finished, archive_job, read_job, write_record
+from archive.archiver import Copied, NotFinished, archive_finished, archive_job, copy_job, read_job, write_record
 from archive.cli import add_upgrade_command
 from archive.db import Archive
 from archive.schema import ArchivedEvent, ArchivedJob, ArchivedPause, ArtifactRef, AuditEntry, Base
@@ -272,7 +272,8 @@ async def test_upsert_is_idempotent_and_only_moves_forward(store, image, archive
     first = counts(archive, job_id)
     assert first == {"archived_jobs": 1, "archived_pauses": 1, "archived_events": first["archived_events"],
                      "audit_entries": 0, "artifact_refs": 7}  # fmt: skip
-    assert await archive_job(store, archive, job_id) == "UNCHANGED"
+    copied = await copy_job(store, archive, job_id)
+    assert copied == Copied("UNCHANGED", (await store.get(job_id)).version, first["archived_events"], 0)
     assert counts(archive, job_id) == first
     # The finished job gains an event (a late report): the newer copy replaces the archived one.
     await late_report(store, job_id)
