@@ -69,7 +69,8 @@ class HitlUp:
         if not dashboard:
             cmd.append("--no-dashboard")
         full_env = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV}
-        full_env.update(PYTHONUNBUFFERED="1", **(env or {}))
+        full_env["PYTHONUNBUFFERED"] = "1"
+        full_env.update(env or {})
         self.child = Child(cmd, env=full_env, log_path=log_path)
 
     @property
