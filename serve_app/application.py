@@ -77,6 +77,33 @@ async def confirm_replica(store: Any, job_id: str, node_instance_id: str, timeou
     return True
 
 
+async def refuse_volatile_redis(settings: Settings) -> None:
+    """What ``hitl up`` checks for an external Redis, done by the API replica itself, since
+    ``serve run``/``serve deploy`` start no launcher: a Redis with persistence off or an evicting
+    ``maxmemory-policy`` fails the replica's start (the deploy then says why), unless
+    ``allow_volatile_redis``. A Redis that does not answer is left to the store's own errors."""
+    import redis
+
+    assert settings.redis_url
+    try:
+        problems = await asyncio.to_thread(
+            durability.external_problems, settings.redis_url, settings.durability, settings.store_timeout_s
+        )
+    except redis.RedisError as e:
+        log.warning("could not check the Redis at %s for persistence: %s", settings.redis_url, e)
+        return
+    if not problems:
+        return
+    text = "; ".join(problems)
+    if settings.allow_volatile_redis:
+        log.warning("VOLATILE REDIS (allow_volatile_redis): %s. Acknowledged jobs may be lost.", text)
+        return
+    raise RuntimeError(
+        f"refusing the Redis at {settings.redis_url}: {text}. Turn on AOF (appendonly yes) or RDB, set "
+        "maxmemory-policy noeviction, or pass allow_volatile_redis=true to run anyway and risk losing jobs."
+    )
+
+
 class ServeRunner:
     """Sends a node command to its model deployment through a DeploymentHandle."""
 
@@ -121,6 +148,7 @@ class Api:
     async def _runtime(self) -> Runtime:
         settings = self.settings
         assert settings.redis_url
+        await refuse_volatile_redis(settings)
         store = store_for(settings, settings.redis_url)
         # The dispatcher blocks in XREADGROUP for up to 1 s: its store's timeout allows for it.
         background_store = store_for(settings, settings.redis_url, blocking_s=2.0)

@@ -4,6 +4,9 @@ makes from its own ``args`` (same deployments, same options) and a valid Ray Ser
 in ``deploy/kuberay/schema/``, unknown fields refused as ``kubectl apply --validate=strict`` does),
 embeds exactly that Serve config, and points at what ``deploy/kuberay/redis.yaml`` provides.
 
+Also the application's own guards on that path (no launcher runs under ``serve run``/``serve
+deploy``): typed builder arguments, and an API replica that refuses a Redis that could lose state.
+
 No Ray cluster here: building an application (``.bind()``, Serve's ``build_app``) needs none.
 ``tests/test_serve_cli.py`` runs the same files through Ray's CLI."""
 
@@ -18,6 +21,7 @@ from urllib.parse import urlparse
 import jsonschema
 import pytest
 import ray
+import redis
 import yaml
 from pydantic import ValidationError
 from ray._common.utils import import_attr
@@ -25,7 +29,10 @@ from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 from ray.serve._private.build_app import build_app
 from ray.serve.schema import DeploymentSchema, ServeDeploySchema
 
-from serve_app.application import ENV_FALLBACK, AppArgs
+from harness.ci import require_binary
+from serve_app.application import ENV_FALLBACK, AppArgs, refuse_volatile_redis
+from serve_app.config import Settings
+from serve_app.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = ROOT / "deploy" / "serve-config.yaml"
@@ -140,6 +147,33 @@ def test_env_fallback_and_app_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv("HITL_APP_ARGS", "[1]")
     with pytest.raises(ValueError, match="HITL_APP_ARGS must be a JSON object"):
         AppArgs.from_environment()
+
+
+async def test_api_replica_refuses_a_redis_that_could_lose_state(tmp_path: Path):
+    """What `hitl up --redis-url` refuses, the replica refuses when Serve's CLI deployed it."""
+    require_binary("redis-server")
+    server = RedisServer(tmp_path / "redis").start()
+    r = redis.Redis(port=server.port)
+    try:
+        settings = Settings(redis_url=server.url)
+        await refuse_volatile_redis(settings)  # AOF on, no maxmemory: fine
+        r.config_set("maxmemory", "100mb")
+        r.config_set("maxmemory-policy", "allkeys-lru")
+        with pytest.raises(RuntimeError, match="could be evicted"):
+            await refuse_volatile_redis(settings)
+        r.config_set("maxmemory-policy", "noeviction")
+        await refuse_volatile_redis(settings)
+        # (Turning AOF off last: turning it back on would start a rewrite that slows the shutdown.)
+        r.config_set("appendonly", "no")
+        r.config_set("save", "")
+        with pytest.raises(RuntimeError, match="persistence is off"):
+            await refuse_volatile_redis(settings)
+        await refuse_volatile_redis(settings.model_copy(update={"allow_volatile_redis": True}))  # warns only
+    finally:
+        r.close()
+        server.stop()
+    # A Redis that does not answer is the store's business (503 STORE_UNAVAILABLE), not this check's.
+    await refuse_volatile_redis(Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", store_timeout_s=1))
 
 
 # ---------------------------------------------------------------------------- KubeRay

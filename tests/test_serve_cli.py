@@ -104,6 +104,27 @@ def test_serve_build_writes_the_committed_deployments(tmp_path: Path):
     print(f"serve build: {time.monotonic() - t0:.1f}s")
 
 
+def test_serve_run_builder_arguments_are_typed():
+    """``serve run serve_app.application:build_app key=value…``: Serve validates the arguments into
+    AppArgs before it connects to any cluster, so a typo or a missing Redis stops it at once."""
+    t0 = time.monotonic()
+    for args, message in (
+        (["redis_url=redis://127.0.0.1:1/0", "detektor=sam"], "detektor"),
+        (["detector=classical"], "no Redis: pass redis_url"),
+        (["redis_url=redis://127.0.0.1:1/0", "api_replicas=two"], "api_replicas"),
+    ):
+        proc = subprocess.run(
+            [ray_cli("serve"), "run", "serve_app.application:build_app", *args, "--address", "127.0.0.1:1"],
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert proc.returncode != 0 and "ValidationError" in proc.stderr and message in proc.stderr, proc.stderr
+    print(f"serve run with bad builder arguments, 3 refusals: {time.monotonic() - t0:.1f}s")
+
+
 def wait_until(what: str, probe: Any, timeout: float, interval: float = 0.5) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
