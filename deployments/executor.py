@@ -137,7 +137,7 @@ def build_backend(role: Role, config: Mapping[str, Any], artifacts: Any = None) 
     deployment = {"detector": "Detector", "validator": "BoxValidator", "segmenter": "Segmenter"}[role]
     name, kwargs = backend_kwargs(config.get(role) or {}, deployment_overrides(config, role, deployment))
     store = _store(artifacts if artifacts is not None else config.get("artifacts"))
-    if role != "detector":
+    if role == "validator":
         kwargs.pop("delay_ms", None)
     return make_backend(role, name, artifacts=store, **kwargs)
 

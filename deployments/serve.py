@@ -208,7 +208,7 @@ def build_model_deployments(config: Mapping[str, Any], gpu: bool | None = None) 
         name = cls.name
         overrides = deployment_overrides(config, role, name)
         backend, kwargs = backend_kwargs(config.get(role) or {}, overrides)
-        if role != "detector":
+        if role == "validator":
             kwargs.pop("delay_ms", None)
         batch = {k: overrides[k] for k in DEFAULT_BATCH if k in overrides}
         opts = deployment_options(backend, overrides, gpu)

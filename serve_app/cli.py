@@ -253,6 +253,14 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="simulated model latency added to each detection, for demos and load tests (default 0)",
     )
+    m.add_argument(
+        "--segmenter-delay-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="simulated model latency added to each segmentation (all boxes of an image in one call), for "
+        "demos and autoscaling tests: review bursts queue on the Segmenter deployment (default 0)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,7 @@ class Settings(BaseModel):
     detector_weights: str | None = None
     detector_arch: str = "fasterrcnn_resnet50_fpn"
     detector_delay_ms: int = 0
+    segmenter_delay_ms: int = 0
 
     retention_s: int = 7 * 24 * 3600
     node_timeout_s: float = 600.0  # a node's maximum execution time, counted from its start
@@ -93,9 +94,14 @@ class Settings(BaseModel):
                 **sam,
             },
             "validator": {"name": self.validator_backend, **sam},
-            "segmenter": {"name": self.segmenter, **sam},
+            # The key only when set: builders and config files without the knob see what they always saw.
+            "segmenter": {"name": self.segmenter, **sam, **self._delay(self.segmenter_delay_ms)},
             "deployments": self.models,
         }
+
+    @staticmethod
+    def _delay(ms: int) -> dict[str, int]:
+        return {"delay_ms": ms} if ms else {}
 
     def backends(self) -> dict[str, str]:
         return {"detector": self.detector, "validator": self.validator_backend, "segmenter": self.segmenter}

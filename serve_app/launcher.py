@@ -307,6 +307,7 @@ def settings_from_args(args: Any) -> Settings:
         detector_weights=args.detector_weights,
         detector_arch=args.detector_arch,
         detector_delay_ms=args.detector_delay_ms,
+        segmenter_delay_ms=getattr(args, "segmenter_delay_ms", None),
         api_replicas=args.api_replicas,
         store_timeout_s=getattr(args, "store_timeout_s", None),
         durability=getattr(args, "durability", None),

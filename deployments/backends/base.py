@@ -145,6 +145,25 @@ class DelayedDetector:
         return getattr(self.inner, item)
 
 
+class DelayedSegmenter:
+    """The same for segmentation (``--segmenter-delay-ms``): a slow segmenter makes review bursts
+    queue on the Segmenter deployment, so its autoscaling can be watched."""
+
+    def __init__(self, inner: SegmenterBackend, delay_ms: float) -> None:
+        self.inner = inner
+        self.delay_ms = float(delay_ms)
+        self.name = inner.name
+
+    def segment(self, image: np.ndarray, image_sha: str, boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        time.sleep(self.delay_ms / 1000.0)
+        return self.inner.segment(image, image_sha, boxes)
+
+    def __getattr__(self, item: str) -> Any:
+        if item == "inner":  # not set yet (copy, unpickle): no recursion
+            raise AttributeError(item)
+        return getattr(self.inner, item)
+
+
 # --------------------------------------------------------------------------- registry
 
 Role = Literal["detector", "validator", "segmenter"]
@@ -205,7 +224,8 @@ def _entry(role: Role, name: str) -> _Entry:
 
 
 def make_backend(role: Role, name: str | None = None, *, artifacts: Any = None, **cfg: Any) -> Any:
-    """A backend for ``role`` by name (default ``classical``); the detector also takes ``delay_ms``."""
+    """A backend for ``role`` by name (default ``classical``); the detector and the segmenter also
+    take ``delay_ms``."""
     if role == "detector":
         return make_detector(name, artifacts=artifacts, **cfg)
     if role == "validator":
@@ -244,8 +264,12 @@ def make_validator(name: str | None = None, *, artifacts: Any = None, **cfg: Any
     return backend
 
 
-def make_segmenter(name: str | None = None, *, artifacts: Any = None, **cfg: Any) -> SegmenterBackend:
+def make_segmenter(
+    name: str | None = None, *, delay_ms: float = 0, artifacts: Any = None, **cfg: Any
+) -> SegmenterBackend:
     """``classical`` (default, GrabCut seeded by the box) or ``sam`` (batched box prompts)."""
     backend: SegmenterBackend = _build("segmenter", name, artifacts, cfg)
+    if delay_ms and delay_ms > 0:
+        backend = DelayedSegmenter(backend, delay_ms)
     log.info("segmenter backend: %s", backend.name)
     return backend
