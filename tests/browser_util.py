@@ -7,6 +7,7 @@ point in image pixels maps to a point on the page through the canvas' bounding b
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -177,8 +178,8 @@ class Reviewer:
         oy = bb["y"] + (bb["height"] - ih * scale) / 2
         return ox + x * scale, oy + y * scale
 
-    def remove_box(self, bbox: list[float], image_size: tuple[int, int]) -> None:
-        """Select the box by clicking its centre in drag mode, then the annotator's Remove button."""
+    def select_box(self, bbox: list[float], image_size: tuple[int, int]) -> None:
+        """Select the box by clicking its centre in drag mode (the annotator then offers Remove)."""
         self.page.locator('#annotator button[aria-label="Drag boxes"]').click()
         cx, cy = (bbox[0] + bbox[2]) / 2, (bbox[1] + bbox[3]) / 2
         remove = self.page.locator('#annotator button[aria-label="Remove box"]')
@@ -190,7 +191,32 @@ class Reviewer:
             except Exception:  # playwright's TimeoutError: click again
                 if attempt == 2:
                     raise
-        remove.click()
+
+    def remove_box(self, bbox: list[float], image_size: tuple[int, int]) -> None:
+        """Select the box, then the annotator's Remove button."""
+        self.select_box(bbox, image_size)
+        self.page.locator('#annotator button[aria-label="Remove box"]').click()
+
+    def draft(self, job_id: str, pause_token: str) -> dict[str, Any] | None:
+        """The unsent edits this browser keeps for one review (localStorage), or None."""
+        raw = self.page.evaluate("(k) => localStorage.getItem(k)", f"hitl-draft:{job_id}:{pause_token}")
+        return json.loads(raw) if raw else None
+
+    def focused(self) -> dict[str, Any]:
+        """The focused element: its id (or its Gradio block's), accessible name and outline."""
+        info: dict[str, Any] = self.page.evaluate(
+            """() => {
+              const el = document.activeElement;
+              if (!el || el === document.body) { return { id: "", name: "", outline: "none", width: 0 }; }
+              const block = el.closest("[id]");
+              const cs = getComputedStyle(el);
+              const name = el.getAttribute("aria-label") || (el.labels && el.labels[0] ? el.labels[0].innerText : "")
+                || el.getAttribute("title") || el.innerText || "";
+              return { id: el.id || (block ? block.id : ""), tag: el.tagName, name: name.trim(),
+                       outline: cs.outlineStyle, width: parseFloat(cs.outlineWidth) || 0, color: cs.outlineColor };
+            }"""
+        )
+        return info
 
     def draw_box(self, bbox: list[float], image_size: tuple[int, int]) -> None:
         """Create-box mode, then a drag from one corner to the other."""

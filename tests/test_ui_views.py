@@ -66,10 +66,13 @@ def test_queue_rows_oldest_pause_first() -> None:
     ]  # not waiting
     now = datetime(2026, 5, 21, 10, 0, 30, tzinfo=UTC)
     assert queue_rows(jobs, now) == [
-        ["job_c", "WAITING_USER_SELECTION", "2 h 00 min", 2],
-        ["job_a", "WAITING_BOX_BATCH_REVISION", "1 min 35 s", 1],
-        ["job_b", "WAITING_USER_SELECTION", "30 s", 2],
+        ["job_c", "Confirm boxes (round 1)", "2 h 00 min", 2],
+        ["job_a", "Fix rejected boxes (round 2)", "1 min 35 s", 1],
+        ["job_b", "Confirm boxes (round 1)", "30 s", 2],
     ]
+    # the stage filter takes raw stage names; the rows show words, never the raw state name
+    assert [r[0] for r in queue_rows(jobs, now, stage="WAITING_BOX_BATCH_REVISION")] == ["job_a"]
+    assert [r[0] for r in queue_rows(jobs, now, stage="all")] == ["job_c", "job_a", "job_b"]
     assert next_job_id(jobs) == "job_c"
     assert next_job_id(jobs, exclude=["job_c"]) == "job_a"
     assert next_job_id([summary("job_d", None, None)]) is None

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from .editor import LABELS_ENV, parse_labels
 from .server import launch
 
 
@@ -33,8 +34,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--data-dir", default=None, help="where `hitl up` keeps the local token (default .hitl)")
     p.add_argument("--require-login", action="store_true", help="each reviewer signs in with their own token")
+    p.add_argument(
+        "--labels",
+        default=os.environ.get(LABELS_ENV),
+        help=f"the label set, comma-separated (e.g. shoe,bag,shirt); keys 1-9 pick the first 9 (default {LABELS_ENV})",
+    )
     args = p.parse_args(argv)
-    launch(args.api_url, args.host, args.port, None if args.require_login else _token(args), args.require_login)
+    try:
+        labels = parse_labels(args.labels)
+    except ValueError as e:
+        p.error(f"--labels: {e}")
+    token = None if args.require_login else _token(args)
+    launch(args.api_url, args.host, args.port, token, args.require_login, labels)
 
 
 if __name__ == "__main__":

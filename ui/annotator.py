@@ -57,7 +57,7 @@ def _same_place(a: Sequence[float], b: Sequence[float], tol: float = 1.0) -> boo
     return all(abs(float(p) - float(q)) <= tol for p, q in zip(a, b, strict=True))
 
 
-def _raw_boxes(value: Any) -> list[dict[str, Any]]:
+def raw_boxes(value: Any) -> list[dict[str, Any]]:
     if not value:
         return []
     boxes = value.get("boxes") if isinstance(value, dict) else getattr(value, "boxes", None)
@@ -79,7 +79,7 @@ def read_annotator(panel: Panel, value: Any) -> list[DrawnBox]:
     original coordinates so that rounding never reads as a move.
     """
     out: list[DrawnBox] = []
-    for i, box in enumerate(_raw_boxes(value)):
+    for i, box in enumerate(raw_boxes(value)):
         scale = float(box.get("scaleFactor") or 1.0)
         raw = [float(box[k]) / scale for k in ("xmin", "ymin", "xmax", "ymax")]
         text = str(box.get("label") or "").strip()
@@ -320,7 +320,7 @@ def apply_label(
         else:
             relabels[chosen.source.box_id] = label
     boxes = []
-    for d, raw in zip(drawn, _raw_boxes(value), strict=True):
+    for d, raw in zip(drawn, raw_boxes(value), strict=True):
         scale = float(raw.get("scaleFactor") or 1.0)
         coords = d.bbox or tuple(float(raw[k]) / scale for k in ("xmin", "ymin", "xmax", "ymax"))
         if d.source is not None:

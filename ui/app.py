@@ -16,23 +16,34 @@ from typing import Any
 
 import gradio as gr
 
-from .assets import KEYS_JS, URL_JS
+from .assets import KEYS_JS, LOAD_DRAFT_JS, SAVE_DRAFT_JS, URL_JS, pick_js
 from .callbacks import Callbacks, show
+from .editor import labels_from_env
 from .images import ImageStore
 from .layout import Components, layout
 
 
-def build_app(api_url: str, token: str | None = None, *, require_login: bool = False) -> gr.Blocks:
+def build_app(
+    api_url: str,
+    token: str | None = None,
+    *,
+    require_login: bool = False,
+    labels: tuple[str, ...] | None = None,
+    store_root: Path | None = None,
+) -> gr.Blocks:
     """The reviewer app for the control plane at ``api_url``.
 
     Without ``require_login`` every browser acts with ``token`` (the local
     token of ``hitl up``); with it, each reviewer signs in with their own API token.
+    ``labels`` is the configured label set (default: ``HITL_LABELS``, comma-separated).
     """
+    labels = labels_from_env() if labels is None else labels
     # Gradio copies every image it serves into its cache; drop copies older than a day, hourly.
     demo = gr.Blocks(title="hitl-review · reviewer", analytics_enabled=False, delete_cache=(3600, 86400))
     with demo:
-        comps = layout(token, require_login)
-        cb = Callbacks(comps, api_url, ImageStore(Path(tempfile.gettempdir()) / "hitl-ui"))
+        comps = layout(token, require_login, labels)
+        root = store_root or Path(tempfile.gettempdir()) / "hitl-ui"
+        cb = Callbacks(comps, api_url, ImageStore(root), labels)
         wire(demo, comps, cb)
     demo.queue(default_concurrency_limit=None)
     return demo
@@ -57,6 +68,7 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
         )
     )
     demo.unload(cb.on_unload)
+    c.stage_filter.change(cb.on_stage_filter, inputs=[c.session, c.stage_filter], outputs=[c.queue_table, c.queue_note])
     c.timer.tick(cb.on_tick, inputs=st, outputs=[c.queue_table, c.queue_note], show_progress="hidden")
     c.current_job.change(None, inputs=[c.current_job], js=URL_JS)
 
@@ -68,15 +80,17 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
 
     # preprocess=False: the annotator's raw value (boxes in canvas units with their scale) is read by
     # ui.annotator without decoding the image on every click.
+    edit_outputs = [c.notes_md, c.label_target, c.undo_btn, c.redo_btn, c.draft_out]
     c.annotator.change(
         cb.on_annotator_change,
         inputs=[c.session, c.annotator, c.label_target],
-        outputs=[c.notes_md, c.label_target],
+        outputs=edit_outputs,
         preprocess=False,
         show_progress="hidden",
     )
     label_inputs = [c.session, c.annotator, c.label_target, c.label_text]
-    label_outputs = [c.annotator, c.label_text, c.review_error, c.label_target]
+    label_outputs = [c.annotator, c.label_text, c.review_error, *edit_outputs]
+    wire_editor(c, cb, label_outputs)
     c.label_btn.click(cb.on_apply_label, inputs=label_inputs, outputs=label_outputs, preprocess=False)
     c.label_text.submit(cb.on_apply_label, inputs=label_inputs, outputs=label_outputs, preprocess=False)
     c.reapply_btn.click(cb.on_reapply, inputs=st, outputs=[c.annotator, c.reapply_btn, c.review_error, c.banner_md])
@@ -88,3 +102,18 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     c.cancel_btn.click(show((c.cancel_confirm, True)), outputs=[c.cancel_confirm], queue=False)
     c.cancel_no.click(show((c.cancel_confirm, False)), outputs=[c.cancel_confirm], queue=False)
     c.cancel_yes.click(cb.on_cancel, inputs=st, outputs=panel_outputs)
+
+
+def wire_editor(c: Components, cb: Callbacks, outputs: list[Any]) -> None:
+    """Label buttons (and their number keys), undo/redo/reset, and the browser-kept drafts."""
+    for n, btn in enumerate(c.label_btns, start=1):
+        # The browser first says which box is selected (pick_in), then the app labels it.
+        btn.click(None, js=pick_js(n), outputs=[c.pick_in], queue=False).then(
+            cb.on_pick_label, inputs=[c.session, c.annotator, c.pick_in], outputs=outputs, preprocess=False
+        )
+    for btn, fn in ((c.undo_btn, cb.on_undo), (c.redo_btn, cb.on_redo), (c.reset_btn, cb.on_reset)):
+        btn.click(fn, inputs=[c.session], outputs=outputs, show_progress="hidden")
+    c.draft_out.change(None, inputs=[c.draft_out], js=SAVE_DRAFT_JS, queue=False)
+    c.pause_key.change(None, inputs=[c.pause_key], outputs=[c.draft_in], js=LOAD_DRAFT_JS, queue=False).then(
+        cb.on_restore_draft, inputs=[c.session, c.draft_in], outputs=[*outputs, c.banner_md], show_progress="hidden"
+    )

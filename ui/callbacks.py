@@ -22,7 +22,6 @@ from statecore.models import JobSnapshot, JobSummary
 
 from .annotator import (
     AUTO_TARGET,
-    apply_label,
     box_notes,
     edits_between,
     label_choices,
@@ -30,11 +29,13 @@ from .annotator import (
     reapplied_value,
     subjects_from_annotator,
 )
+from .editing import EditorHandlers
+from .editor import ALL_STAGES, draft_message
 from .images import ImageStore
 from .layout import Components
 from .panel import annotator_value, backends_text, is_terminal, status_text
 from .pump import Followers, follow_job
-from .queue import QUEUE_HEADERS, next_job_id, queue_rows
+from .queue import QUEUE_HEADERS, next_job_id, queue_rows, waiting_jobs
 from .results import ResultsView
 from .session import ReviewerState, conflict_banner
 
@@ -70,11 +71,13 @@ class Clients:
             return c
 
 
-class Callbacks:
+class Callbacks(EditorHandlers):
     """Every handler of the page; ``app.wire`` connects them to ``comps``' events."""
 
-    def __init__(self, comps: Components, api_url: str, store: ImageStore) -> None:
+    def __init__(self, comps: Components, api_url: str, store: ImageStore, labels: tuple[str, ...] = ()) -> None:
         self.c = comps
+        self.labels = labels
+        self.redraws = 0
         self.api_url = api_url
         self.clients = Clients(api_url)
         self.store = store
@@ -119,6 +122,11 @@ class Callbacks:
             out[c.review_error] = error
         if redraw and panel is not None and st.image_path:
             value = annotator_value(panel, self.store.for_panel(st, panel), relabels=st.relabels)
+            st.restart_history(panel)
+            self.redraws += 1  # a new key each time: the browser looks for this review's draft again
+            out[c.pause_key] = f"{panel.job_id}|{panel.pause_token}|{self.redraws}"
+            out[c.undo_btn] = gr.update(interactive=False)
+            out[c.redo_btn] = gr.update(interactive=False)
             out[c.annotator] = value
             out[c.notes_md] = box_notes(panel)
             out[c.label_target] = gr.update(
@@ -173,10 +181,17 @@ class Callbacks:
             jobs = self.fetch_queue(st)
         except Exception as exc:  # shown under the queue; the next tick tries again
             return {self.c.queue_note: "Queue unavailable — " + error_text(exc)}
-        rows = queue_rows(jobs)
-        n = len(rows)
-        note = f"{n} job{'s' if n != 1 else ''} waiting · updated {time.strftime('%H:%M:%S')}"
+        rows = queue_rows(jobs, stage=st.queue_stage)
+        n, total = len(rows), len(waiting_jobs(jobs))
+        shown = f"{n} of {total} jobs" if n != total else f"{n} job{'s' if n != 1 else ''}"
+        note = f"{shown} waiting · updated {time.strftime('%H:%M:%S')}"
         return {self.c.queue_table: pd.DataFrame(rows, columns=QUEUE_HEADERS), self.c.queue_note: note}
+
+    def on_stage_filter(self, st: ReviewerState, stage: str | None) -> Update:
+        st.queue_stage = stage or ALL_STAGES
+        if not st.signed_in:
+            return {self.c.queue_note: gr.skip()}
+        return self.queue_update(st)
 
     def on_tick(self, st: ReviewerState) -> Update:
         if not st.signed_in:
@@ -198,8 +213,9 @@ class Callbacks:
 
     def on_queue_select(self, st: ReviewerState, evt: gr.SelectData) -> Update:
         row = evt.row_value or []
-        first_column = isinstance(evt.index, list | tuple) and evt.index[1] == 0
-        job_id = row[0] if row else (evt.value if first_column else None)
+        col = QUEUE_HEADERS.index("Job")
+        job_column = isinstance(evt.index, list | tuple) and evt.index[1] == col
+        job_id = row[col] if len(row) > col else (evt.value if job_column else None)
         if not job_id:
             return {self.c.banner_md: gr.skip()}
         return self.open_job(st, str(job_id))
@@ -277,33 +293,6 @@ class Callbacks:
 
     # ------------------------------------------------------------------ editing
 
-    def on_annotator_change(self, st: ReviewerState, value: Any, target: str | None) -> Update:
-        panel = st.panel_for(value)
-        if panel is None or not value:
-            return {self.c.notes_md: gr.skip()}
-        drawn = read_annotator(panel, value)
-        choices = label_choices(panel, drawn, st.relabels)
-        keep = target if target in {v for _, v in choices} else AUTO_TARGET
-        return {
-            self.c.notes_md: box_notes(panel, drawn, st.relabels),
-            self.c.label_target: gr.update(choices=choices, value=keep),
-        }
-
-    def on_apply_label(self, st: ReviewerState, value: Any, target: str | None, text: str) -> Update:
-        with st.lock:
-            panel = st.panel_for(value)
-            image = self.store.for_panel(st, panel) if panel is not None and st.image_path else None
-            new_value, relabels, err = apply_label(panel, value, st.relabels, target, text, image)
-            if err:
-                return {self.c.review_error: err}
-            st.relabels = relabels
-        return {
-            self.c.annotator: new_value,
-            self.c.label_text: "",
-            self.c.review_error: "",
-            self.c.label_target: gr.update(value=AUTO_TARGET),
-        }
-
     def on_reapply(self, st: ReviewerState) -> Update:
         with st.lock:
             if st.offer is None or st.panel is None or not st.image_path:
@@ -366,7 +355,9 @@ class Callbacks:
             len(res.diff.added),
             len(res.diff.deleted),
         )
-        return self.view(st, banner=msg + " Press N for the next job.", error="")
+        out = self.view(st, banner=msg + " Press N for the next job.", error="")
+        out[self.c.draft_out] = draft_message(panel.job_id, panel.pause_token, None)  # confirmed: forget it
+        return out
 
     def on_submit(self, st: ReviewerState, value: Any) -> Update:
         return self.send(st, value, empty=False)

@@ -15,6 +15,7 @@ import pandas as pd
 from gradio_image_annotation import image_annotator
 
 from .assets import HELP
+from .editor import ALL_STAGES, button_text, stage_choices
 from .panel import NEW_BOX_COLOR_HEX
 from .queue import QUEUE_HEADERS
 from .session import ReviewerState
@@ -64,6 +65,15 @@ class Components:
     results_files: gr.File
     current_job: gr.Textbox
     timer: gr.Timer
+    label_btns: tuple[gr.Button, ...]
+    undo_btn: gr.Button
+    redo_btn: gr.Button
+    reset_btn: gr.Button
+    pick_in: gr.Textbox  # the selected box and the label chosen for it, from the browser
+    draft_out: gr.Textbox  # unsent edits for the browser to keep (or forget)
+    pause_key: gr.Textbox  # job and pause of a freshly drawn panel: the browser looks for a draft
+    draft_in: gr.Textbox  # the draft the browser kept for that review
+    stage_filter: gr.Dropdown
 
     def panel_outputs(self) -> list[Any]:
         """What a view of the open job may change: the outputs of every event that opens or redraws one."""
@@ -88,12 +98,22 @@ class Components:
             self.mask_gallery,
             self.results_files,
             self.current_job,
+            self.undo_btn,
+            self.redo_btn,
+            self.pause_key,
+            self.draft_out,
         ]
 
 
-def layout(token: str | None, require_login: bool) -> Components:
+def hidden_box(elem_id: str) -> gr.Textbox:
+    """A value the page and the app pass each other (in the DOM, never shown)."""
+    return gr.Textbox(value="", visible="hidden", elem_id=elem_id)
+
+
+def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ()) -> Components:
     """Lay the page out in the enclosing ``gr.Blocks``; each browser session starts from a copy of
-    ``ReviewerState(token)`` (signed in unless ``require_login``)."""
+    ``ReviewerState(token)`` (signed in unless ``require_login``). ``labels`` are the configured
+    label set, one button each (number keys 1–9 for the first nine)."""
     session = gr.State(ReviewerState(token=token, signed_in=not require_login))
 
     gr.Markdown("## hitl-review — reviewer")
@@ -110,6 +130,13 @@ def layout(token: str | None, require_login: bool) -> Components:
     with gr.Row(visible=not require_login, elem_id="main-panel") as main_row:
         with gr.Column(scale=2, min_width=460):
             gr.Markdown("### Waiting for review")
+            stage_filter = gr.Dropdown(
+                choices=stage_choices(),
+                value=ALL_STAGES,
+                label="Stage",
+                elem_id="stage-filter",
+                interactive=True,
+            )
             queue_table = gr.Dataframe(
                 value=pd.DataFrame(columns=QUEUE_HEADERS),
                 headers=QUEUE_HEADERS,
@@ -144,6 +171,22 @@ def layout(token: str | None, require_login: bool) -> Components:
                     box_min_size=8,
                     enable_keyboard_shortcuts=True,
                 )
+                with gr.Row(elem_id="edit-toolbar"):
+                    undo_btn = gr.Button("↶ Undo (Ctrl+Z)", elem_id="undo-btn", size="sm", interactive=False)
+                    redo_btn = gr.Button("↷ Redo (Ctrl+Shift+Z)", elem_id="redo-btn", size="sm", interactive=False)
+                    reset_btn = gr.Button("Reset to model boxes", elem_id="reset-btn", size="sm")
+                label_btns: list[gr.Button] = []
+                if labels:
+                    with gr.Row(elem_id="label-set"):
+                        for i in range(len(labels)):
+                            label_btns.append(
+                                gr.Button(
+                                    button_text(labels, i),
+                                    elem_id=f"label-btn-{i + 1}",
+                                    elem_classes=["label-btn"],
+                                    size="sm",
+                                )
+                            )
                 with gr.Row(equal_height=True):
                     label_target = gr.Dropdown(
                         choices=[], value=None, label="Box to label", elem_id="label-target", scale=2
@@ -192,7 +235,9 @@ def layout(token: str | None, require_login: bool) -> Components:
                     interactive=False,
                     elem_id="results-files",
                 )
-    current_job = gr.Textbox(value="", visible="hidden", elem_id="current-job")
+    current_job = hidden_box("current-job")
+    pick_in, draft_out = hidden_box("pick-in"), hidden_box("draft-out")
+    pause_key, draft_in = hidden_box("pause-key"), hidden_box("draft-in")
     timer = gr.Timer(QUEUE_REFRESH_S)
     return Components(
         session=session,
@@ -233,4 +278,13 @@ def layout(token: str | None, require_login: bool) -> Components:
         results_files=results_files,
         current_job=current_job,
         timer=timer,
+        label_btns=tuple(label_btns),
+        undo_btn=undo_btn,
+        redo_btn=redo_btn,
+        reset_btn=reset_btn,
+        pick_in=pick_in,
+        draft_out=draft_out,
+        pause_key=pause_key,
+        draft_in=draft_in,
+        stage_filter=stage_filter,
     )

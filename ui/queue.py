@@ -9,6 +9,8 @@ from typing import Any
 from client.times import parse_time
 from statecore.models import JobSummary
 
+from .editor import ALL_STAGES, stage_name
+
 
 def format_age(seconds: float) -> str:
     s = max(0, int(seconds))
@@ -31,13 +33,16 @@ def waiting_jobs(jobs: Iterable[JobSummary]) -> list[JobSummary]:
     return sorted(waiting, key=lambda j: (parse_time(j.pause_created_at) or parse_time(j.updated_at) or far, j.job_id))
 
 
-def queue_rows(jobs: Iterable[JobSummary], now: datetime | None = None) -> list[list[Any]]:
+def queue_rows(jobs: Iterable[JobSummary], now: datetime | None = None, stage: str | None = None) -> list[list[Any]]:
+    """Rows of the queue table, the stage in words; ``stage`` (a raw stage name) filters."""
     now = now or datetime.now(UTC)
     rows = []
     for j in waiting_jobs(jobs):
+        if stage and stage != ALL_STAGES and j.stage != stage:
+            continue
         since = parse_time(j.pause_created_at) or parse_time(j.updated_at)
         age = format_age((now - since).total_seconds()) if since else "?"
-        rows.append([j.job_id, j.stage, age, j.box_count])
+        rows.append([j.job_id, stage_name(j.stage), age, j.box_count])
     return rows
 
 

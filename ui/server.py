@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
+import importlib
+from typing import Any
+
 from .app import build_app
 
 # Open review panels follow their jobs' event streams on the event loop (ui.pump), so Gradio's worker
@@ -9,11 +13,37 @@ from .app import build_app
 MAX_THREADS = 256
 
 
+def quiet_asset_prints() -> None:
+    """Silence the one line Gradio prints per custom-component asset it serves.
+
+    ``gradio.routes`` answers ``/custom_component/{id}/{environment}/{type}/{file_name}`` after a bare
+    ``print(f"id=…, environment=…, type=…, file_name=…")``: every page load wrote five such lines
+    (the annotator's scripts and stylesheet) to the UI's stdout, i.e. into `hitl up`'s log. Only
+    that debug line is dropped (a module-level ``print`` shadows the builtin in ``gradio.routes``
+    alone); everything else that module prints, and every error (logged, or a 404 raised by the
+    route itself), still comes through.
+    """
+    routes: Any = importlib.import_module("gradio.routes")
+
+    def print_unless_asset_line(*args: Any, **kwargs: Any) -> None:
+        if len(args) == 1 and isinstance(args[0], str) and args[0].startswith("id=") and ", file_name=" in args[0]:
+            return
+        builtins.print(*args, **kwargs)
+
+    routes.print = print_unless_asset_line  # shadows the builtin in that module only
+
+
 def launch(
-    api_url: str, host: str = "127.0.0.1", port: int = 7860, token: str | None = None, require_login: bool = False
+    api_url: str,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    token: str | None = None,
+    require_login: bool = False,
+    labels: tuple[str, ...] | None = None,
 ) -> None:
     """Serve the reviewer UI until interrupted (blocks the calling thread)."""
-    demo = build_app(api_url, token, require_login=require_login)
+    quiet_asset_prints()
+    demo = build_app(api_url, token, require_login=require_login, labels=labels)
     demo.launch(
         server_name=host,
         server_port=port,

@@ -17,6 +17,7 @@ from statecore.models import JobSnapshot
 from statecore.states import JobStatus
 
 from .annotator import Edits, applicable_edits
+from .editor import ALL_STAGES, EditHistory, copy_edits
 from .panel import Panel, is_terminal, panel_from_snapshot, pause_of_value
 
 NEXT_NODE_WORDS = {
@@ -87,6 +88,9 @@ class ReviewerState:
         self.seen_token: str | None = None  # the pause of the last panel shown
         self.image_path: str | None = None
         self.notice: str | None = None  # the last thing the banner said about this job's review
+        self.queue_stage = ALL_STAGES  # the queue's stage filter
+        self.history: EditHistory | None = None  # undo/redo of the open review's box edits
+        self.server_set: list[Edits] = []  # states the app put on the canvas since the reviewer's last edit
         self.follow_gen = 0  # bumped by every open; a follower of an older generation stops
         self.followed_gen = -1  # the generation a follower already serves
         self.lock = threading.RLock()
@@ -115,6 +119,40 @@ class ReviewerState:
         that names no pause is taken as drawn for the open panel."""
         token = pause_of_value(value)
         return self.panels.get(token) if token else self.panel
+
+    def history_for(self, panel: Panel) -> EditHistory:
+        """The undo stack of ``panel``'s review (a fresh one for a new pause)."""
+        if self.history is None or self.history.pause_token != panel.pause_token:
+            self.history = EditHistory(panel.pause_token)
+            self.server_set = []
+        return self.history
+
+    def restart_history(self, panel: Panel) -> None:
+        """The canvas was redrawn from the panel alone: editing starts again from the offered boxes."""
+        self.history = EditHistory(panel.pause_token)
+        self.server_set = [Edits()]
+
+    def shown_by_app(self, panel: Panel, edits: Edits) -> EditHistory:
+        """The app put ``edits`` on the canvas (undo, redo, reset, a label, a restored draft)."""
+        hist = self.history_for(panel)
+        # What the canvas showed until now can still echo back (a click sent before this arrived).
+        self.server_set = [*self.server_set[-8:], copy_edits(hist.current), copy_edits(edits)]
+        hist.record(edits)
+        return hist
+
+    def canvas_changed(self, panel: Panel, edits: Edits) -> bool:
+        """The canvas sent ``edits``; True when they are a new state of the review (recorded).
+
+        The browser reports every value it shows, also the ones the app sent; such a report can
+        arrive after a later state was already sent (a redraw's echo after a restored draft), so
+        a report equal to an older app-sent state is stale and ignored.
+        """
+        hist = self.history_for(panel)
+        if self.server_set and edits in self.server_set[:-1] and edits != self.server_set[-1]:
+            return False
+        if self.server_set and edits != self.server_set[-1]:
+            self.server_set = []  # the reviewer's own edit: older echoes can no longer arrive
+        return hist.record(edits)
 
     @property
     def last_result(self) -> str | None:

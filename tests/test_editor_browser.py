@@ -1,0 +1,242 @@
+"""The box editor in a real browser: headless Debian Chromium driven by Playwright against ONE real
+`hitl up` (embedded Redis, local Ray, Ray Serve, the Gradio UI) started with the label set
+``shoe,bag,shirt`` (HITL_LABELS, which `hitl up` passes on to the UI process).
+
+1. number keys label the selected box (a drawn one, a model one); Ctrl+Z / Ctrl+Shift+Z undo and
+   redo; the submission carries the labels and the browser forgets its draft once it is confirmed;
+2. a reload in the middle of an edit puts the unsent edits back (kept in localStorage under the job
+   and pause), and a page load writes no asset lines to the server log;
+3. "Reset to model boxes" brings the offered boxes back, and is itself undoable;
+4. every main control is reached with Tab, has an accessible name and a visible focus ring, in the
+   light and the dark theme.
+
+The module prints its wall time. HITL_SCREENSHOTS=1 saves docs/screenshots/editor*.png.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from harness.hitl_up import HitlUp
+from serve_app.samples import product_composite
+from ui.panel import ROUND1_TEXT
+
+from .browser_util import CHROMIUM_ARGS, VIEWPORT, WAIT_MS, Api, Reviewer, require_chromium, screenshot
+
+pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
+
+LABELS = "shoe,bag,shirt"
+GHOST = [430.0, 10.0, 620.0, 60.0]  # empty studio background above product_composite's objects
+ASSET_LINE = re.compile(r"environment=client, type=component")
+
+
+class Stack:
+    def __init__(self, up: HitlUp) -> None:
+        self.up = up
+        self.ui_url = up.ui_url or ""
+        self.api = Api(up.api_url, up.token)
+        self.jobs: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    require_chromium()
+    began = time.monotonic()
+    up = HitlUp(tmp_path_factory.mktemp("hitl-editor"), ui=True, env={"HITL_LABELS": LABELS})
+    up.start()
+    s = Stack(up)
+    try:
+        for name, seed in (("keys", 21), ("reload", 22), ("reset", 23), ("focus", 24)):
+            s.jobs[name] = s.api.submit(product_composite(seed, 640, 480, n=2)[0])
+        yield s
+    finally:
+        s.api.close()
+        try:
+            up.stop(timeout=60)
+        except Exception:  # a stuck shutdown must not hide the test result
+            up.kill()
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        line = f"tests/test_editor_browser.py: wall time {time.monotonic() - began:.1f} s (hitl up included)"
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(line)
+
+
+@pytest.fixture(scope="module")
+def browser(stack: Stack) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    b = pw.chromium.launch(executable_path=require_chromium(), headless=True, args=CHROMIUM_ARGS)
+    try:
+        yield b
+    finally:
+        b.close()
+        pw.stop()
+
+
+@pytest.fixture
+def reviewer(browser: Any, stack: Stack) -> Iterator[Callable[..., Reviewer]]:
+    contexts: list[Any] = []
+
+    def make(**kwargs: Any) -> Reviewer:
+        ctx = browser.new_context(viewport=VIEWPORT, **kwargs)
+        ctx.set_default_timeout(WAIT_MS)
+        contexts.append(ctx)
+        return Reviewer(ctx.new_page(), stack.ui_url)
+
+    yield make
+    for ctx in contexts:
+        ctx.close()
+
+
+def open_review(rv: Reviewer, stack: Stack, name: str) -> tuple[str, dict[str, Any], tuple[int, int]]:
+    job = stack.jobs[name]
+    snap = stack.api.wait_round(job, 1)
+    rv.open_url(job)
+    rv.wait_panel(ROUND1_TEXT, snap["active_pause"]["pause_token"])
+    return job, snap, (snap["image"]["width"], snap["image"]["height"])
+
+
+def notes(rv: Reviewer, text: str, timeout: int = WAIT_MS) -> None:
+    try:
+        rv.expect_text("#box-notes", text, timeout=timeout)
+    except AssertionError as e:  # say what the page said instead
+        said = rv.page.inner_text("#review-error") + " | " + rv.page.inner_text("#banner")
+        raise AssertionError(f"{e}\npage says: {said}") from None
+
+
+@pytest.mark.timeout(240)
+def test_number_keys_label_the_selected_box_and_undo_redo(stack: Stack, reviewer: Callable[..., Reviewer]) -> None:
+    rv = reviewer()
+    job, snap, size = open_review(rv, stack, "keys")
+    token, boxes = snap["active_pause"]["pause_token"], snap["box_list"]
+    rv.expect_text("#label-set", "1 · shoe")
+    rv.expect_text("#label-set", "3 · shirt")
+
+    rv.draw_box(GHOST, size)  # a freshly drawn box is the selected one
+    notes(rv, "1 new box still needs a label")
+    rv.page.keyboard.press("2")
+    rv.expect_no_text("#box-notes", "needs a label")
+    notes(rv, "drew 1 new")
+    kept = rv.draft(job, token)
+    assert kept is not None and [a["label"] for a in kept["draft"]["added"]] == ["bag"], kept
+
+    first = boxes[0]
+    rv.select_box(first["bbox"], size)
+    rv.page.keyboard.press("3")
+    notes(rv, "relabelled 1, drew 1 new")
+    screenshot(rv.page, "editor", full_page=True)
+
+    rv.page.keyboard.press("Control+z")
+    rv.expect_no_text("#box-notes", "relabelled")
+    notes(rv, "drew 1 new")
+    rv.page.keyboard.press("Control+z")  # the label of the drawn box
+    notes(rv, "1 new box still needs a label")
+    rv.page.keyboard.press("Control+Shift+z")
+    rv.page.keyboard.press("Control+Shift+z")
+    notes(rv, "relabelled 1, drew 1 new")
+    kept = rv.draft(job, token)
+    assert kept is not None and kept["draft"]["relabelled"] == {first["box_id"]: "shirt"}, kept
+
+    rv.page.click("#submit-btn")
+    rv.expect_text("#banner", "Submitted")
+    after = stack.api.wait(job, lambda s: s["version"] > snap["version"], "the submission")
+    manual = [b for b in after["box_list"] if b["source"] == "manual"]
+    assert [b["label"] for b in manual] == ["bag"] and manual[0]["bbox"] == pytest.approx(GHOST, abs=3)
+    assert {b["box_id"]: b["label"] for b in after["box_list"]}[first["box_id"]] == "shirt"
+    deadline = time.monotonic() + 10
+    while rv.draft(job, token) is not None:  # confirmed: the browser forgets the draft
+        assert time.monotonic() < deadline, "the draft outlived its confirmed submission"
+        time.sleep(0.1)
+    stack.api.cancel(job)
+
+
+@pytest.mark.timeout(240)
+def test_a_reload_mid_edit_keeps_the_edits(stack: Stack, reviewer: Callable[..., Reviewer]) -> None:
+    rv = reviewer()
+    job, snap, size = open_review(rv, stack, "reload")
+    token, boxes = snap["active_pause"]["pause_token"], snap["box_list"]
+    rv.remove_box(boxes[-1]["bbox"], size)
+    rv.draw_box(GHOST, size)
+    rv.page.keyboard.press("1")
+    notes(rv, "deleted 1, drew 1 new")
+    rv.expect_no_text("#box-notes", "needs a label")
+    logged = len(stack.up.lines)
+
+    rv.page.reload()
+    rv.wait_panel(ROUND1_TEXT, token)
+    rv.expect_text("#banner", "Restored your unsent edits")
+    notes(rv, "deleted 1, drew 1 new")
+    rv.expect_no_text("#box-notes", "needs a label")
+    rv.page.keyboard.press("Control+z")  # the restored state is one step above the model's boxes
+    notes(rv, "No changes yet")
+    rv.page.keyboard.press("Control+Shift+z")
+    notes(rv, "deleted 1, drew 1 new")
+    noisy = [ln for ln in stack.up.lines[logged:] if ASSET_LINE.search(ln)]
+    assert not noisy, f"a page load wrote asset lines to the server log: {noisy[:3]}"
+    assert stack.api.get(job)["version"] == snap["version"]  # nothing was sent
+    stack.api.cancel(job)
+
+
+@pytest.mark.timeout(240)
+def test_reset_to_model_boxes(stack: Stack, reviewer: Callable[..., Reviewer]) -> None:
+    rv = reviewer()
+    job, snap, size = open_review(rv, stack, "reset")
+    boxes = snap["box_list"]
+    rv.remove_box(boxes[0]["bbox"], size)
+    rv.draw_box(GHOST, size)
+    notes(rv, "deleted 1, drew 1 new")
+    rv.page.click("#reset-btn")
+    notes(rv, "No changes yet")
+    assert rv.draft(job, snap["active_pause"]["pause_token"]) is None
+    rv.page.click("#undo-btn")
+    notes(rv, "deleted 1, drew 1 new")
+    stack.api.cancel(job)
+
+
+MAIN_CONTROLS = ("next-job-btn", "submit-btn", "cut-nothing-btn", "undo-btn", "reset-btn", "label-btn-1")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_every_main_control_is_reached_by_tab_with_a_name_and_a_visible_focus(
+    stack: Stack, reviewer: Callable[..., Reviewer], theme: str
+) -> None:
+    rv = reviewer(color_scheme=theme)
+    job = stack.jobs["focus"]
+    snap = stack.api.wait_round(job, 1)
+    rv.page.goto(f"{rv.ui_url}/?job={job}&__theme={theme}")
+    rv.wait_panel(ROUND1_TEXT, snap["active_pause"]["pause_token"])
+    assert rv.page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
+    rv.select_box(snap["box_list"][0]["bbox"], (snap["image"]["width"], snap["image"]["height"]))
+    rv.page.keyboard.press("2")  # one edit, so that Undo is enabled (a disabled button takes no focus)
+    rv.page.locator("#undo-btn:not([disabled]), #undo-btn button:not([disabled])").first.wait_for()
+    rv.page.evaluate("document.activeElement && document.activeElement.blur()")
+
+    seen: dict[str, dict[str, Any]] = {}
+    canvas: dict[str, Any] | None = None
+    for _ in range(150):
+        rv.page.keyboard.press("Tab")
+        f = rv.focused()
+        if f["id"] in MAIN_CONTROLS and f["id"] not in seen:
+            seen[f["id"]] = f
+        if f["id"] == "annotator" and f.get("tag") == "DIV":
+            canvas = f
+        if len(seen) == len(MAIN_CONTROLS) and canvas is not None:
+            break
+    missing = [c for c in MAIN_CONTROLS if c not in seen]
+    assert not missing, f"not reached with Tab: {missing}"
+    assert canvas is not None and "draws a box" in canvas["name"], canvas
+    for f in [*seen.values(), canvas]:
+        assert f["name"], f"no accessible name: {f}"
+        assert f["outline"] != "none" and f["width"] >= 2, f"no visible focus: {f}"
+    if theme == "dark":
+        assert seen["submit-btn"]["color"] == "rgb(147, 197, 253)", seen["submit-btn"]
+        screenshot(rv.page, "editor-dark", full_page=True)
