@@ -139,7 +139,10 @@ def wait_until(what: str, probe: Any, timeout: float, interval: float = 0.5) -> 
     raise AssertionError(f"{what} not within {timeout:.0f}s (last: {last!r})")
 
 
-def test_serve_run_app_serves_and_a_job_reaches_its_pause(cluster: RayHead, redis_url: str, tmp_path: Path):
+@pytest.mark.parametrize("target", ["app", "build_app"])
+def test_serve_run_serves_and_a_job_reaches_its_pause(cluster: RayHead, redis_url: str, tmp_path: Path, target: str):
+    """``serve run serve_app.application:app`` with its settings in the environment, and
+    ``serve run serve_app.application:build_app key=value…`` with them as builder arguments."""
     t0 = time.monotonic()
     port = free_port()
     # Serve's HTTP port for an import path is fixed (8000) unless Serve is already up: start it on a free one.
@@ -149,14 +152,26 @@ def test_serve_run_app_serves_and_a_job_reaches_its_pause(cluster: RayHead, redi
         env=cli_env(cluster),
     )
     data_dir = tmp_path / "data"
-    env = cli_env(
-        cluster,
-        HITL_REDIS_URL=redis_url,
-        HITL_ARTIFACTS=f"file://{tmp_path / 'artifacts'}",
-        HITL_DATA_DIR=str(data_dir),
-        HITL_APP_ARGS=json.dumps({"heartbeat_lapse_s": 10}),
-    )
-    run = Child([ray_cli("serve"), "run", "serve_app.application:app", "--address", cluster.gcs_address], env=env)
+    settings = {
+        "redis_url": redis_url,
+        "artifacts_root": f"file://{tmp_path / 'artifacts'}",
+        "data_dir": str(data_dir),
+        "heartbeat_lapse_s": "10",
+    }
+    if target == "app":
+        env = cli_env(
+            cluster,
+            HITL_REDIS_URL=settings.pop("redis_url"),
+            HITL_ARTIFACTS=settings.pop("artifacts_root"),
+            HITL_DATA_DIR=settings.pop("data_dir"),
+            HITL_APP_ARGS=json.dumps(settings),
+        )
+        arguments = []
+    else:
+        env = cli_env(cluster)
+        arguments = [f"{k}={v}" for k, v in settings.items()]
+    cmd = [ray_cli("serve"), "run", f"serve_app.application:{target}", *arguments, "--address", cluster.gcs_address]
+    run = Child(cmd, env=env)
     run.start()
     api = f"http://127.0.0.1:{port}"
     try:
@@ -188,7 +203,7 @@ def test_serve_run_app_serves_and_a_job_reaches_its_pause(cluster: RayHead, redi
                 run.proc.wait(timeout=90)
             except subprocess.TimeoutExpired:
                 run.kill()
-    print(f"serve run: up in {t_up:.1f}s, job paused, stopped; {time.monotonic() - t0:.1f}s in all")
+    print(f"serve run …:{target}: up in {t_up:.1f}s, job paused, stopped; {time.monotonic() - t0:.1f}s in all")
 
 
 @pytest.fixture(scope="module")
