@@ -127,3 +127,13 @@ class HitlUp:
                 return
             time.sleep(0.2)
         raise RuntimeError(f"port {self.api_port} still in use")
+
+
+def ray_token_header() -> dict[str, str]:
+    """Ray's authentication token (``RAY_AUTH_TOKEN``, else ``~/.ray/auth_token``, which a local
+    ``ray.init`` creates) as a bearer header: what the API of ``hitl up``'s dashboard asks for."""
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    path = Path.home() / ".ray" / "auth_token"
+    if not token and path.exists():
+        token = path.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}

@@ -193,7 +193,7 @@ def up(
         return 0
     finally:
         stopping = True
-        stopper.t0 = time.monotonic()
+        stopper.begin(joined=bool(ray_info and ray_info.joined))
         log.info("shutting down")
         started = descendants()
         stopper.terminate_ui(ui_proc)

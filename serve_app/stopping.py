@@ -1,6 +1,7 @@
 """Stopping ``hitl up`` in under 10 s with no process left behind, whichever signal came first.
 
-In order, each step bounded so that a wedged part cannot hold the others up: the UI gets SIGTERM
+In order, each step bounded (and all of them within ``BUDGET_LOCAL_S`` on a cluster of our own) so
+that a wedged part cannot hold the others up: the UI gets SIGTERM
 (it exits meanwhile); the ``hitl`` Serve application is deleted, which lets the ingress drain its
 requests and stop its dispatcher (on a cluster of our own within ``APP_DELETE_LOCAL_S``: an idle
 application takes Serve ~4 s to delete, replica by replica, and whatever a model replica is still
@@ -30,6 +31,9 @@ import psutil
 
 log = logging.getLogger("hitl.up")
 
+# All the steps but the last within this, whatever each one's own limit: SIGKILL and the exit follow.
+BUDGET_LOCAL_S = 7.0
+BUDGET_JOINED_S = 20.0
 APP_DELETE_LOCAL_S = 2.5  # the ingress's drain (Serve's 2 s graceful-shutdown wait loop) and a little more
 APP_DELETE_JOINED_S = 15.0
 RAY_SHUTDOWN_S = 3.0
@@ -41,6 +45,11 @@ class Stopper:
     def __init__(self) -> None:
         self.hurry = threading.Event()  # a second signal: no more waiting
         self.t0 = time.monotonic()
+        self.deadline = self.t0 + BUDGET_LOCAL_S
+
+    def begin(self, *, joined: bool) -> None:
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + (BUDGET_JOINED_S if joined else BUDGET_LOCAL_S)
 
     def bounded(self, what: str, fn: Callable[[], Any], timeout: float) -> bool:
         """Run ``fn`` in a daemon thread for at most ``timeout`` s (less when hurried); False when it
@@ -60,8 +69,11 @@ class Stopper:
                 done.set()
 
         started = time.monotonic()
+        deadline = min(started + timeout, self.deadline)
+        if deadline <= started:
+            log.warning("stopping: skipping %s (out of time)", what)
+            return False
         threading.Thread(target=target, name=f"stop-{what}", daemon=True).start()
-        deadline = started + timeout
         while not done.wait(0.05):
             if self.hurry.is_set() or time.monotonic() > deadline:
                 log.warning("stopping: %s did not finish within %.1fs; going on", what, time.monotonic() - started)

@@ -18,21 +18,12 @@ import psutil
 import pytest
 
 from harness.ci import require_binary
-from harness.hitl_up import HitlUp
+from harness.hitl_up import HitlUp, ray_token_header
 from serve_app.samples import product_composite
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 STOP_LIMIT_S = 10.0
-
-
-def ray_token_header() -> dict[str, str]:
-    """Ray's authentication token (``RAY_AUTH_TOKEN``, else ``~/.ray/auth_token``) as a bearer header."""
-    token = os.environ.get("RAY_AUTH_TOKEN")
-    path = Path.home() / ".ray" / "auth_token"
-    if not token and path.exists():
-        token = path.read_text().strip()
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
