@@ -1,11 +1,9 @@
 """Ray for ``hitl up``: a local cluster of its own, or an existing cluster joined with ``--ray-address``.
 
 - Local: ``ray.init`` starts gcs_server, the raylet and (by default) the dashboard. Ray spawns its
-  daemons with SIGINT blocked and its workers in process groups of their own; when ``ray.init``
-  moves this process into a new process group (it does so to reap its daemons, whenever ``hitl up``
-  is not a group leader, e.g. under ``make demo``) we step back into the terminal's group, so a
-  terminal's Ctrl-C reaches ``hitl up`` alone, which then stops everything in order
-  (``serve_app.stopping``).
+  daemons with SIGINT blocked (and, on Linux, killed when this process dies) and its workers in
+  process groups of their own, so a terminal's Ctrl-C reaches ``hitl up`` alone, which then stops
+  everything in order (``serve_app.stopping``).
 - Joined: the project's packages reach every worker as ``py_modules`` of the job's runtime
   environment; Redis and the artifact store must be reachable from every node; GPUs are counted
   from the cluster's resources; the API is wherever the cluster's Serve proxy listens.
@@ -84,7 +82,6 @@ def start(settings: Settings, *, dashboard: bool, dashboard_port_requested: int 
         ctx = ray.init(address=settings.ray_address, runtime_env=runtime_env(), **kwargs)
         url = _http(ctx.dashboard_url) if dashboard else None
         return RayInfo(joined=True, dashboard_url=url)
-    group = os.getpgrp()
     port = dashboard_port(dashboard_port_requested, settings.host) if dashboard else None
     # A local single-machine cluster: logical CPUs are resources, not cores; give the control
     # plane and three model deployments room even on a 2-core machine.
@@ -97,19 +94,7 @@ def start(settings: Settings, *, dashboard: bool, dashboard_port_requested: int 
         dashboard_port=port,
         **kwargs,
     )
-    _back_to_group(group)
     return RayInfo(joined=False, dashboard_url=_http(ctx.dashboard_url) if dashboard else None)
-
-
-def _back_to_group(group: int) -> None:
-    """Undo ``ray.init``'s move of this process into a process group of its own; Ray's daemons stay
-    in that group, out of reach of a terminal's Ctrl-C."""
-    if os.getpgrp() == group:
-        return
-    try:
-        os.setpgid(0, group)
-    except OSError as e:  # the old group is gone (its leader exited): stay where Ray put us
-        log.debug("could not go back to process group %d: %s", group, e)
 
 
 def _http(address: str | None) -> str | None:
