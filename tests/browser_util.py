@@ -48,6 +48,18 @@ def require_chromium() -> str:
     missing(f"Chromium ({CHROMIUM})")
 
 
+def contrast(a: str, b: str) -> float:
+    """WCAG contrast ratio of two CSS ``rgb(...)``/``rgba(...)`` colours (alpha ignored)."""
+
+    def lum(css: str) -> float:
+        r, g, b = (float(v) / 255 for v in re.findall(r"[\d.]+", css)[:3])
+        lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in (r, g, b)]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
 def screenshot(page: Any, name: str, *, full_page: bool = False) -> None:
     """docs/screenshots/<name>.png, only when HITL_SCREENSHOTS=1."""
     if not SHOTS:
@@ -212,8 +224,13 @@ class Reviewer:
               const cs = getComputedStyle(el);
               const name = el.getAttribute("aria-label") || (el.labels && el.labels[0] ? el.labels[0].innerText : "")
                 || el.getAttribute("title") || el.innerText || "";
+              let bg = "rgb(255, 255, 255)";
+              for (let p = el.parentElement; p; p = p.parentElement) {
+                const c = getComputedStyle(p).backgroundColor;
+                if (c && c !== "transparent" && !c.startsWith("rgba(0, 0, 0, 0)")) { bg = c; break; }
+              }
               return { id: el.id || (block ? block.id : ""), tag: el.tagName, name: name.trim(),
-                       outline: cs.outlineStyle, width: parseFloat(cs.outlineWidth) || 0, color: cs.outlineColor };
+                       outline: cs.outlineStyle, width: parseFloat(cs.outlineWidth) || 0, color: cs.outlineColor, bg };
             }"""
         )
         return info

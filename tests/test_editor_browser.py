@@ -26,7 +26,16 @@ from harness.hitl_up import HitlUp
 from serve_app.samples import product_composite
 from ui.panel import ROUND1_TEXT
 
-from .browser_util import CHROMIUM_ARGS, VIEWPORT, WAIT_MS, Api, Reviewer, require_chromium, screenshot
+from .browser_util import (
+    CHROMIUM_ARGS,
+    VIEWPORT,
+    WAIT_MS,
+    Api,
+    Reviewer,
+    contrast,
+    require_chromium,
+    screenshot,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
 
@@ -109,7 +118,8 @@ def notes(rv: Reviewer, text: str, timeout: int = WAIT_MS) -> None:
         rv.expect_text("#box-notes", text, timeout=timeout)
     except AssertionError as e:  # say what the page said instead
         said = rv.page.inner_text("#review-error") + " | " + rv.page.inner_text("#banner")
-        raise AssertionError(f"{e}\npage says: {said}") from None
+        picked = rv.page.evaluate("JSON.stringify([window.__hitlSelected, window.__hitlPickN])")
+        raise AssertionError(f"{e}\npage says: {said}\nselected, picks: {picked}") from None
 
 
 @pytest.mark.timeout(240)
@@ -139,7 +149,7 @@ def test_number_keys_label_the_selected_box_and_undo_redo(stack: Stack, reviewer
     notes(rv, "drew 1 new")
     rv.page.keyboard.press("Control+z")  # the label of the drawn box
     notes(rv, "1 new box still needs a label")
-    rv.page.keyboard.press("Control+Shift+z")
+    rv.page.keyboard.press("Control+Shift+z")  # twice at once: both count
     rv.page.keyboard.press("Control+Shift+z")
     notes(rv, "relabelled 1, drew 1 new")
     kept = rv.draft(job, token)
@@ -237,6 +247,6 @@ def test_every_main_control_is_reached_by_tab_with_a_name_and_a_visible_focus(
     for f in [*seen.values(), canvas]:
         assert f["name"], f"no accessible name: {f}"
         assert f["outline"] != "none" and f["width"] >= 2, f"no visible focus: {f}"
+        assert contrast(f["color"], f["bg"]) >= 3, f"focus ring hard to see (WCAG 1.4.11 asks 3:1): {f}"
     if theme == "dark":
-        assert seen["submit-btn"]["color"] == "rgb(147, 197, 253)", seen["submit-btn"]
         screenshot(rv.page, "editor-dark", full_page=True)

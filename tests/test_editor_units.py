@@ -253,3 +253,53 @@ def test_asset_lines_are_quiet_and_other_prints_are_not(capsys: pytest.CaptureFi
     out = capsys.readouterr().out
     assert "file_name=index.js" not in out
     assert "something else went wrong" in out and "id=1 two args" in out
+
+
+# --------------------------------------------------------------------------- queue thumbnails and stats
+
+
+def event(i: int, type_: str, at: str, **data: Any) -> Any:
+    from statecore.models import Event
+
+    return Event(id=i, type=type_, job_id="job_1", version=i, at=at, data=data)
+
+
+def test_stats_count_decisions_per_reviewer_with_their_time_to_decision() -> None:
+    from ui.stats import decisions_of, stats_markdown
+
+    p1 = {"pause_token": "pause_1", "created_at": "2026-05-21T10:00:00Z"}
+    p2 = {"pause_token": "pause_2", "created_at": "2026-05-21T10:05:00Z"}
+    events = [
+        event(1, "JOB_CREATED", "2026-05-21T09:59:58Z"),
+        event(2, "PAUSE_OPENED", "2026-05-21T10:00:00Z", active_pause=p1),
+        event(3, "INTERVENTION_ACCEPTED", "2026-05-21T10:01:30Z", pause_token="pause_1", reviewer="alice", round=1),
+        event(4, "PAUSE_OPENED", "2026-05-21T10:05:00Z", active_pause=p2),
+        event(5, "INTERVENTION_ACCEPTED", "2026-05-21T10:05:20Z", pause_token="pause_2", reviewer="bob", round=2),
+        event(6, "INTERVENTION_ACCEPTED", "2026-05-21T10:06:00Z", pause_token="pause_unknown", reviewer="eve"),
+    ]
+    got = decisions_of(events)
+    assert [(d.reviewer, d.round, d.seconds) for d in got] == [("alice", 1, 90.0), ("bob", 2, 20.0)]
+    table = stats_markdown([*got, *decisions_of(events[:3])], jobs_seen=2)
+    assert "| alice | 2 | 1 min 30 s | 1 min 30 s |" in table and "| bob | 1 | 20 s | 20 s |" in table
+    assert table.index("alice") < table.index("bob")  # the busiest reviewer first
+    assert stats_markdown([], 0).startswith("_No decisions yet")
+
+
+def test_queue_thumbnails_are_made_once_and_served_as_files(tmp_path: Path) -> None:
+    from ui.queue import thumb_cell
+
+    comps, cb, st = editor(tmp_path)
+
+    class NoNetwork:
+        def get_job(self, job_id: str) -> Any:
+            assert job_id == "job_1"
+            return round1()
+
+        def download(self, url: str) -> bytes:
+            raise AssertionError("the image is already in the store: no download")
+
+    path = cb.store.thumbnail("job_1", NoNetwork())  # type: ignore[arg-type]  # only these two calls are made
+    assert path is not None and Image.open(path).size[0] <= 96
+    assert cb.thumb(st, "job_1", make=False) == path  # made once, then reused
+    assert cb.thumb(st, "job_unknown", make=False) is None
+    assert thumb_cell(path, "job_1") == f"![job_1](/gradio_api/file={path})" and thumb_cell(None, "j") == ""

@@ -23,6 +23,11 @@ from .images import ImageStore
 from .layout import Components, layout
 
 
+def default_store_root() -> Path:
+    """Where the app keeps the images, thumbnails and results it shows (``ui.images.ImageStore``)."""
+    return Path(tempfile.gettempdir()) / "hitl-ui"
+
+
 def build_app(
     api_url: str,
     token: str | None = None,
@@ -42,7 +47,7 @@ def build_app(
     demo = gr.Blocks(title="hitl-review · reviewer", analytics_enabled=False, delete_cache=(3600, 86400))
     with demo:
         comps = layout(token, require_login, labels)
-        root = store_root or Path(tempfile.gettempdir()) / "hitl-ui"
+        root = store_root or default_store_root()
         cb = Callbacks(comps, api_url, ImageStore(root), labels)
         wire(demo, comps, cb)
     demo.queue(default_concurrency_limit=None)
@@ -69,6 +74,8 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     )
     demo.unload(cb.on_unload)
     c.stage_filter.change(cb.on_stage_filter, inputs=[c.session, c.stage_filter], outputs=[c.queue_table, c.queue_note])
+    c.stats_btn.click(cb.on_stats, inputs=st, outputs=[c.stats_md])
+    c.stats_acc.expand(cb.on_stats, inputs=st, outputs=[c.stats_md])
     c.timer.tick(cb.on_tick, inputs=st, outputs=[c.queue_table, c.queue_note], show_progress="hidden")
     c.current_job.change(None, inputs=[c.current_job], js=URL_JS)
 
@@ -108,11 +115,13 @@ def wire_editor(c: Components, cb: Callbacks, outputs: list[Any]) -> None:
     """Label buttons (and their number keys), undo/redo/reset, and the browser-kept drafts."""
     for n, btn in enumerate(c.label_btns, start=1):
         # The browser first says which box is selected (pick_in), then the app labels it.
-        btn.click(None, js=pick_js(n), outputs=[c.pick_in], queue=False).then(
+        # trigger_mode="multiple": keys pressed in quick succession each count (Gradio's default
+        # drops a click while the previous one of the same button is still running).
+        btn.click(None, js=pick_js(n), outputs=[c.pick_in], queue=False, trigger_mode="multiple").then(
             cb.on_pick_label, inputs=[c.session, c.annotator, c.pick_in], outputs=outputs, preprocess=False
         )
     for btn, fn in ((c.undo_btn, cb.on_undo), (c.redo_btn, cb.on_redo), (c.reset_btn, cb.on_reset)):
-        btn.click(fn, inputs=[c.session], outputs=outputs, show_progress="hidden")
+        btn.click(fn, inputs=[c.session], outputs=outputs, show_progress="hidden", trigger_mode="multiple")
     c.draft_out.change(None, inputs=[c.draft_out], js=SAVE_DRAFT_JS, queue=False)
     c.pause_key.change(None, inputs=[c.pause_key], outputs=[c.draft_in], js=LOAD_DRAFT_JS, queue=False).then(
         cb.on_restore_draft, inputs=[c.session, c.draft_in], outputs=[*outputs, c.banner_md], show_progress="hidden"

@@ -49,6 +49,7 @@ CSS = """
 button:focus-visible, input:focus-visible, textarea:focus-visible, select:focus-visible,
 [tabindex]:focus-visible, a:focus-visible, #annotator .annotator-container:focus {
   outline: 3px solid var(--hitl-focus) !important; outline-offset: 2px !important;
+  transition: none !important; /* Gradio fades buttons over 0.2 s: the ring must show at once */
 }
 #label-set button { min-width: 6em; flex: 0 0 auto; }
 #queue-table img { max-height: 56px; }

@@ -35,11 +35,13 @@ from .images import ImageStore
 from .layout import Components
 from .panel import annotator_value, backends_text, is_terminal, status_text
 from .pump import Followers, follow_job
-from .queue import QUEUE_HEADERS, next_job_id, queue_rows, waiting_jobs
+from .queue import TABLE_HEADERS, next_job_id, queue_rows, thumb_cell, waiting_jobs
 from .results import ResultsView
 from .session import ReviewerState, conflict_banner
+from .stats import ReviewStats
 
 QUEUE_MAX_ROWS = 200
+THUMBS_PER_TICK = 12  # thumbnails made per queue refresh at most (one GET and one download each)
 
 Update = dict[Any, Any]
 
@@ -78,6 +80,7 @@ class Callbacks(EditorHandlers):
         self.c = comps
         self.labels = labels
         self.redraws = 0
+        self.stats = ReviewStats()
         self.api_url = api_url
         self.clients = Clients(api_url)
         self.store = store
@@ -182,10 +185,27 @@ class Callbacks(EditorHandlers):
         except Exception as exc:  # shown under the queue; the next tick tries again
             return {self.c.queue_note: "Queue unavailable — " + error_text(exc)}
         rows = queue_rows(jobs, stage=st.queue_stage)
+        rows = [[thumb_cell(self.thumb(st, str(r[0]), i < THUMBS_PER_TICK), str(r[0])), *r] for i, r in enumerate(rows)]
         n, total = len(rows), len(waiting_jobs(jobs))
         shown = f"{n} of {total} jobs" if n != total else f"{n} job{'s' if n != 1 else ''}"
         note = f"{shown} waiting · updated {time.strftime('%H:%M:%S')}"
-        return {self.c.queue_table: pd.DataFrame(rows, columns=QUEUE_HEADERS), self.c.queue_note: note}
+        return {self.c.queue_table: pd.DataFrame(rows, columns=TABLE_HEADERS), self.c.queue_note: note}
+
+    def thumb(self, st: ReviewerState, job_id: str, make: bool) -> str | None:
+        """The queue thumbnail of ``job_id``: made now when ``make``, else only if it already exists."""
+        path = self.store.thumb_dir / f"{job_id}.jpg"
+        if path.exists() or not make:
+            return str(path) if path.exists() else None
+        try:
+            return self.store.thumbnail(job_id, self.clients.get(st.token))
+        except Exception:  # a missing thumbnail is not worth an error: the next tick tries again
+            return None
+
+    def on_stats(self, st: ReviewerState) -> Update:
+        try:
+            return {self.c.stats_md: self.stats.refresh(self.clients.get(st.token))}
+        except Exception as exc:  # said in the panel; the button tries again
+            return {self.c.stats_md: "Stats unavailable — " + error_text(exc)}
 
     def on_stage_filter(self, st: ReviewerState, stage: str | None) -> Update:
         st.queue_stage = stage or ALL_STAGES
@@ -213,7 +233,7 @@ class Callbacks(EditorHandlers):
 
     def on_queue_select(self, st: ReviewerState, evt: gr.SelectData) -> Update:
         row = evt.row_value or []
-        col = QUEUE_HEADERS.index("Job")
+        col = TABLE_HEADERS.index("Job")
         job_column = isinstance(evt.index, list | tuple) and evt.index[1] == col
         job_id = row[col] if len(row) > col else (evt.value if job_column else None)
         if not job_id:

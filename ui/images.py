@@ -22,6 +22,7 @@ from .results import ResultsView, results_view, write_atomic
 from .session import ReviewerState
 
 _EXT = {"PNG": ".png", "JPEG": ".jpg", "WEBP": ".webp"}
+THUMB_SIZE = (96, 72)
 
 
 class ImageStore:
@@ -30,6 +31,24 @@ class ImageStore:
     def __init__(self, root: Path) -> None:
         self.image_dir = root / "images"
         self.results_dir = root / "results"
+        self.thumb_dir = root / "thumbs"
+
+    def thumbnail(self, job_id: str, c: HitlClient) -> str | None:
+        """A small JPEG of the job's image for the queue (made once per job; a job's image never changes)."""
+        p = self.thumb_dir / f"{job_id}.jpg"
+        if p.exists():
+            return str(p)
+        snap = c.get_job(job_id)
+        local = next(
+            (q for q in (self.image_dir / f"{snap.image.sha256}{e}" for e in _EXT.values()) if q.exists()), None
+        )
+        data = local.read_bytes() if local is not None else c.download(snap.image.url)
+        img = Image.open(io.BytesIO(data))
+        img.thumbnail(THUMB_SIZE)
+        buf = io.BytesIO()
+        img.convert("RGB").save(buf, "JPEG", quality=80)
+        self.thumb_dir.mkdir(parents=True, exist_ok=True)
+        return write_atomic(p, buf.getvalue())
 
     def ensure(self, st: ReviewerState, c: HitlClient) -> str | None:
         """The open job's image as a local file (downloaded once); remembered in ``st.image_path``."""

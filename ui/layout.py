@@ -17,7 +17,7 @@ from gradio_image_annotation import image_annotator
 from .assets import HELP
 from .editor import ALL_STAGES, button_text, stage_choices
 from .panel import NEW_BOX_COLOR_HEX
-from .queue import QUEUE_HEADERS
+from .queue import TABLE_HEADERS
 from .session import ReviewerState
 
 QUEUE_REFRESH_S = 2.0
@@ -74,6 +74,9 @@ class Components:
     pause_key: gr.Textbox  # job and pause of a freshly drawn panel: the browser looks for a draft
     draft_in: gr.Textbox  # the draft the browser kept for that review
     stage_filter: gr.Dropdown
+    stats_md: gr.Markdown
+    stats_btn: gr.Button
+    stats_acc: gr.Accordion
 
     def panel_outputs(self) -> list[Any]:
         """What a view of the open job may change: the outputs of every event that opens or redraws one."""
@@ -138,16 +141,20 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
                 interactive=True,
             )
             queue_table = gr.Dataframe(
-                value=pd.DataFrame(columns=QUEUE_HEADERS),
-                headers=QUEUE_HEADERS,
+                value=pd.DataFrame(columns=TABLE_HEADERS),
+                headers=TABLE_HEADERS,
+                datatype=["markdown", "str", "str", "str", "number"],
                 interactive=False,
                 wrap=True,
                 elem_id="queue-table",
-                column_widths=["38%", "34%", "18%", "10%"],
+                column_widths=["16%", "32%", "26%", "16%", "10%"],
                 label="Oldest first — click a row to open it",
             )
             queue_note = gr.Markdown("", elem_id="queue-note")
             next_btn = gr.Button("Open next job (N)", elem_id="next-job-btn")
+            with gr.Accordion("Review stats", open=False, elem_id="stats-panel") as stats_acc:
+                stats_md = gr.Markdown("", elem_id="stats")
+                stats_btn = gr.Button("Refresh stats", size="sm", elem_id="stats-btn")
         with gr.Column(scale=3):
             job_md = gr.Markdown("No job open — pick one in the queue.", elem_id="job-id")
             status_md = gr.Markdown("", elem_id="job-status")
@@ -287,4 +294,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         pause_key=pause_key,
         draft_in=draft_in,
         stage_filter=stage_filter,
+        stats_md=stats_md,
+        stats_btn=stats_btn,
+        stats_acc=stats_acc,
     )

@@ -24,6 +24,13 @@ def format_age(seconds: float) -> str:
 
 
 QUEUE_HEADERS = ["Job", "Stage", "Waiting for", "Boxes"]
+TABLE_HEADERS = ["Image", *QUEUE_HEADERS]  # the table shows a thumbnail before each row
+FILE_ROUTE = "/gradio_api/file="  # how Gradio serves a file under launch(allowed_paths=…)
+
+
+def thumb_cell(path: str | None, job_id: str) -> str:
+    """The thumbnail column's markdown: the image, or nothing while it is not made yet."""
+    return f"![{job_id}]({FILE_ROUTE}{path})" if path else ""
 
 
 def waiting_jobs(jobs: Iterable[JobSummary]) -> list[JobSummary]:

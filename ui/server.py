@@ -6,7 +6,7 @@ import builtins
 import importlib
 from typing import Any
 
-from .app import build_app
+from .app import build_app, default_store_root
 
 # Open review panels follow their jobs' event streams on the event loop (ui.pump), so Gradio's worker
 # pool only runs the short handlers; many reviewers clicking at once still need more than the default 40.
@@ -52,4 +52,6 @@ def launch(
         quiet=True,
         ssr_mode=False,
         footer_links=[],
+        # The queue's thumbnails are files Gradio serves (ui.queue.thumb_cell); nothing else of the store is.
+        allowed_paths=[str(default_store_root() / "thumbs")],
     )
