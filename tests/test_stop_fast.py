@@ -8,6 +8,7 @@ loopback. Real processes: a real `hitl up` with its embedded redis-server, Ray a
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -111,5 +112,31 @@ def test_hitl_up_stops_within_10s_leaving_nothing(tmp_path: Path, how: str):
         assert stopped_s < STOP_LIMIT_S, f"{how}: stopping took {stopped_s:.1f}s\n{up.child.tail(30)}"
         assert not busy, f"ports still listening: {busy}"
         assert up.child.proc is not None and up.child.proc.wait(5) == 0
+    finally:
+        up.kill()
+
+
+def test_a_signal_during_start_up_abandons_it_within_10s(tmp_path: Path):
+    """Ctrl-C while Serve is still deploying: no READY, and everything already started goes."""
+    require_binary("redis-server")
+    up = HitlUp(tmp_path / "data", dashboard=True, log_path=tmp_path / "hitl-up.log")
+    up.child.start()
+    try:
+        up.child.wait_for(re.compile(r"deploying the Serve application"), 400)
+        tree = up.child.tree()
+        assert any("raylet" in p.name() for p in tree), [p.name() for p in tree]
+        t0 = time.monotonic()
+        os.killpg(up.pid, signal.SIGINT)
+        left = _alive(tree)
+        while left and time.monotonic() - t0 < STOP_LIMIT_S + 20:
+            time.sleep(0.1)
+            left = _alive(tree + up.child.tree())
+        stopped_s = time.monotonic() - t0
+        print(f"\n[stop-fast] SIGINT during start-up: {len(tree)}+ processes gone in {stopped_s:.1f}s")
+        assert not left, f"still alive after {stopped_s:.1f}s: {[(p.pid, p.name()) for p in left]}"
+        assert stopped_s < STOP_LIMIT_S, up.child.tail(30)
+        assert up.child.proc is not None and up.child.proc.wait(5) == 0
+        assert not any(line.startswith("READY") for line in up.lines)
+        assert any("stopped while starting" in line for line in up.lines), up.child.tail(30)
     finally:
         up.kill()
