@@ -247,8 +247,9 @@ class AppArgs(Settings):
     ignored). ``redis_url``, ``artifacts_root``, ``tokens`` and ``data_dir`` fall back to
     ``HITL_REDIS_URL`` (or ``REDIS_URL``), ``HITL_ARTIFACTS``, ``HITL_TOKENS`` and ``HITL_DATA_DIR``
     in the process that builds the application (on a cluster: the config's ``runtime_env.env_vars``
-    or the nodes' environment). ``host`` says where the API listens: beyond loopback,
-    ``HITL_TOKENS`` is required."""
+    or the nodes' environment). ``host`` is the address the API is reached on (Serve's
+    ``http_options.host`` decides where it listens): beyond loopback ``HITL_TOKENS`` is required,
+    on loopback without it the API writes an admin token to ``<data_dir>/api-token``."""
 
     model_config = ConfigDict(extra="forbid")
 
