@@ -77,7 +77,13 @@ def chromium() -> str:
 
 @pytest.fixture(scope="module")
 def stack(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    up = HitlUp(tmp_path_factory.mktemp("hitl-ui"), "--detector-delay-ms", str(DETECTOR_DELAY_MS), ui=True)
+    up = HitlUp(
+        tmp_path_factory.mktemp("hitl-ui"),
+        "--detector-delay-ms",
+        str(DETECTOR_DELAY_MS),
+        ui=True,
+        env={"HITL_LABELS": "shoe,bag,shirt"},  # the screenshots show the label set's buttons
+    )
     up.start()
     s = None
     try:
