@@ -29,7 +29,7 @@ from .redis_server import free_port
 
 log = logging.getLogger("hitl.ray")
 
-DEFAULT_DASHBOARD_PORT = 8265
+DEFAULT_DASHBOARD_PORT = 8265  # Ray's
 # What the Serve replicas import: shipped to every node of a joined cluster.
 REPLICA_PACKAGES = ("statecore", "serve_app", "deployments")
 RUNTIME_ENV_EXCLUDES = ["__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache"]
@@ -50,21 +50,16 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def dashboard_port(requested: int | None, host: str) -> int:
-    """The dashboard's port. Not given: 8265, or any free port when 8265 is taken (another Ray on this
-    machine: the READY line names the one chosen). Given: that port, refused when it is taken; 0:
-    any free port."""
+def dashboard_port(requested: int | None, host: str) -> int | None:
+    """The dashboard's port for ``ray.init``. Not given: None, and Ray takes 8265 or, when that is
+    taken (another Ray on this machine), the first free one of the 50 after it, binding as it
+    goes (so two ``hitl up`` starting at once do not race for it); the READY line names the one
+    taken. Given: that port, refused at once when it is taken; 0: any free port."""
     if requested == 0:
         return free_port()
-    if requested is not None:
-        if not _port_free(host, requested):
-            raise SystemExit(f"hitl up: --dashboard-port {requested} is in use on {host}; pick another or pass 0")
-        return requested
-    if _port_free(host, DEFAULT_DASHBOARD_PORT):
-        return DEFAULT_DASHBOARD_PORT
-    port = free_port()
-    log.warning("port %d is taken (another Ray dashboard?); the dashboard listens on %d", DEFAULT_DASHBOARD_PORT, port)
-    return port
+    if requested is not None and not _port_free(host, requested):
+        raise SystemExit(f"hitl up: --dashboard-port {requested} is in use on {host}; pick another or pass 0")
+    return requested
 
 
 def runtime_env() -> dict[str, Any]:

@@ -7,9 +7,11 @@ loopback. Real processes: a real `hitl up` with its embedded redis-server, Ray a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import socket
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -20,6 +22,7 @@ import pytest
 
 from harness.ci import require_binary
 from harness.hitl_up import HitlUp, ray_token_header
+from serve_app.ray_runtime import DEFAULT_DASHBOARD_PORT
 from serve_app.samples import product_composite
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -68,13 +71,21 @@ SIGNALS = {
 def test_hitl_up_stops_within_10s_leaving_nothing(tmp_path: Path, how: str):
     require_binary("redis-server")
     t_start = time.monotonic()
-    up = HitlUp(
-        tmp_path / "data", "--detector-delay-ms", "20000", dashboard=True, log_path=tmp_path / "hitl-up.log"
-    ).start(timeout=400)
+    with contextlib.ExitStack() as held:
+        if how == "main-sigterm":  # 8265 taken (by us, or by another Ray here): the dashboard goes elsewhere
+            sock = held.enter_context(socket.socket())
+            with contextlib.suppress(OSError):
+                sock.bind(("127.0.0.1", DEFAULT_DASHBOARD_PORT))
+                sock.listen()
+        up = HitlUp(
+            tmp_path / "data", "--detector-delay-ms", "20000", dashboard=True, log_path=tmp_path / "hitl-up.log"
+        ).start(timeout=400)
     try:
         started_s = time.monotonic() - t_start
         assert up.dashboard_url, up.ready
         assert urlsplit(up.dashboard_url).hostname == "127.0.0.1"
+        if how == "main-sigterm":
+            assert urlsplit(up.dashboard_url).port != DEFAULT_DASHBOARD_PORT, up.ready
         page = httpx.get(f"{up.dashboard_url}/", timeout=30)  # the page itself needs no token
         assert page.status_code == 200 and "<html" in page.text.lower(), page.text[:200]
         # Its API wants Ray's token (a local cluster enables token authentication).
