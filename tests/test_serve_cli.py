@@ -2,10 +2,11 @@
 on an existing Ray cluster / KubeRay): ``serve build`` writes the config of ``deploy/serve-config.yaml``;
 ``serve run serve_app.application:app`` serves the API and a job reaches its pause; ``serve deploy
 deploy/serve-config.yaml`` on a ``ray start --head`` cluster comes up RUNNING with every deployment
-HEALTHY, its SAM replicas placed on the cluster's (logical) GPU.
+HEALTHY, its SAM replicas placed on the cluster's GPU node.
 
-One cluster for the module (``tests.ray_cluster_util.RayHead``: free ports, its own temp dir,
-stopped by PID) and a redis-server of its own; each test prints its wall time."""
+One cluster for the module, shaped like deploy/kuberay/rayservice.yaml's: a head without GPUs and a
+node with one (logical) GPU (``harness.ray_cluster``: Ray's CLI, free ports, its own temp dir and
+token, stopped by PID), and a redis-server of its own; each test prints its wall time."""
 
 from __future__ import annotations
 
@@ -25,10 +26,10 @@ from ray.serve.schema import DeploymentSchema, ServeDeploySchema
 
 from harness.ci import require_binary
 from harness.proc import Child
+from harness.ray_cluster import RayCluster, ray_cli
 from harness.tokens import token_file
 from serve_app.redis_server import RedisServer, free_port
 from serve_app.samples import product_composite
-from tests.ray_cluster_util import RayHead, ray_cli
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -42,11 +43,11 @@ NODE_ENV = {"HITL_TOKENS": f"ops:admin:{NODE_TOKEN}"}
 FOREIGN_ENV = ("RAY_ADDRESS", "REDIS_URL", "HITL_REDIS_URL", "HITL_ARTIFACTS", "HITL_TOKENS", "HITL_DATA_DIR")
 
 
-def cli_env(cluster: RayHead | None = None, **extra: str) -> dict[str, str]:
+def cli_env(cluster: RayCluster | None = None, **extra: str) -> dict[str, str]:
     """The CLI's environment; with ``cluster``, its authentication token (a client sends one only
     under RAY_AUTH_MODE=token)."""
     env = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV and k != "HITL_APP_ARGS"}
-    env.update(PYTHONUNBUFFERED="1", **(cluster.auth_env if cluster else {}), **extra)
+    env.update(PYTHONUNBUFFERED="1", **(cluster.client_env if cluster else {}), **extra)
     return env
 
 
@@ -76,15 +77,23 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RayHead]:
-    """``ray start --head`` with one logical GPU: the config's model deployments ask for GPU fractions."""
+def cluster() -> Iterator[RayCluster]:
+    """A head without GPUs and a node with one logical GPU: the config's model deployments ask for
+    GPU fractions, and the application may be built on the head (hence ``gpus: true``)."""
     t0 = time.monotonic()
-    head = RayHead(num_cpus=6, num_gpus=1, env=NODE_ENV).start()
-    print(f"\nray start --head: {time.monotonic() - t0:.1f}s ({head.gcs_address}, temp dir {head.temp_dir})")
-    yield head
+    cluster = RayCluster(head_cpus=4)
+    cluster.env.update(NODE_ENV)  # every Ray process of the cluster has it, as the pods do
+    cluster.start()
+    try:
+        cluster.add_node(num_cpus=4, num_gpus=1)
+    except BaseException:
+        cluster.stop()
+        raise
+    print(f"\nray start, head + GPU node: {time.monotonic() - t0:.1f}s ({cluster.address}, {cluster.temp_dir})")
+    yield cluster
     t0 = time.monotonic()
-    head.stop()
-    assert head.leftovers() == []
+    cluster.stop()
+    assert cluster.leftovers() == []
     print(f"ray cluster stopped: {time.monotonic() - t0:.1f}s")
 
 
@@ -139,8 +148,9 @@ def wait_until(what: str, probe: Any, timeout: float, interval: float = 0.5) -> 
     raise AssertionError(f"{what} not within {timeout:.0f}s (last: {last!r})")
 
 
+@pytest.mark.ray_cluster
 @pytest.mark.parametrize("target", ["app", "build_app"])
-def test_serve_run_serves_and_a_job_reaches_its_pause(cluster: RayHead, redis_url: str, tmp_path: Path, target: str):
+def test_serve_run_serves_and_a_job_reaches_its_pause(cluster: RayCluster, redis_url: str, tmp_path: Path, target: str):
     """``serve run serve_app.application:app`` with its settings in the environment, and
     ``serve run serve_app.application:build_app key=value…`` with them as builder arguments."""
     t0 = time.monotonic()
@@ -148,7 +158,7 @@ def test_serve_run_serves_and_a_job_reaches_its_pause(cluster: RayHead, redis_ur
     # Serve's HTTP port for an import path is fixed (8000) unless Serve is already up: start it on a free one.
     serve_cli(
         "start",
-        *("--address", cluster.gcs_address, "--http-host", "127.0.0.1", "--http-port", str(port)),
+        *("--address", cluster.address, "--http-host", "127.0.0.1", "--http-port", str(port)),
         env=cli_env(cluster),
     )
     data_dir = tmp_path / "data"
@@ -170,7 +180,7 @@ def test_serve_run_serves_and_a_job_reaches_its_pause(cluster: RayHead, redis_ur
     else:
         env = cli_env(cluster)
         arguments = [f"{k}={v}" for k, v in settings.items()]
-    cmd = [ray_cli("serve"), "run", f"serve_app.application:{target}", *arguments, "--address", cluster.gcs_address]
+    cmd = [ray_cli("serve"), "run", f"serve_app.application:{target}", *arguments, "--address", cluster.address]
     run = Child(cmd, env=env)
     run.start()
     api = f"http://127.0.0.1:{port}"
@@ -219,6 +229,18 @@ def tiny_sam_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
+PLACEMENT = """
+from ray.util.state import list_actors
+
+gpu_nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) > 0]
+actors = list_actors(address="DASHBOARD", filters=[("state", "=", "ALIVE")], limit=10000)
+result = {
+    "gpu_nodes": gpu_nodes,
+    "replicas": [[a.class_name, a.node_id] for a in actors if a.class_name.startswith("ServeReplica:hitl:")],
+}
+"""
+
+
 def site_config(redis_url: str, tmp_path: Path, checkpoint: str, port: int) -> dict[str, Any]:
     """deploy/serve-config.yaml with this site's values: Redis, artifact and data paths, the SAM
     checkpoint, the HTTP address. Deployments and every other argument stay as committed."""
@@ -236,7 +258,10 @@ def site_config(redis_url: str, tmp_path: Path, checkpoint: str, port: int) -> d
     return config
 
 
-def test_serve_deploy_config_runs_healthy(cluster: RayHead, redis_url: str, tiny_sam_checkpoint: str, tmp_path: Path):
+@pytest.mark.ray_cluster
+def test_serve_deploy_config_runs_healthy(
+    cluster: RayCluster, redis_url: str, tiny_sam_checkpoint: str, tmp_path: Path
+) -> None:
     t0 = time.monotonic()
     port = free_port()
     config = site_config(redis_url, tmp_path, tiny_sam_checkpoint, port)
@@ -256,6 +281,11 @@ def test_serve_deploy_config_runs_healthy(cluster: RayHead, redis_url: str, tiny
 
     app = wait_until("hitl RUNNING with every deployment HEALTHY", running, 300, interval=2)
     assert sorted(app["deployments"]) == sorted(d["name"] for d in config["applications"][0]["deployments"])
+    # The model replicas asked for GPU fractions (gpus: true, built wherever Serve chose): on the GPU node.
+    placement = cluster.driver(PLACEMENT.replace("DASHBOARD", cluster.dashboard_url))
+    [gpu_node] = placement["gpu_nodes"]
+    nodes = {name.split(":")[-1]: node for name, node in placement["replicas"]}
+    assert all(nodes[d] == gpu_node for d in ("Detector", "BoxValidator", "Segmenter")), placement
     api = f"http://127.0.0.1:{port}"
     ready = httpx.get(f"{api}/readyz", timeout=30)
     assert ready.status_code == 200, ready.text
