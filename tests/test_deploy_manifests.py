@@ -295,3 +295,14 @@ def test_redis_manifest_provides_the_redis_the_config_names():
     assert flags["--appendonly"] == "yes" and flags["--maxmemory-policy"] == "noeviction"
     data_mount = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}[flags["--dir"]]
     assert data_mount in {t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]}
+
+
+def test_the_image_is_the_one_the_dockerfile_builds():
+    """deploy/kuberay/Dockerfile builds on the Ray this project pins, and the RayService runs the
+    tag its build command names."""
+    dockerfile = (KUBERAY / "Dockerfile").read_text()
+    [base] = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("FROM ")]
+    assert base.startswith(f"rayproject/ray:{ray.__version__}-") and base.endswith("-gpu")
+    [tag] = [w for line in dockerfile.splitlines() if "docker build" in line for w in line.split()[1:] if ":" in w]
+    images = {c["image"] for pod in pods(rayservice()) for c in pod["containers"]}
+    assert images == {tag}
