@@ -230,6 +230,9 @@ def test_every_main_control_is_reached_by_tab_with_a_name_and_a_visible_focus(
     rv.page.keyboard.press("2")  # one edit, so that Undo is enabled (a disabled button takes no focus)
     rv.page.locator("#undo-btn:not([disabled]), #undo-btn button:not([disabled])").first.wait_for()
     rv.page.evaluate("document.activeElement && document.activeElement.blur()")
+    if theme == "dark":
+        rv.expect_text("#box-notes", "relabelled 1")
+        screenshot(rv.page, "editor-dark", full_page=True)
 
     seen: dict[str, dict[str, Any]] = {}
     canvas: dict[str, Any] | None = None
@@ -249,5 +252,3 @@ def test_every_main_control_is_reached_by_tab_with_a_name_and_a_visible_focus(
         assert f["name"], f"no accessible name: {f}"
         assert f["outline"] != "none" and f["width"] >= 2, f"no visible focus: {f}"
         assert contrast(f["color"], f["bg"]) >= 3, f"focus ring hard to see (WCAG 1.4.11 asks 3:1): {f}"
-    if theme == "dark":
-        screenshot(rv.page, "editor-dark", full_page=True)
