@@ -186,7 +186,7 @@ def up(
                 supervise_redis(redis)
             if ui_proc is not None and ui_proc.poll() is not None:
                 log.error("the UI process exited with %s; restarting it", ui_proc.returncode)
-                ui_proc, ui_url = _start_ui(settings, api_url, token)
+                ui_proc, ui_url = _start_ui(settings, api_url, token, stop)
         return 0
     except StopRequested:
         log.info("stopped while starting")
@@ -234,7 +234,10 @@ def supervise_redis(redis: RedisServer) -> bool:
     return True
 
 
-def _start_ui(settings: Settings, api_url: str, token: str | None) -> tuple[subprocess.Popen, str]:
+def _start_ui(
+    settings: Settings, api_url: str, token: str | None, stop: threading.Event | None = None
+) -> tuple[subprocess.Popen, str]:
+    """Start the UI and wait until it answers; a stop meanwhile returns at once (it is stopped next)."""
     port = settings.ui_port or free_port()
     args = [sys.executable, "-m", "ui", "--api-url", api_url, "--host", settings.host, "--port", str(port)]
     env = dict(os.environ)
@@ -248,6 +251,8 @@ def _start_ui(settings: Settings, api_url: str, token: str | None) -> tuple[subp
     url = f"http://{settings.host}:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
+        if stop is not None and stop.is_set():
+            return proc, url
         try:
             if httpx.get(url, timeout=2).status_code < 500:
                 return proc, url

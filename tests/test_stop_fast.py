@@ -71,6 +71,9 @@ SIGNALS = {
 def test_hitl_up_stops_within_10s_leaving_nothing(tmp_path: Path, how: str):
     require_binary("redis-server")
     t_start = time.monotonic()
+    # The terminal's case with the reviewer UI too: it runs in a session of its own, so the group's
+    # SIGINT does not reach it, and hitl up must stop it.
+    with_ui = how == "group-sigint"
     with contextlib.ExitStack() as held:
         if how == "main-sigterm":  # 8265 taken (by us, or by another Ray here): the dashboard goes elsewhere
             sock = held.enter_context(socket.socket())
@@ -78,7 +81,12 @@ def test_hitl_up_stops_within_10s_leaving_nothing(tmp_path: Path, how: str):
                 sock.bind(("127.0.0.1", DEFAULT_DASHBOARD_PORT))
                 sock.listen()
         up = HitlUp(
-            tmp_path / "data", "--detector-delay-ms", "20000", dashboard=True, log_path=tmp_path / "hitl-up.log"
+            tmp_path / "data",
+            "--detector-delay-ms",
+            "20000",
+            dashboard=True,
+            ui=with_ui,
+            log_path=tmp_path / "hitl-up.log",
         ).start(timeout=400)
     try:
         started_s = time.monotonic() - t_start
@@ -104,6 +112,9 @@ def test_hitl_up_stops_within_10s_leaving_nothing(tmp_path: Path, how: str):
         tree = up.child.tree()
         names = sorted({p.name() for p in tree})
         assert any("raylet" in n for n in names) and any("redis-server" in n for n in names), names
+        if with_ui:
+            ui = [p for p in tree if p.cmdline()[1:3] == ["-m", "ui"]]
+            assert ui and os.getsid(ui[0].pid) != os.getsid(up.pid), "the UI shares hitl up's session"
         ports = _listening_ports(tree) | {up.api_port}
         assert urlsplit(up.dashboard_url).port in ports
 
