@@ -22,7 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from statecore import deadletters, keys
+from statecore import deadletters
 from statecore.errors import NodeExecutionError
 from statecore.heartbeat import Heartbeat, HeartbeatSpec
 from statecore.models import NodeCommand, NodeReport
@@ -92,13 +92,8 @@ class Dispatcher:
         # Results Redis could not take wait in <data-dir>/spool (docs/protocol.md § Executors and the outbox).
         self.writeback = WriteBack(store, data_dir)
         # A Redis that came back empty is reported, with what it held (docs/protocol.md § Redis outages).
-        self.resets = ResetWatch(store.r, data_dir, self.consumer)
+        self.resets = ResetWatch(store, data_dir, self.consumer)
         self.max_deliveries = max_deliveries  # a command delivered more often becomes a dead letter
-
-    async def _deliveries(self, entry: OutboxEntry) -> int:
-        """How often the consumer group delivered a reclaimed entry (XPENDING's delivery count)."""
-        res = await self.store.r.xpending_range(entry.stream, keys.OUTBOX_GROUP, entry.entry_id, entry.entry_id, 1)
-        return int(res[0]["times_delivered"]) if res else entry.deliveries
 
     async def run_forever(self) -> None:
         resume = asyncio.create_task(self.writeback.resume())  # a spool an earlier process left
@@ -127,7 +122,6 @@ class Dispatcher:
                 if time.monotonic() - last_reclaim > self.reclaim_every_s:
                     last_reclaim = time.monotonic()
                     for entry in await self.store.outbox_reclaim(self.consumer, self.reclaim_idle_ms):
-                        entry.deliveries = await self._deliveries(entry)
                         log.warning(
                             "reclaimed %s node=%s job=%s from a silent dispatcher",
                             entry.command.node_type,

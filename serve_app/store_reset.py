@@ -25,8 +25,8 @@ log = logging.getLogger("hitl.store_reset")
 
 
 class ResetWatch:
-    def __init__(self, r: Any, data_dir: Path | None, who: str) -> None:
-        self.r = r
+    def __init__(self, store: Any, data_dir: Path | None, who: str) -> None:
+        self.store = store  # its ``r``: the Redis client (a Store or anything with one)
         self.dir = data_dir / "incidents" if data_dir is not None else None
         self.who = who
         self.known: str | None = None
@@ -35,12 +35,12 @@ class ResetWatch:
 
     async def check(self) -> dict[str, Any] | None:
         """Look once: the reset report when the store's identity changed since the last look."""
-        now = await identity.ensure(self.r)
+        now = await identity.ensure(self.store.r)
         report = None
         if self.known is not None and now != self.known:
             report = self._report(now)
         self.known = now
-        self.last_seen = await identity.seen(self.r)
+        self.last_seen = await identity.seen(self.store.r)
         return report
 
     def _report(self, now: str) -> dict[str, Any]:

@@ -64,13 +64,29 @@ class OutboxMixin:
             await pipe.execute()
 
     async def outbox_reclaim(self, consumer: str, min_idle_ms: int, count: int = 64) -> list[OutboxEntry]:
-        """Take over entries another dispatcher has held for ``min_idle_ms`` without acking."""
+        """Take over entries another dispatcher has held for ``min_idle_ms`` without acking, each
+        with its delivery count (the consumer group's, this delivery included). One pipelined
+        XAUTOCLAIM per partition, then one XPENDING per stream that gave something back."""
+        streams = keys.all_outboxes()
+        async with self.r.pipeline(transaction=False) as pipe:
+            for s in streams:
+                pipe.xautoclaim(s, keys.OUTBOX_GROUP, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=count)
+            claimed = await pipe.execute()
+        found = {s: self._entries(s, res[1]) for s, res in zip(streams, claimed, strict=True) if res[1]}
+        found = {s: entries for s, entries in found.items() if entries}
+        if not found:
+            return []
+        async with self.r.pipeline(transaction=False) as pipe:
+            for s, entries in found.items():
+                ids = sorted((e.entry_id for e in entries), key=lambda i: tuple(map(int, i.split("-"))))
+                pipe.xpending_range(s, keys.OUTBOX_GROUP, ids[0], ids[-1], len(entries) + 1024, consumer)
+            pending = await pipe.execute()
         out: list[OutboxEntry] = []
-        for s in keys.all_outboxes():
-            res = await self.r.xautoclaim(
-                s, keys.OUTBOX_GROUP, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=count
-            )
-            out += self._entries(s, res[1])
+        for (_s, entries), rows in zip(found.items(), pending, strict=True):
+            times = {row["message_id"]: int(row["times_delivered"]) for row in rows}
+            for e in entries:
+                e.deliveries = times.get(e.entry_id, e.deliveries)
+            out += entries
         return out
 
     async def outbox_pending(self) -> int:

@@ -105,7 +105,9 @@ async def _waiting_beside_another(store, image) -> str:
 async def test_clean_set_of_every_kind_of_job_has_no_breach(store, image, tmp_path):
     rec = tmp_path / "record.jsonl"
     await create(store, image)  # DETECTING, its command undelivered
-    await waiting_job(store, image)  # WAITING_USER_SELECTION
+    taken = await waiting_job(store, image)  # WAITING_USER_SELECTION, its claim taken over
+    await store.claim(taken, "rev1")
+    await store.claim(taken, "rev2", force=True)  # CLAIM_TAKEN_OVER at the job's version
     # Consumed to PROCESSING, replayed once (both answers recorded), then a stale rival's 409.
     job_id, st, first = await _consumed(store, image, iid="iv_keep")
     again = await store.intervene(job_id, iv(st, keep(st, 0, 1), iid="iv_keep"), "rev1")

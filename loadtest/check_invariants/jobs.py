@@ -19,6 +19,9 @@ WORK_COMMAND = {
 TERMINAL_NAMES = {s.value for s in TERMINAL}
 WAITING_NAMES = {s.value for s in WAITING}
 AFTER_CANCEL_OK = {"JOB_FINISHED", "REPORT_IGNORED"}
+# Events that record something at the job's current version without a new write: a late report,
+# a claim taken over (docs/protocol.md § Claims).
+VERSIONLESS = {"REPORT_IGNORED", "CLAIM_TAKEN_OVER"}
 SLOW_COMMAND_S = 30.0
 
 
@@ -33,12 +36,12 @@ def writes_of(job: Job, rep: Report) -> list[Write]:
         if v < top:
             rep.breach(name, job.job_id, f"event {ev['id']} {ev['type']} has version {v} after version {top}")
         top = max(top, v)
-        if ev["type"] == "REPORT_IGNORED":
+        if ev["type"] in VERSIONLESS:  # recorded at the job's version without changing it
             if writes and v != writes[-1].version:
                 rep.breach(
                     name,
                     job.job_id,
-                    f"REPORT_IGNORED (event {ev['id']}) at v{v}, but the job was at v{writes[-1].version}",
+                    f"{ev['type']} (event {ev['id']}) at v{v}, but the job was at v{writes[-1].version}",
                 )
             continue
         if writes and v == writes[-1].version:
