@@ -8,7 +8,9 @@
    and pause), and a page load writes no asset lines to the server log;
 3. "Reset to model boxes" brings the offered boxes back, and is itself undoable;
 4. every main control is reached with Tab, has an accessible name and a visible focus ring, in the
-   light and the dark theme.
+   light and the dark theme;
+5. the queue shows thumbnails and stages in words, filters by stage, and its stats panel counts a
+   decision made through the API.
 
 The module prints its wall time. HITL_SCREENSHOTS=1 saves docs/screenshots/editor*.png.
 """
@@ -61,7 +63,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     up.start()
     s = Stack(up)
     try:
-        for name, seed in (("keys", 21), ("reload", 22), ("reset", 23), ("focus", 24)):
+        for name, seed in (("keys", 21), ("reload", 22), ("reset", 23), ("focus", 24), ("decided", 25)):
             s.jobs[name] = s.api.submit(product_composite(seed, 640, 480, n=2)[0])
         yield s
     finally:
@@ -252,3 +254,42 @@ def test_every_main_control_is_reached_by_tab_with_a_name_and_a_visible_focus(
         assert f["name"], f"no accessible name: {f}"
         assert f["outline"] != "none" and f["width"] >= 2, f"no visible focus: {f}"
         assert contrast(f["color"], f["bg"]) >= 3, f"focus ring hard to see (WCAG 1.4.11 asks 3:1): {f}"
+
+
+@pytest.mark.timeout(240)
+def test_queue_thumbnails_stage_words_filter_and_stats(stack: Stack, reviewer: Callable[..., Reviewer]) -> None:
+    api, job = stack.api, stack.jobs["decided"]
+    snap = api.wait_round(job, 1)
+    pause = snap["active_pause"]
+    body = {
+        "intervention_id": "iv_editor_stats",
+        "pause_token": pause["pause_token"],
+        "base_version": pause["base_version"],
+        "subjects": [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in snap["box_list"]],
+    }
+    r = api.c.post(f"/api/v1/jobs/{job}/interventions", json=body)
+    assert r.status_code == 200, r.text
+    api.wait(job, lambda s: s["status"] in ("SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED"), "the end", timeout=120)
+
+    rv = reviewer()
+    rv.open_queue()
+    waiting = stack.jobs["focus"]
+    api.wait_round(waiting, 1)
+    rv.queue_row(waiting).wait_for(state="visible")
+    thumb = rv.page.locator(f'#queue-table img[alt="{waiting}"]').locator("visible=true").first
+    thumb.wait_for(state="visible")
+    assert rv.page.evaluate("(img) => img.naturalWidth", thumb.element_handle()) > 0, "the thumbnail did not load"
+    rv.expect_text("#queue-table", "Confirm boxes (round 1)")
+    assert "WAITING_" not in rv.page.inner_text("#queue-table")
+
+    rv.page.locator("#stage-filter input").click()
+    rv.page.get_by_role("option", name="Fix rejected boxes (round 2)").click()
+    rv.expect_no_text("#queue-table", waiting)  # no job is in round 2
+    rv.expect_text("#queue-note", "0 of")
+    rv.page.locator("#stage-filter input").click()
+    rv.page.get_by_role("option", name="All stages").click()
+    rv.queue_row(waiting).wait_for(state="visible")
+
+    rv.page.locator("#stats-panel").get_by_text("Review stats").click()
+    rv.expect_text("#stats", "Median time to decision")
+    rv.expect_text("#stats", re.compile(r"local\s+\d+\s+\d+ s"))  # the loopback token's name, count, median
