@@ -246,7 +246,7 @@ def test_asset_lines_are_quiet_and_other_prints_are_not(capsys: pytest.CaptureFi
     import gradio.routes as routes
 
     quiet_asset_prints()
-    say: Any = routes.print  # what the module's own ``print(...)`` calls now resolve to
+    say: Any = vars(routes)["print"]  # what the module's own ``print(...)`` calls now resolve to
     say("id=abc, environment=client, type=component, file_name=index.js")
     say("something else went wrong")
     say("id=1", "two args")
@@ -303,3 +303,17 @@ def test_queue_thumbnails_are_made_once_and_served_as_files(tmp_path: Path) -> N
     assert cb.thumb(st, "job_1", make=False) == path  # made once, then reused
     assert cb.thumb(st, "job_unknown", make=False) is None
     assert thumb_cell(path, "job_1") == f"![job_1](/gradio_api/file={path})" and thumb_cell(None, "j") == ""
+
+
+def test_the_label_set_reaches_the_ui_from_its_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ui.__main__ as entry
+
+    got: list[Any] = []
+    monkeypatch.setattr(entry, "launch", lambda *args: got.append(args))
+    monkeypatch.setenv("HITL_LABELS", "hat, scarf")
+    entry.main(["--token", "t"])
+    entry.main(["--token", "t", "--labels", "shoe,bag,shirt"])  # the flag wins over the environment
+    assert [args[-1] for args in got] == [("hat", "scarf"), LABELS]
+    with pytest.raises(SystemExit) as exit_:
+        entry.main(["--token", "t", "--labels", ",".join(f"l{i}" for i in range(30))])
+    assert exit_.value.code == 2
