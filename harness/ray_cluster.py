@@ -207,8 +207,11 @@ class RayCluster:
         for node in reversed(self.nodes):
             if node.proc is not None and node.running:
                 node.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout  # one wait for all the nodes, not one each
+        while any(node.running for node in self.nodes) and time.monotonic() < deadline:
+            time.sleep(0.1)
         for node in reversed(self.nodes):
-            node.stop(timeout)
+            node.stop(0.1)  # SIGKILLs the tree of a node still draining
         left = self.leftovers()
         for p in left:
             try:
