@@ -72,10 +72,11 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             up.stop(timeout=60)
         except Exception:  # a stuck shutdown must not hide the test result
             up.kill()
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
         line = f"tests/test_editor_browser.py: wall time {time.monotonic() - began:.1f} s (hitl up included)"
-        if reporter is not None:
-            reporter.write_line(line)
+        capture = request.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            with capture.global_and_fixture_disabled():  # shown even when the test passes
+                print("\n" + line)
         else:
             print(line)
 
