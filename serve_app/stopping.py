@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import subprocess
 import threading
 import time
@@ -106,8 +105,8 @@ class Stopper:
 
     def kill_stragglers(self, procs: list[psutil.Process]) -> None:
         """SIGKILL what is still alive of ``procs`` (this process's descendants, listed when the stop
-        began, plus any started since) and wait until they are gone (or zombies: their parent may
-        be gone too, and reaping them is then someone else's job)."""
+        began, plus any started since) and wait until they are gone or zombies (dead; reaping is
+        their parent's job, or init's once ``hitl up`` has exited)."""
         with contextlib.suppress(psutil.Error):
             procs = procs + psutil.Process().children(recursive=True)
         left = _alive(list({p.pid: p for p in procs}.values()))
@@ -119,9 +118,6 @@ class Stopper:
             deadline = time.monotonic() + KILL_WAIT_S
             while left and time.monotonic() < deadline:
                 time.sleep(0.02)
-                with contextlib.suppress(ChildProcessError):
-                    while os.waitpid(-1, os.WNOHANG)[0] > 0:  # reap our own children at once
-                        pass
                 left = _alive(left)
         log.info("stopped in %.1fs", time.monotonic() - self.t0)
 
