@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,10 +39,15 @@ from statecore.store import Reply, Store, StoreConfig
 
 from . import metrics
 from .admission import Admission
+from .archived_reads import archived, archived_events
 from .auth import Authenticator, Identity
 from .claim_routes import add_claim_routes
 from .config import Settings
 from .uploads import check_image, read_upload
+
+if TYPE_CHECKING:
+    from archive.db import Archive
+    from archive.reads import ArchivedView
 
 log = logging.getLogger("hitl.api")
 
@@ -127,6 +132,7 @@ class Runtime:
     background: list[asyncio.Task[Any]] = field(default_factory=list)
     closing: list[Store] = field(default_factory=list)  # more stores to close on shutdown (background ones)
     admission: Admission | None = None  # built from settings.max_backlog when not given
+    archive: Archive | None = None  # finished jobs, also those Redis no longer holds (docs/protocol.md § Archive)
 
 
 def _error(e: errors.HitlError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -199,6 +205,8 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
             for extra in rt.closing:
                 await extra.close()
             await rt.store.close()
+            if rt.archive is not None:
+                rt.archive.close()
 
     def rt() -> Runtime:
         return holder["rt"]
@@ -248,12 +256,22 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         return request.state.identity
 
     async def visible_job(request: Request, job_id: str) -> JobSnapshot:
-        """A submitter sees only its own jobs: another's is 404, like a missing one."""
-        state = await rt().store.get(job_id)
+        return (await located(request, job_id))[0]
+
+    async def located(request: Request, job_id: str) -> tuple[JobSnapshot, ArchivedView | None]:
+        """The job from Redis, or from the archive once Redis no longer holds it (with the view
+        the other reads answer from). A submitter sees only its own jobs: another's is 404."""
         ident = identity(request)
+        try:
+            state = await rt().store.get(job_id)
+        except errors.JobNotFound:
+            view = await archived(rt().archive, job_id)
+            if view is None or (ident.role == "submitter" and view.submitter != ident.name):
+                raise
+            return view.snapshot, view
         if ident.role == "submitter" and state.submitter != ident.name:
             raise errors.JobNotFound(f"job {job_id} not found", job_id=job_id)
-        return await rt().store.snapshot_of(state)
+        return await rt().store.snapshot_of(state), None
 
     def replayable(reply: Reply) -> Response:
         headers = {"Idempotent-Replayed": "true"} if reply.replayed else {}
@@ -354,21 +372,26 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         last_event_id: str | None = Query(default=None, max_length=20),
         last_event_id_header: str | None = Header(default=None, alias="Last-Event-ID"),
     ) -> Response:
-        await visible_job(request, job_id)
+        _snap, view = await located(request, job_id)
         after = last_event_id_header or last_event_id or "0"
         if not EVENT_ID_RE.match(after):
             raise errors.InvalidRequest(
                 "Last-Event-ID must be an event id: digits 0-9 only, as the stream sent them", field="Last-Event-ID"
             )
+        archive = rt().archive
         return StreamingResponse(
-            rt().events(job_id, int(after)),
+            rt().events(job_id, int(after))
+            if view is None or archive is None
+            else archived_events(archive, job_id, int(after)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
     @app.get(f"{API}/jobs/{{job_id}}/results", response_model=JobResults, responses={404: {}, 409: {}})
     async def results(request: Request, job_id: str) -> JobResults:
-        snap = await visible_job(request, job_id)
+        snap, view = await located(request, job_id)
+        if view is not None and view.results is not None:
+            return view.results
         if not is_terminal(snap.status):
             raise errors.JobNotFinished(
                 f"job is {snap.status}; results exist once it ends",
@@ -463,6 +486,7 @@ def store_for(settings: Settings, redis_url: str, *, blocking_s: float = 0.0) ->
             max_attempts=settings.max_attempts,
             retry_backoff_s=settings.retry_backoff_s,
             claim_ttl_s=settings.claim_ttl_s,
+            archive=settings.archive,
         ),
         timeout_s=settings.store_timeout_s + blocking_s,
     )

@@ -45,6 +45,7 @@ from statecore.models import NodeCommand
 
 from . import durability
 from .api import Runtime, create_app, store_for
+from .archiving import open_archive
 from .auth import Authenticator
 from .config import Settings
 from .events import EventHub, sse_lines
@@ -182,11 +183,11 @@ class Api:
             readiness=readiness,
             model_stats=self.runner.describe,
             closing=[background_store],
+            archive=await open_archive(settings),
         )
         confirm = functools.partial(confirm_replica, background_store)
-        rt.background.append(
-            asyncio.create_task(make_dispatcher(settings, background_store, self.runner, confirm).run_forever())
-        )
+        dispatcher = make_dispatcher(settings, background_store, self.runner, confirm, archive=rt.archive)
+        rt.background.append(asyncio.create_task(dispatcher.run_forever()))
         return rt
 
 

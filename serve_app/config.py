@@ -35,6 +35,10 @@ class Settings(BaseModel):
     segmenter_delay_ms: int = 0
 
     retention_s: int = 7 * 24 * 3600
+    # Finished jobs are copied to the archive (SQLite in the data directory, or HITL_ARCHIVE_URL /
+    # archive_url) before their retention starts (docs/protocol.md § Archive).
+    archive: bool = True
+    archive_url: str | None = None
     node_timeout_s: float = 600.0  # a node's maximum execution time, counted from its start
     node_timeouts: dict[str, float] = Field(default_factory=dict)  # per node type (--node-timeout TYPE=N)
     heartbeat_s: float = 2.0  # the model replica renews a running node's heartbeat this often

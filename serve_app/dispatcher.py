@@ -16,7 +16,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -31,9 +31,13 @@ from statecore.outbox import OutboxEntry
 from statecore.store import Store
 
 from . import metrics
+from .archiving import ARCHIVE_JOB, COPIES, archive_job
 from .inspector import Confirm, Inspector
 from .store_reset import ResetWatch
 from .writeback import WriteBack
+
+if TYPE_CHECKING:
+    from archive.db import Archive
 
 log = logging.getLogger("hitl.dispatcher")
 
@@ -67,6 +71,7 @@ class Dispatcher:
         confirm: Confirm | None = None,
         data_dir: Path | None = None,
         max_deliveries: int = 10,
+        archive: Archive | None = None,
     ) -> None:
         self.store = store
         self.runner = runner
@@ -94,6 +99,7 @@ class Dispatcher:
         # A Redis that came back empty is reported, with what it held (docs/protocol.md § Redis outages).
         self.resets = ResetWatch(store, data_dir, self.consumer)
         self.max_deliveries = max_deliveries  # a command delivered more often becomes a dead letter
+        self.archive = archive  # where ARCHIVE_JOB copies finished jobs (None: archiving is off)
 
     async def run_forever(self) -> None:
         resume = asyncio.create_task(self.writeback.resume())  # a spool an earlier process left
@@ -199,6 +205,13 @@ class Dispatcher:
             )
             await self.store.outbox_ack(entry)
             log.error("dead letter: %s node=%s job=%s", cmd.node_type, cmd.node_instance_id, cmd.job_id)
+            return
+        if cmd.node_type == ARCHIVE_JOB:
+            result = await archive_job(self.store, self.archive, cmd.job_id)
+            if result == "STALE":  # the job kept moving while copied: left pending, copied again later
+                log.warning("archive of job=%s fell behind %d times; will retry", cmd.job_id, COPIES)
+                return
+            await self.store.outbox_ack(entry)
             return
         started = await self.store.node_started(cmd)
         if started == "BUSY":

@@ -19,6 +19,7 @@ from statecore.artifacts import ArtifactStore
 
 from . import durability
 from .api import Runtime, create_app, store_for
+from .archiving import open_archive
 from .auth import Authenticator
 from .config import Settings
 from .dispatcher import Dispatcher, LocalRunner, NodeRunner
@@ -28,7 +29,9 @@ from .inspector import Confirm
 log = logging.getLogger("hitl.runtime")
 
 
-def make_dispatcher(settings: Settings, store: Any, runner: NodeRunner, confirm: Confirm | None = None) -> Dispatcher:
+def make_dispatcher(
+    settings: Settings, store: Any, runner: NodeRunner, confirm: Confirm | None = None, archive: Any = None
+) -> Dispatcher:
     return Dispatcher(
         store,
         runner,
@@ -41,6 +44,7 @@ def make_dispatcher(settings: Settings, store: Any, runner: NodeRunner, confirm:
         data_dir=settings.data_dir,  # its spool/ keeps results Redis could not take yet
         max_deliveries=settings.max_deliveries,
         confirm=confirm,
+        archive=archive,
     )
 
 
@@ -86,9 +90,11 @@ async def local_runtime(
         readiness=readiness,
         model_stats=model_stats,
         closing=[background_store],
+        archive=await open_archive(settings),
     )
     for _ in range(dispatchers):
-        rt.background.append(asyncio.create_task(make_dispatcher(settings, background_store, runner).run_forever()))
+        d = make_dispatcher(settings, background_store, runner, archive=rt.archive)
+        rt.background.append(asyncio.create_task(d.run_forever()))
     return rt
 
 

@@ -9,11 +9,30 @@ import time
 from typing import Any
 
 from . import keys
+from .errors import JobNotFound
+from .ids import now_iso
 
 
 class LifecycleMixin:
     r: Any
     _scripts: dict[str, Any]
+    config: Any
+    get: Any  # Store.get
+    _keys: Any  # Store._keys
+    _args: Any  # Store._args
+
+    async def archive_ack(self, job_id: str, version: int | None, last_event_id: int = 0) -> str:
+        """The archive holds the finished job as far as ``version`` and ``last_event_id``: start its
+        records' retention now (docs/protocol.md § Archive). ``OK``; ``STALE`` when the job went
+        further since the copy (copy again); ``NOT_FINISHED``; ``JOB_NOT_FOUND``. ``version`` None
+        acknowledges whatever the job holds (archiving was turned off)."""
+        try:
+            state = await self.get(job_id)
+        except JobNotFound:
+            return "JOB_NOT_FOUND"
+        args = self._args(job_id, now_iso()) + ["" if version is None else str(version), str(last_event_id)]
+        res = await self._scripts["archive_ack"](keys=self._keys(state, keys.job(job_id)), args=args)
+        return str(res[0])
 
     async def heartbeat(self, job_id: str, node_instance_id: str) -> bool:
         """Renew a running node's heartbeat; False once the node is no longer running (stop)."""

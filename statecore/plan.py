@@ -41,7 +41,9 @@ class Plan:
     heartbeats: tuple[str, int] | None = None  # ("add", heartbeat_ms) | ("del", 0)
     terminal: bool = False
 
-    def to_json(self, now: str) -> str:
+    def to_json(self, now: str, archive: bool = False) -> str:
+        """``archive``: a terminal plan queues ``ARCHIVE_JOB`` instead of starting the records'
+        retention (docs/protocol.md § Archive)."""
         meta = {"status": self.status.value, "updated_at": now, **self.meta}
         if self.terminal:
             meta["terminal"] = "1"
@@ -56,6 +58,7 @@ class Plan:
                 "queued": list(self.queued) if self.queued else [],
                 "heartbeats": list(self.heartbeats) if self.heartbeats else [],
                 "terminal": self.terminal,
+                "archive": self.terminal and archive,
             }
         )
 

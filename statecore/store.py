@@ -53,6 +53,7 @@ class StoreConfig:
     max_attempts: int = 3  # starts of one node before a lost executor fails the job
     retry_backoff_s: float = 1.0  # before a re-dispatch; doubles per attempt
     claim_ttl_s: float = 60.0  # a review claim not renewed within this expires (docs/protocol.md § Claims)
+    archive: bool = False  # finished jobs are archived before their retention starts (docs/protocol.md § Archive)
     # The workflow definition new pauses are opened under, and those whose pauses this store
     # continues (docs/protocol.md § Snapshot echo and the fifth gate): the build's, unless a test says otherwise.
     workflow_version: str = WORKFLOW_VERSION
@@ -200,7 +201,9 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
             body = CreateJobResponse(job_id=job_id, status=plan.status, version=1).model_dump_json()
             ks = jk.for_script() + ([keys.create_idem(submitter, idem_key)] if idem_key else [])
             res = await self._scripts["create_job"](
-                keys=ks, args=self._args(job_id, now) + [plan.to_json(now), image.sha256, body, int(time.time() * 1000)]
+                keys=ks,
+                args=self._args(job_id, now)
+                + [plan.to_json(now, self.config.archive), image.sha256, body, int(time.time() * 1000)],
             )
             code = res[0]
             if code == "OK":
@@ -246,7 +249,7 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
                     str(req.base_version),
                     req.pause_token,
                     str(state.version),
-                    ip.plan.to_json(now) if ip.plan else "",
+                    ip.plan.to_json(now, self.config.archive) if ip.plan else "",
                     resp,
                     ip.invalid.message if ip.invalid else "",
                     gate,
@@ -280,7 +283,8 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
                 raise errors.JobTerminal(scripts._MESSAGES["JOB_TERMINAL"], job_id=job_id, snapshot=snap)
             plan = decide.plan_cancel(state, who, now)
             res = await self._scripts["cancel"](
-                keys=self._keys(state, jk), args=self._args(job_id, now) + [str(state.version), plan.to_json(now)]
+                keys=self._keys(state, jk),
+                args=self._args(job_id, now) + [str(state.version), plan.to_json(now, self.config.archive)],
             )
             if res[0] in ("OK", "ALREADY"):
                 return await self.snapshot(job_id)
@@ -354,7 +358,9 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
                     return "BUSY"
                 if live and status in ("QUEUED", "RETRY_WAIT"):
                     max_s = self.config.max_execution_s(node.node_type.value)  # type: ignore[union-attr]  # live
-                    plan_json = decide.plan_node_started(state, nid, now, now_ms, max_s).to_json(now)
+                    plan_json = decide.plan_node_started(state, nid, now, now_ms, max_s).to_json(
+                        now, self.config.archive
+                    )
             elif kind == "lost":
                 if not live or status != "RUNNING":
                     return "MOVED_ON"
@@ -367,12 +373,12 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
                     max_attempts=self.config.max_attempts,
                     backoff_s=self.config.retry_backoff_s,
                 )
-                plan_json = plan.to_json(now)
+                plan_json = plan.to_json(now, self.config.archive)
             elif live and status in ("QUEUED", "RETRY_WAIT", "RUNNING"):
                 assert report is not None
                 plan_json = decide.plan_report(
                     state, report, now, now_ms, workflow=self.config.workflow_version
-                ).to_json(now)
+                ).to_json(now, self.config.archive)
             by_inspector = lease is not None
             res = await self._scripts["apply_report"](
                 keys=self._keys(state, jk),

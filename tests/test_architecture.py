@@ -11,7 +11,7 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("statecore", "serve_app", "deployments", "ui", "client", "loadtest", "harness")
+PACKAGES = ("statecore", "serve_app", "deployments", "ui", "client", "loadtest", "harness", "archive")
 MAX_LINES = 520  # "about 500"
 LONG_REASON = "Why this module is long:"
 

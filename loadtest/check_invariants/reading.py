@@ -87,6 +87,8 @@ async def read_outbox(r: Any, p: int) -> dict[str, list[Command]]:
             if not f or "cmd" not in f:
                 continue
             cmd = json.loads(f["cmd"])
+            if cmd["node_type"] == "ARCHIVE_JOB":
+                continue  # not model work: a finished job's copy to the archive (docs/protocol.md § Archive)
             by_job[f.get("job") or cmd.get("job_id", "")].append(
                 Command(
                     entry_id=eid,

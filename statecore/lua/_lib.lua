@@ -37,6 +37,17 @@ local function keep_ttl_like_meta(key)
   if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
 end
 
+-- A finished job's records expire after the retention; the listing index has no TTL of its own:
+-- record when this job's records go, for pruning.
+local function start_retention()
+  for _, k in ipairs({K_META, K_PAUSES, K_EVENTS, K_IDEM, K_REPORTS}) do
+    redis.call('EXPIRE', k, RETENTION)
+  end
+  if K_CREATE then redis.call('EXPIRE', K_CREATE, RETENTION) end
+  local t = redis.call('TIME')
+  redis.call('ZADD', K_EXPIRING, t[1] * 1000 + math.floor(t[2] / 1000) + RETENTION * 1000, JOB_ID)
+end
+
 local function index(key, op)
   if op[1] == 'add' then
     redis.call('ZADD', key, op[2], JOB_ID)
@@ -154,14 +165,15 @@ local function apply_plan(plan_json)
   index(K_RUNNING, plan.running)
   index(K_QUEUED, plan.queued)
   index(K_HEARTBEATS, plan.heartbeats)
-  if plan.terminal and RETENTION > 0 then
-    for _, k in ipairs({K_META, K_PAUSES, K_EVENTS, K_IDEM, K_REPORTS}) do
-      redis.call('EXPIRE', k, RETENTION)
-    end
-    if K_CREATE then redis.call('EXPIRE', K_CREATE, RETENTION) end
-    -- The listing index has no TTL of its own: record when this job's records go, for pruning.
-    local t = redis.call('TIME')
-    redis.call('ZADD', K_EXPIRING, t[1] * 1000 + math.floor(t[2] / 1000) + RETENTION * 1000, JOB_ID)
+  if plan.terminal and plan.archive then
+    -- Archived first (docs/protocol.md § Archive): the records get their retention only when
+    -- the archive acknowledged the copy (archive_ack.lua). Same slot: the job's partition outbox.
+    redis.call('XADD', K_OUTBOX, '*', 'job', JOB_ID, 'cmd', cjson.encode({
+      node_instance_id = 'archive_' .. JOB_ID .. '_v' .. version, node_type = 'ARCHIVE_JOB',
+      job_id = JOB_ID, attempt = 0, enqueued_at = NOW}))
+    redis.call('HSET', K_FINISHED, JOB_ID, plan.meta.status)
+  elseif plan.terminal and RETENTION > 0 then
+    start_retention()
     -- Its meta is gone by the time pruning drops it: keep the final status to uncount it then.
     redis.call('HSET', K_FINISHED, JOB_ID, plan.meta.status)
   end
