@@ -116,8 +116,9 @@ def _command(
     return p
 
 
-def add_client_commands(subparsers: Any) -> None:
-    """Register submit, status, watch, results and jobs on ``subparsers`` (from ``add_subparsers``)."""
+def add_client_commands(subparsers: Any) -> Any:
+    """Register submit, status, watch, results, jobs and admin on ``subparsers`` (from
+    ``add_subparsers``); the ``admin`` subparsers, for the server's own admin commands."""
     p = _command(
         subparsers,
         "submit",
@@ -249,3 +250,4 @@ def add_client_commands(subparsers: Any) -> None:
         "(REQUEUED).",
     )
     p.add_argument("dead_letter_id", metavar="ID", help="the dead letter's id (dl_…), as dead-letters prints it")
+    return admin_sub

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from archive.cli import add_export_command, add_upgrade_command
 from client.commands import HelpFormatter, add_client_commands
 
 DESCRIPTION = """\
@@ -43,6 +44,7 @@ environment:
   HITL_TOKEN     the token client commands send
   HITL_DATA_DIR  the data directory (default .hitl)
   RAY_ADDRESS    an existing Ray cluster to join
+  HITL_ARCHIVE_URL  the archive of finished jobs (default <data-dir>/archive.sqlite3; postgresql://…)
 
 installing: the client commands need only `pip install hitl-review`; `up` and `demo` need the server, \
 the models and the UI: `pip install 'hitl-review[demo]'`."""
@@ -148,6 +150,42 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="/metrics: hitl_terminal_coverage_ratio is computed over the jobs submitted in the last S "
         "seconds, 60..21600 (default 3600); the shipped alert fires below 98%% for 10 minutes",
+    )
+    v = p.add_argument_group("review and record")
+    v.add_argument(
+        "--labels",
+        default=None,
+        metavar="L1,L2,…",
+        help="the reviewer UI's label set, comma-separated (e.g. shoe,bag,shirt); keys 1-9 pick the first nine; "
+        "also `labels:` in the --config file",
+    )
+    v.add_argument(
+        "--claim-ttl-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a reviewer's claim on a waiting job (who is looking at it) expires unless renewed within S "
+        "seconds; it never touches the pause (default 60)",
+    )
+    v.add_argument(
+        "--retention-days",
+        type=float,
+        default=None,
+        metavar="D",
+        help="a finished job's records stay in Redis D days after the archive holds them (default 7); the "
+        "archive keeps them for good",
+    )
+    v.add_argument(
+        "--archive-url",
+        default=None,
+        metavar="URL",
+        help="where finished jobs are archived: postgresql://… (also HITL_ARCHIVE_URL); default "
+        "<data-dir>/archive.sqlite3",
+    )
+    v.add_argument(
+        "--no-archive",
+        action="store_true",
+        help="do not archive finished jobs: their records expire after the retention and are gone",
     )
     n = p.add_argument_group("node lifecycle (model work; waiting for a reviewer never times out)")
     n.add_argument(
@@ -294,7 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_up_options(demo)
     demo.set_defaults(func=_run_up)
-    add_client_commands(sub)
+    admin_sub = add_client_commands(sub)
+    add_upgrade_command(admin_sub, formatter_class=HelpFormatter)
+    add_export_command(sub, formatter_class=HelpFormatter)
     return parser
 
 

@@ -39,6 +39,8 @@ class Settings(BaseModel):
     # archive_url) before their retention starts (docs/protocol.md § Archive).
     archive: bool = True
     archive_url: str | None = None
+    # The reviewer UI's label set; number keys 1-9 pick the first nine (ui/editor.py).
+    labels: list[str] = Field(default_factory=list)
     node_timeout_s: float = 600.0  # a node's maximum execution time, counted from its start
     node_timeouts: dict[str, float] = Field(default_factory=dict)  # per node type (--node-timeout TYPE=N)
     heartbeat_s: float = 2.0  # the model replica renews a running node's heartbeat this often

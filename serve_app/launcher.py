@@ -245,6 +245,8 @@ def _start_ui(
         env["HITL_TOKEN"] = token
     if settings.tokens:
         args.append("--require-login")
+    if settings.labels:
+        args += ["--labels", ",".join(settings.labels)]
     # A session of its own: a terminal's Ctrl-C reaches `hitl up`, which stops the UI in order; and
     # it dies with `hitl up` even when that is SIGKILLed.
     proc = subprocess.Popen(args, env=env, start_new_session=True, preexec_fn=_die_with_parent)
@@ -297,6 +299,10 @@ def settings_from_args(args: Any) -> Settings:
     models: dict[str, Any] = {}
     if getattr(args, "config", None):
         models = load_config_file(args.config)
+    labels = getattr(args, "labels", None) or models.pop("labels", None)  # the flag, then the config file's
+    if isinstance(labels, str):
+        labels = [s.strip() for s in labels.split(",") if s.strip()]
+    days = getattr(args, "retention_days", None)
     return Settings.from_env(
         data_dir=Path(args.data_dir) if args.data_dir else None,
         host=args.host,
@@ -326,5 +332,10 @@ def settings_from_args(args: Any) -> Settings:
         max_attempts=getattr(args, "max_attempts", None),
         max_deliveries=getattr(args, "max_deliveries", None),
         inspector_period_s=getattr(args, "inspector_period_s", None),
+        claim_ttl_s=getattr(args, "claim_ttl_s", None),
+        labels=labels or None,
+        archive=False if getattr(args, "no_archive", False) else None,
+        archive_url=getattr(args, "archive_url", None),
+        retention_s=int(days * 86400) if days is not None else None,
         models=models or None,
     )

@@ -21,7 +21,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("statecore", "serve_app", "deployments", "ui", "client", "loadtest", "harness")
+PACKAGES = ("statecore", "serve_app", "deployments", "ui", "client", "loadtest", "harness", "archive")
 SERVER_SIDE = ("torch", "torchvision", "ray", "gradio", "fastapi", "redis", "uvicorn", "numpy", "cv2", "PIL")
 
 
