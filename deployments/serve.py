@@ -57,7 +57,12 @@ DEFAULT_AUTOSCALING: dict[str, Any] = {
     "downscale_delay_s": 60.0,
 }
 DEFAULT_BATCH = {"max_batch_size": 4, "batch_wait_timeout_s": 0.02}
-HEALTH_DEFAULTS = {"health_check_period_s": 2.0, "health_check_timeout_s": 5.0, "graceful_shutdown_timeout_s": 5.0}
+HEALTH_DEFAULTS = {
+    "health_check_period_s": 2.0,
+    "health_check_timeout_s": 5.0,
+    "graceful_shutdown_wait_loop_s": 0.5,  # a stop looks every 0.5 s (Serve: 2 s) whether the work is done
+    "graceful_shutdown_timeout_s": 5.0,
+}
 DEFAULT_GPU_FRACTION = 0.15  # three roles x two replicas fit one GPU; SAM ViT-H needs ~8 GB each
 
 

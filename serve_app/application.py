@@ -126,12 +126,14 @@ class ServeRunner:
         return {name: await h.describe.remote() for name, h in self.handles.items()}
 
 
-# Api and Events: Serve's own health-check defaults, spelled out so that the config file states them.
+# Api and Events: Serve's own health-check defaults, spelled out so that the config file states them;
+# a stop checks every 0.5 s (Serve's default: 2 s) whether the replica's requests are done.
 @serve.deployment(
     name="Api",
     max_ongoing_requests=4096,
     health_check_period_s=10.0,
     health_check_timeout_s=30.0,
+    graceful_shutdown_wait_loop_s=0.5,
     graceful_shutdown_timeout_s=5.0,
 )
 @serve.ingress()
@@ -196,6 +198,7 @@ class Api:
     max_ongoing_requests=20000,
     health_check_period_s=10.0,
     health_check_timeout_s=30.0,
+    graceful_shutdown_wait_loop_s=0.5,
     graceful_shutdown_timeout_s=5.0,
 )
 class Events:

@@ -105,6 +105,15 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         help="replicas of the API/dispatcher deployment (default 1)",
     )
     g.add_argument(
+        "--ingress",
+        choices=("auto", "direct", "proxy"),
+        default="auto",
+        help="the HTTP path to the API. direct: the API replica itself listens on --api-port (Ray Serve's "
+        "direct ingress; about uvicorn's latency); proxy: Serve's HTTP proxy listens there and forwards to "
+        "the API replicas (a hop of a few ms). auto (default): direct on a Ray of our own with one API "
+        "replica, proxy with --api-replicas above 1 or --ray-address. The startup log says which runs",
+    )
+    g.add_argument(
         "--config",
         default=None,
         metavar="FILE",
@@ -357,6 +366,7 @@ def _run_up(args: argparse.Namespace) -> int:
         dashboard_port=args.dashboard_port,
         on_ready=on_ready,
         verbose=args.verbose,
+        ingress=args.ingress,
     )
     # Everything `up` started is stopped or killed by now. What is left is this interpreter's own
     # teardown: Ray's core worker and its threads (and a stop step abandoned past its limit) take

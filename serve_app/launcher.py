@@ -93,6 +93,7 @@ def up(
     ready_timeout: float = 300,
     on_ready: Any = None,
     verbose: bool = False,
+    ingress: str = "auto",
 ) -> int:
     """Run until SIGINT or SIGTERM, then stop everything (``serve_app.stopping``); 0 on a clean stop."""
     # Read when ray is first imported: a Ray call from a stop step still running after ray.shutdown
@@ -148,7 +149,9 @@ def up(
                 raise SystemExit("hitl up: set HITL_TOKENS (name:role:token,...) to listen beyond loopback")
             token = local_token(settings.data_dir)
         log.info("starting Ray (%s)", settings.ray_address or "local")
-        ray_info = ray_runtime.start(settings, dashboard=dashboard, dashboard_port_requested=dashboard_port)
+        ray_info = ray_runtime.start(
+            settings, dashboard=dashboard, dashboard_port_requested=dashboard_port, ingress=ingress
+        )
         _own_signals()
         if ray_info.joined:
             ray_runtime.check_joined_cluster(settings)
@@ -157,7 +160,7 @@ def up(
         from .application import APP_NAME, build_application
 
         # Applied only when Serve is not running on the cluster yet; ray_runtime.ingress_url says where it is.
-        serve.start(http_options={"host": settings.host, "port": settings.api_port})
+        serve.start(http_options=ray_runtime.serve_http_options(settings, ray_info))
         gpus = ray_runtime.cluster_gpus()  # the cluster's, not this machine's: they may be on other nodes
         log.info(
             "deploying the Serve application (detector=%s, validator=%s, segmenter=%s; %g GPU in the cluster)",
@@ -169,9 +172,10 @@ def up(
         app_name, deployed = APP_NAME, True
         serve.run(build_application(settings, gpu=gpus > 0), name=APP_NAME, route_prefix="/", blocking=False)
         _own_signals()
-        api_url = ray_runtime.ingress_url(settings)
+        api_url = ray_runtime.ingress_url(settings, ray_info.ingress)
         info = _wait_ready(api_url, token, ready_timeout)
         log.info("ready: %s", info)
+        log.info("%s", ingress_line(ray_info, api_url))
         ui_url = None
         if ui:
             ui_proc, ui_url = _start_ui(settings, api_url, token)
@@ -200,6 +204,16 @@ def up(
         stopper.stop_ray(app_name, serving=deployed, joined=bool(ray_info and ray_info.joined))
         stopper.stop_redis(redis)
         stopper.kill_stragglers(started)
+
+
+def ingress_line(info: ray_runtime.RayInfo, api_url: str) -> str:
+    """The startup log's word on the HTTP path (``--ingress``)."""
+    if info.ingress == "direct":
+        return (
+            f"ingress: direct (the Api replica itself listens on {api_url}; Serve's head-node proxy, "
+            f"unused, on port {info.proxy_port})"
+        )
+    return f"ingress: proxy (Serve's HTTP proxy listens on {api_url} and forwards to the Api replicas)"
 
 
 def ready_line(api_url: str, ui_url: str | None, dashboard_url: str | None) -> str:

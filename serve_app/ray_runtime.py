@@ -7,6 +7,12 @@
 - Joined: the project's packages reach every worker as ``py_modules`` of the job's runtime
   environment; Redis and the artifact store must be reachable from every node; GPUs are counted
   from the cluster's resources; the API is wherever the cluster's Serve proxy listens.
+
+The HTTP path (``--ingress``, :func:`choose_ingress`): on a cluster of our own with one API
+replica, Serve's direct ingress: the ``Api`` replica itself listens on ``--api-port`` (no proxy
+hop: ~1.1x uvicorn's p50 instead of ~4x, docs/benchmarks.md § Interventions under load); Serve's
+proxy, which Serve still starts on the head node, gets a free port of its own. Several API replicas,
+or a joined cluster (whose proxies and environment are its own), keep Serve's proxies.
 """
 
 from __future__ import annotations
@@ -35,10 +41,58 @@ REPLICA_PACKAGES = ("statecore", "serve_app", "deployments")
 RUNTIME_ENV_EXCLUDES = ["__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache"]
 
 
+INGRESS_CHOICES = ("auto", "direct", "proxy")
+
+
 @dataclass
 class RayInfo:
     joined: bool  # an existing cluster (--ray-address), not one of our own
     dashboard_url: str | None  # http://host:port, or None when there is none
+    ingress: str = "proxy"  # "direct": the Api replica listens on the API port; "proxy": Serve's proxies
+    proxy_port: int | None = None  # under direct ingress, where Serve's (unused) head-node proxy listens
+
+
+def choose_ingress(requested: str, settings: Settings) -> str:
+    """``direct`` or ``proxy`` for ``--ingress auto|direct|proxy``. Direct ingress gives one fixed
+    port to one replica, and its environment must reach Ray before Ray starts: so only on a
+    cluster of our own with one API replica; ``auto`` picks it there and the proxy elsewhere."""
+    if requested not in INGRESS_CHOICES:
+        raise SystemExit(f"hitl up: --ingress {requested!r}: one of {', '.join(INGRESS_CHOICES)}")
+    possible = not settings.ray_address and settings.api_replicas == 1
+    if requested == "auto":
+        return "direct" if possible else "proxy"
+    if requested == "direct" and not possible:
+        why = (
+            "--ray-address joins a cluster whose Serve (proxies, environment) is its own"
+            if settings.ray_address
+            else f"--api-replicas {settings.api_replicas}: one API port cannot be held by several replicas"
+        )
+        raise SystemExit(f"hitl up: --ingress direct is not possible here: {why}; use --ingress proxy")
+    return requested
+
+
+def direct_ingress_env(api_port: int) -> dict[str, str]:
+    """What Serve 2.60 reads (``ray.serve._private.constants``, at import, in the controller and
+    the replicas, so it must be in the environment before ``ray.init`` starts the raylet):
+    direct ingress with the throughput-optimised settings; the HTTP port range [api_port,
+    api_port + 1) so the one Api replica takes exactly the API port; no draining period (a stop
+    would otherwise wait 30 s for load balancers we do not have); no port quarantine (a replaced
+    Api replica takes the same port again at once)."""
+    return {
+        "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(api_port),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(api_port + 1),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+        "RAY_SERVE_PORT_QUARANTINE_S": "0",
+    }
+
+
+def serve_http_options(settings: Settings, info: RayInfo) -> dict[str, Any]:
+    """``serve.start``'s ``http_options``: the proxy on the API port, or under direct ingress on
+    a port of its own (the Api replica takes ``--api-port`` and the same host)."""
+    port = info.proxy_port if info.ingress == "direct" and info.proxy_port else settings.api_port
+    return {"host": settings.host, "port": port}
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -69,14 +123,25 @@ def runtime_env() -> dict[str, Any]:
     return {"py_modules": modules, "excludes": list(RUNTIME_ENV_EXCLUDES)}
 
 
-def start(settings: Settings, *, dashboard: bool, dashboard_port_requested: int | None) -> RayInfo:
+def start(
+    settings: Settings, *, dashboard: bool, dashboard_port_requested: int | None, ingress: str = "auto"
+) -> RayInfo:
+    mode = choose_ingress(ingress, settings)
+    proxy_port = None
+    if mode == "direct":
+        if not settings.api_port:
+            settings.api_port = free_port()
+        os.environ.update(direct_ingress_env(settings.api_port))
+        proxy_port = free_port()
+    elif not settings.ray_address:  # our own cluster: not direct because a caller's environment said so
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "0"
     import ray
 
     kwargs: dict[str, Any] = {"namespace": "hitl", "log_to_driver": False, "logging_level": logging.WARNING}
     if settings.ray_address:
         ctx = ray.init(address=settings.ray_address, runtime_env=runtime_env(), **kwargs)
         url = _http(ctx.dashboard_url) if dashboard else None
-        return RayInfo(joined=True, dashboard_url=url)
+        return RayInfo(joined=True, dashboard_url=url, ingress=mode)
     port = dashboard_port(dashboard_port_requested, settings.host) if dashboard else None
     # A local single-machine cluster: logical CPUs are resources, not cores; give the control
     # plane and three model deployments room even on a 2-core machine.
@@ -89,7 +154,8 @@ def start(settings: Settings, *, dashboard: bool, dashboard_port_requested: int 
         dashboard_port=port,
         **kwargs,
     )
-    return RayInfo(joined=False, dashboard_url=_http(ctx.dashboard_url) if dashboard else None)
+    url = _http(ctx.dashboard_url) if dashboard else None
+    return RayInfo(joined=False, dashboard_url=url, ingress=mode, proxy_port=proxy_port)
 
 
 def _http(address: str | None) -> str | None:
@@ -167,10 +233,12 @@ def cluster_gpus() -> float:
     return float(ray.cluster_resources().get("GPU", 0))
 
 
-def ingress_url(settings: Settings) -> str:
-    """Where the Serve proxy really listens: on a joined cluster whose Serve was already running,
-    its own HTTP options, not --host/--api-port."""
+def ingress_url(settings: Settings, ingress: str = "proxy") -> str:
+    """Where the API really listens. Direct ingress: --host/--api-port, by construction. Proxy: on
+    a joined cluster whose Serve was already running, its own HTTP options, not --host/--api-port."""
     asked = f"http://{settings.host}:{settings.api_port}"
+    if ingress == "direct":
+        return asked
     try:
         # The controller's instance details (what `serve status` and the dashboard read).
         from ray.serve.context import _get_global_client

@@ -33,7 +33,7 @@ log = logging.getLogger("hitl.up")
 # All the steps but the last within this, whatever each one's own limit: SIGKILL and the exit follow.
 BUDGET_LOCAL_S = 7.0
 BUDGET_JOINED_S = 20.0
-APP_DELETE_LOCAL_S = 2.5  # the ingress's drain (Serve's 2 s graceful-shutdown wait loop) and a little more
+APP_DELETE_LOCAL_S = 2.5  # the replicas' drain (0.5 s graceful-shutdown wait loops, no direct-ingress drain) and more
 APP_DELETE_JOINED_S = 15.0
 RAY_SHUTDOWN_S = 3.0
 REDIS_STOP_S = 2.0
