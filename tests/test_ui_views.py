@@ -10,6 +10,7 @@ import gradio as gr
 from PIL import Image
 
 from statecore.models import (
+    ClaimView,
     JobResults,
     JobSummary,
     SubjectResult,
@@ -35,7 +36,7 @@ from ui.panel import (
     backends_text,
     panel_image_name,
 )
-from ui.queue import format_age, next_job_id, queue_rows
+from ui.queue import claim_left_s, format_age, next_job_id, presence_text, queue_rows
 from ui.results import results_view
 
 # --------------------------------------------------------------------------- queue
@@ -66,9 +67,9 @@ def test_queue_rows_oldest_pause_first() -> None:
     ]  # not waiting
     now = datetime(2026, 5, 21, 10, 0, 30, tzinfo=UTC)
     assert queue_rows(jobs, now) == [
-        ["job_c", "Confirm boxes (round 1)", "2 h 00 min", 2],
-        ["job_a", "Fix rejected boxes (round 2)", "1 min 35 s", 1],
-        ["job_b", "Confirm boxes (round 1)", "30 s", 2],
+        ["job_c", "Confirm boxes (round 1)", "2 h 00 min", 2, ""],
+        ["job_a", "Fix rejected boxes (round 2)", "1 min 35 s", 1, ""],
+        ["job_b", "Confirm boxes (round 1)", "30 s", 2, ""],
     ]
     # the stage filter takes raw stage names; the rows show words, never the raw state name
     assert [r[0] for r in queue_rows(jobs, now, stage="WAITING_BOX_BATCH_REVISION")] == ["job_a"]
@@ -77,6 +78,21 @@ def test_queue_rows_oldest_pause_first() -> None:
     assert next_job_id(jobs, exclude=["job_c"]) == "job_a"
     assert next_job_id([summary("job_d", None, None)]) is None
     assert format_age(3 * 86400 + 7200) == "3 d 2 h"
+
+
+def test_queue_rows_say_who_is_reviewing() -> None:
+    now = datetime(2026, 5, 21, 10, 0, 30, tzinfo=UTC)
+    live = ClaimView(reviewer="rev1", expires_at="2026-05-21T10:01:00Z")
+    over = ClaimView(reviewer="rev2", expires_at="2026-05-21T10:00:00Z")
+    jobs = [
+        summary("job_a", "2026-05-21T09:00:00Z").model_copy(update={"claim": live}),
+        summary("job_b", "2026-05-21T09:01:00Z").model_copy(update={"claim": over}),
+        summary("job_c", "2026-05-21T09:02:00Z"),
+    ]
+    assert [r[-1] for r in queue_rows(jobs, now)] == ["rev1 is reviewing", "", ""]  # an expired claim is nobody
+    assert queue_rows(jobs, now, me="rev1")[0][-1] == "you are reviewing"
+    assert claim_left_s(live, now) == 30 and claim_left_s(over, now) == 0 and claim_left_s(None, now) == 0
+    assert presence_text(live, "rev2", now) == "rev1 is reviewing"
 
 
 # --------------------------------------------------------------------------- results

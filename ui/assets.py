@@ -34,6 +34,7 @@ ARIA = {
     "confirm-cancel-btn": "Yes, cancel the job",
     "cancel-back-btn": "Back, keep the job",
     "login-btn": "Sign in",
+    "takeover-btn": "Take this job over from the reviewer who has it",
 }
 
 CSS = """

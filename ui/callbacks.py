@@ -17,7 +17,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from client import ApiError, AsyncHitlClient, HitlClient
+from client import ApiError, AsyncHitlClient, ConflictError, HitlClient
 from statecore.models import JobSnapshot, JobSummary
 
 from .annotator import (
@@ -29,13 +29,15 @@ from .annotator import (
     reapplied_value,
     subjects_from_annotator,
 )
+from .claims import NEXT_TRIES, ClaimHandlers, short_snapshot
 from .editing import EditorHandlers
 from .editor import ALL_STAGES, draft_message
 from .images import ImageStore
 from .layout import Components
 from .panel import annotator_value, backends_text, is_terminal, status_text
 from .pump import Followers, follow_job
-from .queue import TABLE_HEADERS, next_job_id, queue_rows, thumb_cell, waiting_jobs
+from .queue import TABLE_HEADERS, queue_rows, thumb_cell, waiting_jobs
+from .rebase import rebase_edits, rebase_text, with_mine
 from .results import ResultsView
 from .session import ReviewerState, conflict_banner
 from .stats import ReviewStats
@@ -73,7 +75,7 @@ class Clients:
             return c
 
 
-class Callbacks(EditorHandlers):
+class Callbacks(EditorHandlers, ClaimHandlers):
     """Every handler of the page; ``app.wire`` connects them to ``comps``' events."""
 
     def __init__(self, comps: Components, api_url: str, store: ImageStore, labels: tuple[str, ...] = ()) -> None:
@@ -85,6 +87,8 @@ class Callbacks(EditorHandlers):
         self.clients = Clients(api_url)
         self.store = store
         self.followers = Followers()
+        self._session_claims: dict[str, tuple[str | None, str]] = {}
+        self._claims_lock = threading.Lock()
 
     # ------------------------------------------------------------------ rendering
 
@@ -106,15 +110,16 @@ class Callbacks(EditorHandlers):
             c.status_md: status_text(snap) if snap else "",
             c.stage_md: (
                 f"### {panel.stage_text}\nround {panel.round} · `{panel.stage}` · pause `{panel.pause_token}`"
+                f" · snapshot `{short_snapshot(panel.snapshot_id)}`"
                 if panel
                 else ""
             ),
-            c.review_col: gr.update(visible=panel is not None),
             # A button built hidden may come back without its text when an update only shows it: resend the text.
             c.reapply_btn: gr.update(visible=st.offer is not None and panel is not None, value=c.reapply_btn.value),
             c.cancel_btn: gr.update(visible=snap is not None and not terminal, value=c.cancel_btn.value),
             c.current_job: st.job_id or "",
         }
+        out.update(self.presence_update(st))
         if redraw or panel is None:  # an open confirmation belongs to the view being replaced
             out[c.cut_confirm] = gr.update(visible=False)
         if redraw or terminal:
@@ -184,7 +189,7 @@ class Callbacks(EditorHandlers):
             jobs = self.fetch_queue(st)
         except Exception as exc:  # shown under the queue; the next tick tries again
             return {self.c.queue_note: "Queue unavailable — " + error_text(exc)}
-        rows = queue_rows(jobs, stage=st.queue_stage)
+        rows = queue_rows(jobs, stage=st.queue_stage, me=st.reviewer)
         rows = [[thumb_cell(self.thumb(st, str(r[0]), i < THUMBS_PER_TICK), str(r[0])), *r] for i, r in enumerate(rows)]
         n, total = len(rows), len(waiting_jobs(jobs))
         shown = f"{n} of {total} jobs" if n != total else f"{n} job{'s' if n != 1 else ''}"
@@ -213,14 +218,19 @@ class Callbacks(EditorHandlers):
             return {self.c.queue_note: gr.skip()}
         return self.queue_update(st)
 
-    def on_tick(self, st: ReviewerState) -> Update:
+    def on_tick(self, st: ReviewerState, request: gr.Request | None = None) -> Update:
+        """The page's timer: renew the open job's claim (``ui.claims``), then refresh the queue."""
         if not st.signed_in:
             return {self.c.queue_note: gr.skip()}
-        return self.queue_update(st)
+        out = self.renew(st)
+        self.remember_session(st, request)
+        out.update(self.queue_update(st))
+        return out
 
     # ------------------------------------------------------------------ opening jobs
 
-    def open_job(self, st: ReviewerState, job_id: str | None) -> Update:
+    def open_job(self, st: ReviewerState, job_id: str | None, *, claimed: bool = False) -> Update:
+        """Show ``job_id`` and claim it when it waits for review (``claimed``: "next job" already did)."""
         job_id = (job_id or "").strip()
         if not job_id:
             return {self.c.banner_md: "No job id."}
@@ -228,7 +238,10 @@ class Callbacks(EditorHandlers):
             snap = self.clients.get(st.token).get_job(job_id)
         except Exception as exc:  # said in the banner
             return {self.c.banner_md: f"Could not open {job_id}: " + error_text(exc)}
+        holder = None if claimed else self.claim_on_open(st, job_id, snap.active_pause is not None)
         st.open(snap)
+        with st.lock:
+            st.held_by, st.taken_over = holder, False
         return self.refresh_view(st, redraw=True, banner="", error="")
 
     def on_queue_select(self, st: ReviewerState, evt: gr.SelectData) -> Update:
@@ -241,16 +254,32 @@ class Callbacks(EditorHandlers):
         return self.open_job(st, str(job_id))
 
     def on_next(self, st: ReviewerState) -> Update:
+        """The oldest waiting job nobody else claimed (docs/protocol.md § Claims): claim it, then show it;
+        when another reviewer claimed it first, ask again."""
         if not st.signed_in:
             return {self.c.banner_md: gr.skip()}
-        try:
-            jobs = self.fetch_queue(st)
-        except Exception as exc:  # said in the banner
-            return {self.c.banner_md: error_text(exc)}
-        job_id = next_job_id(jobs, exclude=[st.job_id])
-        if job_id is None:
-            return {self.c.banner_md: "No other job is waiting for review."}
-        return self.open_job(st, job_id)
+        client = self.clients.get(st.token)
+        exclude = [st.job_id] if st.job_id else []
+        for _ in range(NEXT_TRIES):
+            found = None
+            try:
+                found = client.next_job(exclude=exclude)
+                if found is None:
+                    return {self.c.banner_md: "No other job is waiting for review."}
+                self.release_claim(st, keep=found.job_id)
+                holder = self.claim_job(st, found.job_id)
+            except ApiError as exc:  # e.g. the pause was consumed in between: try the next one
+                if exc.status_code != 409:
+                    return {self.c.banner_md: error_text(exc)}
+                holder = None
+                exclude.append(found.job_id if found is not None else "")
+                continue
+            except Exception as exc:  # said in the banner
+                return {self.c.banner_md: error_text(exc)}
+            if holder is None:
+                return self.open_job(st, found.job_id, claimed=True)
+            exclude.append(found.job_id)
+        return {self.c.banner_md: "Every other waiting job is being reviewed by someone else right now."}
 
     def on_load(self, st: ReviewerState, request: gr.Request) -> Update:
         out: Update = {}
@@ -310,6 +339,10 @@ class Callbacks(EditorHandlers):
 
     def on_unload(self, request: gr.Request) -> None:
         self.followers.stop(request.session_hash)
+        self.release_session(request.session_hash)
+
+    def after_take_over(self, st: ReviewerState) -> Update:
+        return self.refresh_view(st, redraw=True, banner=st.notice, error="")
 
     # ------------------------------------------------------------------ editing
 
@@ -355,11 +388,18 @@ class Callbacks(EditorHandlers):
                 pause_token=panel.pause_token,
                 base_version=panel.base_version,
                 subjects=subjects,
+                snapshot_id=panel.snapshot_id,
             )
         except ApiError as exc:
             if exc.status_code == 409:
-                outcome = st.record_conflict(exc.code, exc.snapshot, edits, exc.message, submitted=panel)
-                return self.refresh_view(st, redraw=outcome.redraw, banner=outcome.banner, error="")
+                rebase = exc.rebase if isinstance(exc, ConflictError) else None
+                outcome = st.record_conflict(
+                    exc.code, exc.snapshot, edits, exc.message, submitted=panel, rebased=rebase is not None
+                )
+                out = self.refresh_view(st, redraw=outcome.redraw, banner=outcome.banner, error="")
+                if rebase is not None and edits is not None and not edits.is_empty():
+                    out.update(self.rebased(st, edits, rebase, outcome.banner))
+                return out
             return {self.c.review_error: f"The server refused the submission: {exc.message} ({exc.code})."}
         except Exception as exc:  # the same intervention id is kept for the retry
             return {
@@ -375,9 +415,26 @@ class Callbacks(EditorHandlers):
             len(res.diff.added),
             len(res.diff.deleted),
         )
+        st.claimed = None  # an accepted submission ends the claim (docs/protocol.md § Claims)
         out = self.view(st, banner=msg + " Press N for the next job.", error="")
         out[self.c.draft_out] = draft_message(panel.job_id, panel.pause_token, None)  # confirmed: forget it
         return out
+
+    def rebased(self, st: ReviewerState, edits: Any, rebase: dict[str, Any], head: str) -> Update:
+        """After a 409: the reviewer's edits laid over the redrawn panel by ``ui.rebase`` — those nobody
+        else touched at once, the conflicting ones left for a decision (docs/protocol.md § Rebase help)."""
+        with st.lock:
+            panel = st.panel
+            if panel is None or not st.image_path:
+                return {}
+            res = rebase_edits(edits, rebase, [pb.box_id for pb in panel.boxes])
+            out = self.show_edits(st, panel, res.applied) if not res.applied.is_empty() else {}
+            st.carry = None
+            st.offer = with_mine(res) if not res.mine.is_empty() else None
+            st.notice = (head + " " + rebase_text(res, {pb.box_id: pb.tag for pb in panel.boxes})).strip()
+            out[self.c.banner_md] = st.notice
+            out[self.c.reapply_btn] = gr.update(visible=st.offer is not None, value=self.c.reapply_btn.value)
+            return out
 
     def on_submit(self, st: ReviewerState, value: Any) -> Update:
         return self.send(st, value, empty=False)

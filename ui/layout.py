@@ -41,6 +41,8 @@ class Components:
     status_md: gr.Markdown
     stage_md: gr.Markdown
     banner_md: gr.Markdown
+    claim_md: gr.Markdown  # who is reviewing the open job (docs/protocol.md § Claims)
+    takeover_btn: gr.Button
     review_col: gr.Column
     annotator: image_annotator
     label_target: gr.Dropdown
@@ -85,6 +87,8 @@ class Components:
             self.status_md,
             self.stage_md,
             self.banner_md,
+            self.claim_md,
+            self.takeover_btn,
             self.review_col,
             self.annotator,
             self.notes_md,
@@ -143,11 +147,11 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
             queue_table = gr.Dataframe(
                 value=pd.DataFrame(columns=TABLE_HEADERS),
                 headers=TABLE_HEADERS,
-                datatype=["markdown", "str", "str", "str", "number"],
+                datatype=["markdown", "str", "str", "str", "number", "str"],
                 interactive=False,
                 wrap=True,
                 elem_id="queue-table",
-                column_widths=["16%", "32%", "26%", "16%", "10%"],
+                column_widths=["14%", "26%", "20%", "14%", "8%", "18%"],
                 label="Oldest first — click a row to open it",
             )
             queue_note = gr.Markdown("", elem_id="queue-note")
@@ -160,6 +164,8 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
             status_md = gr.Markdown("", elem_id="job-status")
             stage_md = gr.Markdown("", elem_id="stage-text")
             banner_md = gr.Markdown("", elem_id="banner")
+            claim_md = gr.Markdown("", elem_id="claim-note")
+            takeover_btn = gr.Button("Take over", visible=False, elem_id="takeover-btn", size="sm")
             with gr.Column(visible=False, elem_id="review-panel") as review_col:
                 annotator = image_annotator(
                     value=None,
@@ -261,6 +267,8 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         status_md=status_md,
         stage_md=stage_md,
         banner_md=banner_md,
+        claim_md=claim_md,
+        takeover_btn=takeover_btn,
         review_col=review_col,
         annotator=annotator,
         label_target=label_target,

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from client.times import parse_time
-from statecore.models import JobSummary
+from statecore.models import ClaimView, JobSummary
 
 from .editor import ALL_STAGES, stage_name
 
@@ -23,7 +23,7 @@ def format_age(seconds: float) -> str:
     return f"{s // 86400} d {(s % 86400) // 3600} h"
 
 
-QUEUE_HEADERS = ["Job", "Stage", "Waiting for", "Boxes"]
+QUEUE_HEADERS = ["Job", "Stage", "Waiting for", "Boxes", "Reviewer"]
 TABLE_HEADERS = ["Image", *QUEUE_HEADERS]  # the table shows a thumbnail before each row
 FILE_ROUTE = "/gradio_api/file="  # how Gradio serves a file under launch(allowed_paths=…)
 
@@ -40,8 +40,24 @@ def waiting_jobs(jobs: Iterable[JobSummary]) -> list[JobSummary]:
     return sorted(waiting, key=lambda j: (parse_time(j.pause_created_at) or parse_time(j.updated_at) or far, j.job_id))
 
 
-def queue_rows(jobs: Iterable[JobSummary], now: datetime | None = None, stage: str | None = None) -> list[list[Any]]:
-    """Rows of the queue table, the stage in words; ``stage`` (a raw stage name) filters."""
+def claim_left_s(claim: ClaimView | None, now: datetime | None = None) -> float:
+    """Seconds until ``claim`` expires (0 when there is none, or it is over)."""
+    until = parse_time(claim.expires_at) if claim is not None else None
+    return max(0.0, (until - (now or datetime.now(UTC))).total_seconds()) if until else 0.0
+
+
+def presence_text(claim: ClaimView | None, me: str | None = None, now: datetime | None = None) -> str:
+    """Who is looking at a job (docs/protocol.md § Claims): "rev1 is reviewing", or nothing."""
+    if claim is None or claim_left_s(claim, now) <= 0:
+        return ""
+    return "you are reviewing" if me and claim.reviewer == me else f"{claim.reviewer} is reviewing"
+
+
+def queue_rows(
+    jobs: Iterable[JobSummary], now: datetime | None = None, stage: str | None = None, me: str | None = None
+) -> list[list[Any]]:
+    """Rows of the queue table, the stage in words and who is reviewing each job (``me``: "you");
+    ``stage`` (a raw stage name) filters."""
     now = now or datetime.now(UTC)
     rows = []
     for j in waiting_jobs(jobs):
@@ -49,7 +65,7 @@ def queue_rows(jobs: Iterable[JobSummary], now: datetime | None = None, stage: s
             continue
         since = parse_time(j.pause_created_at) or parse_time(j.updated_at)
         age = format_age((now - since).total_seconds()) if since else "?"
-        rows.append([j.job_id, stage_name(j.stage), age, j.box_count])
+        rows.append([j.job_id, stage_name(j.stage), age, j.box_count, presence_text(j.claim, me, now)])
     return rows
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from client import new_intervention_id
-from statecore.models import JobSnapshot
+from statecore.models import ClaimView, JobSnapshot
 from statecore.states import JobStatus
 
 from .annotator import Edits, applicable_edits
@@ -38,6 +38,10 @@ def conflict_banner(code: str, *, already_ours: bool = False, message: str = "")
         return "This review was already submitted with different boxes."
     if code == "JOB_TERMINAL":
         return "The job had already ended."
+    if code == "SNAPSHOT_MISMATCH":
+        return "Your view was out of date: the boxes waiting now are not the ones you reviewed."
+    if code == "WORKFLOW_VERSION_INCOMPATIBLE":
+        return "This review was re-offered under the current workflow definition (it cannot be continued as opened)."
     return message or f"The server refused the request ({code})."
 
 
@@ -91,6 +95,11 @@ class ReviewerState:
         self.queue_stage = ALL_STAGES  # the queue's stage filter
         self.history: EditHistory | None = None  # undo/redo of the open review's box edits
         self.server_set: list[Edits] = []  # states the app put on the canvas since the reviewer's last edit
+        self.reviewer: str | None = None  # this reviewer's name, as their own claims spell it
+        self.claimed: str | None = None  # the job this session holds a claim on (docs/protocol.md § Claims)
+        self.held_by: ClaimView | None = None  # another reviewer's claim on the open job: no editing
+        self.taken_over = False  # held_by took the job over from this session (a renewal got 409)
+        self.renewed_at = 0.0  # time.monotonic() of the last claim or renewal
         self.follow_gen = 0  # bumped by every open; a follower of an older generation stops
         self.followed_gen = -1  # the generation a follower already serves
         self.lock = threading.RLock()
@@ -277,11 +286,13 @@ class ReviewerState:
         edits: Edits | None,
         message: str = "",
         submitted: Panel | None = None,
+        rebased: bool = False,
     ) -> ConflictOutcome:
         """A 409: plain-words banner, redraw from the snapshot it carries, a NEW intervention id,
         and the reviewer's edits offered again where their boxes still exist (now, or when the
         next review round of this job opens). ``submitted`` is the panel the refused submission
-        answered (default: the open one)."""
+        answered (default: the open one). ``rebased``: the caller lays the edits over the new panel
+        itself (``ui.rebase``); they are kept here only for a later panel when none is open now."""
         with self.lock:
             old = submitted or self.panel
             already = old is not None and old.pause_token in self.results
@@ -308,6 +319,8 @@ class ReviewerState:
                     banner += " A new review round is open; the panel now shows it."
                 else:
                     banner += " The panel was redrawn from the current state."
+                if rebased and new is not None:
+                    self.carry = None
                 dropped = self._offer_carried()
             banner += self._offer_text(dropped)
             self.notice = banner

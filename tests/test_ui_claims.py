@@ -1,0 +1,64 @@
+"""Claims and presence in the reviewer app's callbacks, against the control plane (``api_server``),
+no browser: opening claims, the queue says who is reviewing, "next job" skips claimed jobs, a
+takeover stops the other's editing, and a submission echoes the snapshot (docs/protocol.md § Claims,
+§ Snapshot echo and the fifth gate)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from client import HitlClient
+from harness.tokens import TOKENS
+from tests.test_ui_callbacks import make_callbacks, visible, waiting_job
+from ui.claims import claim_text, short_snapshot
+from ui.session import ReviewerState
+
+
+def test_claim_presence_next_job_and_takeover(api_server: Any, tmp_path: Path) -> None:
+    comps, cb = make_callbacks(api_server.url, tmp_path / "ui")
+    job1, job2 = waiting_job(api_server.url, 41), waiting_job(api_server.url, 42)
+    a = ReviewerState(token=TOKENS["rev1"], signed_in=True)
+    b = ReviewerState(token=TOKENS["rev2"], signed_in=True)
+
+    out = cb.open_job(a, job1)
+    assert visible(out[comps.review_col]) and not visible(out[comps.takeover_btn])
+    assert a.claimed == job1 and a.reviewer == "rev1" and "You are reviewing" in out[comps.claim_md]
+    assert a.panel is not None and f"snapshot `{short_snapshot(a.panel.snapshot_id)}`" in out[comps.stage_md]
+
+    out = cb.open_job(b, job1)  # rev2 sees who has it, and cannot edit
+    assert not visible(out[comps.review_col]) and visible(out[comps.takeover_btn])
+    assert "rev1 is reviewing —" in out[comps.claim_md] and "s left" in out[comps.claim_md]
+    table = cb.on_tick(b)[comps.queue_table]
+    who = dict(zip(table["Job"], table["Reviewer"], strict=True))
+    assert who[job1] == "rev1 is reviewing"
+
+    out = cb.on_next(b)  # N: not job1 (claimed by rev1); the job it opens is now rev2's
+    assert b.job_id not in (None, job1) and b.claimed == b.job_id and visible(out[comps.review_col])
+    assert cb.on_tick(a)[comps.queue_table].set_index("Job").loc[b.job_id, "Reviewer"] == "rev2 is reviewing"
+    assert cb.on_tick(b)[comps.queue_table].set_index("Job").loc[b.job_id, "Reviewer"] == "you are reviewing"
+
+    cb.open_job(b, job1)  # back to job1: the other job's claim is released
+    with HitlClient(api_server.url, TOKENS["rev1"]) as rev1:
+        claims = {j.job_id: j.claim for j in rev1.list_jobs(status="WAITING", limit=200).jobs}
+    held = claims.get(job2)
+    assert held is None or held.reviewer != "rev2"
+    out = cb.on_take_over(b)
+    assert visible(out[comps.review_col]) and b.claimed == job1 and "You took this job over" in out[comps.banner_md]
+
+    a.renewed_at = 0.0  # the next tick renews: refused, rev2 has it now
+    out = cb.on_tick(a)
+    assert "rev2 took this job over" in out[comps.banner_md] and not visible(out[comps.review_col])
+    assert visible(out[comps.takeover_btn]) and "took this job over" in claim_text(a)
+
+    assert b.panel is not None
+    shown = b.panel
+    b.panel = dataclasses.replace(shown, snapshot_id="snap_" + "0" * 20)  # as if drawn from another snapshot
+    value = cb.view(b, redraw=True)[comps.annotator]
+    out = cb.on_submit(b, value)
+    assert "boxes waiting now are not the ones you reviewed" in out[comps.banner_md], out[comps.banner_md]
+    assert b.panel is not None and b.panel.snapshot_id == shown.snapshot_id
+    out = cb.on_submit(b, out[comps.annotator])
+    assert out[comps.banner_md].startswith("Submitted —"), out[comps.banner_md]
+    assert b.claimed is None

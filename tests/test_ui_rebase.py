@@ -1,0 +1,81 @@
+"""ui.rebase: the reviewer's edits laid over the box list a 409 shows (docs/protocol.md § Rebase help)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ui.annotator import Edits
+from ui.rebase import Changes, rebase_edits, rebase_text, with_mine
+
+A, B, C, D = "box_a", "box_b", "box_c", "box_d"
+NOW = [A, B, C, D]
+
+
+def rebase(**kw: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"base_version": 3, "version": 4, "base_found": True}
+    body.update({"added": [], "removed": [], "moved": [], "relabelled": []})
+    body.update(kw)
+    return body
+
+
+def test_edits_of_untouched_boxes_go_on_as_they_were() -> None:
+    mine = Edits(deleted=[A], moved={B: (1, 1, 9, 9)}, relabelled={C: "boot"}, added=[((5, 5, 50, 50), "cap")])
+    other = rebase(added=[{"box_id": "box_x", "bbox": [100, 100, 150, 150], "label": "bag"}])
+    res = rebase_edits(mine, other, [*NOW, "box_x"])
+    assert res.clean and res.duplicates == 0
+    assert res.applied == mine
+    assert "re-applied" in rebase_text(res) and "decision" not in rebase_text(res)
+
+
+def test_a_box_someone_else_moved_or_relabelled_is_a_conflict_and_theirs_stays() -> None:
+    mine = Edits(moved={A: (1, 1, 9, 9), B: (2, 2, 20, 20)}, relabelled={C: "boot"}, deleted=[D])
+    other = rebase(
+        moved=[
+            {"box_id": A, "from": [0, 0, 10, 10], "to": [30, 30, 40, 40]},  # elsewhere: conflict
+            {"box_id": B, "from": [0, 0, 10, 10], "to": [2.4, 2, 20, 19.6]},  # where I put it: agreement
+            {"box_id": D, "from": [0, 0, 10, 10], "to": [5, 5, 15, 15]},  # I deleted what they moved
+        ],
+        relabelled=[{"box_id": C, "from": "shoe", "to": "sneaker"}],
+    )
+    res = rebase_edits(mine, other, NOW)
+    assert {c.box_id for c in res.conflicts} == {A, C, D}
+    assert res.applied.is_empty()  # B: both did the same; nothing left to apply
+    assert res.mine.moved == {A: (1, 1, 9, 9)} and res.mine.relabelled == {C: "boot"} and res.mine.deleted == [D]
+    text = rebase_text(res, {A: 1, C: 3, D: 4})
+    assert "Needs your decision (3)" in text and "#1: you moved it, but meanwhile it was moved elsewhere" in text
+    assert "“sneaker”" in text and "Re-apply my edits" in text
+    both = with_mine(res)
+    assert both.deleted == [D] and both.moved == {A: (1, 1, 9, 9)} and both.relabelled == {C: "boot"}
+
+
+def test_a_box_removed_meanwhile() -> None:
+    mine = Edits(deleted=[A], moved={B: (1, 1, 9, 9)}, relabelled={C: "boot"})
+    other = rebase(removed=[{"box_id": A, "bbox": [0, 0, 1, 1]}, {"box_id": B}, {"box_id": C}])
+    res = rebase_edits(mine, other, [D])
+    # deleting a removed box is agreement; moving or naming one is a conflict nothing can apply
+    assert [(c.box_id, c.theirs) for c in res.conflicts] == [(B, "removed"), (C, "removed")]
+    assert res.applied.is_empty() and res.mine.is_empty()
+    assert "Re-apply" not in rebase_text(res)
+
+
+def test_same_label_agreement_and_moved_plus_relabelled_are_independent() -> None:
+    mine = Edits(moved={A: (1, 1, 9, 9)}, relabelled={B: "boot"})
+    other = rebase(relabelled=[{"box_id": A, "from": "shoe", "to": "bag"}, {"box_id": B, "from": "shoe", "to": "boot"}])
+    res = rebase_edits(mine, other, NOW)
+    assert res.clean and res.applied == Edits(moved={A: (1, 1, 9, 9)})
+
+
+def test_a_drawn_box_someone_else_already_drew_is_not_drawn_twice() -> None:
+    mine = Edits(added=[((10, 10, 50, 50), "cap"), ((60, 60, 90, 90), "hat")])
+    other = rebase(added=[{"box_id": "box_x", "bbox": [10.5, 10, 50, 49.5], "label": "cap", "source": "manual"}])
+    res = rebase_edits(mine, other, [*NOW, "box_x"])
+    assert res.duplicates == 1 and res.applied.added == [((60, 60, 90, 90), "hat")]
+    assert "not drawn twice" in rebase_text(res)
+
+
+def test_without_a_base_or_with_a_malformed_body_only_existing_boxes_count() -> None:
+    mine = Edits(deleted=[A, "box_gone"], moved={B: (1, 1, 9, 9)})
+    for body in (None, {"base_found": False}, {"moved": [{"to": "x"}, 5], "removed": [None], "added": [{"bbox": 1}]}):
+        res = rebase_edits(mine, body, NOW)
+        assert res.applied == Edits(deleted=[A], moved={B: (1, 1, 9, 9)}) and res.clean
+    assert not Changes.parse({"base_found": False}).found

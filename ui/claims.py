@@ -1,0 +1,175 @@
+"""Claims and presence on the reviewer page (docs/protocol.md § Claims).
+
+A mixin of ``ui.callbacks.Callbacks``. Opening a waiting job claims it; the page's timer renews the
+claim every ``CLAIM_RENEW_S`` while the panel is open; opening another job (or closing the tab)
+releases it. Another reviewer's live claim shows who and for how long, with a "Take over" button
+(``force``); a renewal refused with ``CLAIMED_BY_OTHER`` means someone took the job over: the page
+says so and stops editing (the unsent edits stay in the browser's draft). "Next job" asks for the
+oldest job nobody else claimed and claims it; a 409 there means another reviewer got it first, so
+it asks again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Protocol
+
+import gradio as gr
+
+from client import ApiError, ConflictError, HitlClient
+from statecore.models import ClaimView
+
+from .layout import Components
+from .queue import claim_left_s
+from .session import ReviewerState
+
+CLAIM_RENEW_S = 5.0  # well inside the server's claim TTL (60 s by default)
+NEXT_TRIES = 8  # "next job" asks again this often when others keep claiming first
+
+Update = dict[Any, Any]
+
+
+class _Clients(Protocol):
+    def get(self, token: str | None) -> HitlClient: ...
+
+
+def short_snapshot(snapshot_id: str) -> str:
+    """The snapshot id as the panel shows it: ``snap_`` and 8 characters."""
+    head, _, rest = snapshot_id.partition("_")
+    return f"{head}_{rest[:8]}" if rest else snapshot_id[:13]
+
+
+def claim_text(st: ReviewerState) -> str:
+    """The presence line above the panel."""
+    holder = st.held_by
+    if holder is not None:
+        left = int(claim_left_s(holder))
+        if st.taken_over:
+            return (
+                f"**{holder.reviewer} took this job over** — you can no longer submit here; your unsent edits "
+                "are kept in this browser. Press “Take over” to take it back."
+            )
+        if left <= 0:
+            return f"**{holder.reviewer}'s claim has expired** — press “Take over” to review this job."
+        return f"**{holder.reviewer} is reviewing — {left} s left** on their claim. “Take over” to review it anyway."
+    if st.panel is not None and st.claimed == st.job_id:
+        return "You are reviewing this job; other reviewers see it as taken."
+    return ""
+
+
+class ClaimHandlers:
+    """Claiming, renewing, releasing and taking over; ``Callbacks`` provides ``c`` and ``clients``."""
+
+    c: Components
+    clients: _Clients
+    _session_claims: dict[str, tuple[str | None, str]]
+    _claims_lock: threading.Lock
+
+    def claim_job(self, st: ReviewerState, job_id: str, *, force: bool = False) -> ClaimView | None:
+        """Claim (or renew) ``job_id``; the other reviewer's claim when theirs is in the way (409)."""
+        try:
+            claim = self.clients.get(st.token).claim(job_id, force=force)
+        except ConflictError as exc:
+            if exc.code == "CLAIMED_BY_OTHER" and exc.claim is not None:
+                return exc.claim
+            raise
+        with st.lock:
+            st.reviewer, st.claimed, st.renewed_at = claim.reviewer, job_id, time.monotonic()
+            st.held_by, st.taken_over = None, False
+        return None
+
+    def release_claim(self, st: ReviewerState, keep: str | None = None) -> None:
+        """Release the claim this session holds, unless it is on ``keep`` (best effort: it expires anyway)."""
+        old = st.claimed
+        if not old or old == keep:
+            return
+        st.claimed = None
+        try:
+            self.clients.get(st.token).release(old)
+        except Exception:  # not ours any more, or the server is away: the claim expires by itself
+            pass
+
+    def claim_on_open(self, st: ReviewerState, job_id: str, waiting: bool) -> ClaimView | None:
+        """Leaving the job on screen for ``job_id``: release the old claim, claim the new job when it waits."""
+        self.release_claim(st, keep=job_id)
+        if not waiting:
+            return None
+        try:
+            return self.claim_job(st, job_id)
+        except ApiError:  # e.g. the pause was consumed in between: the panel shows what it is
+            return None
+
+    def remember_session(self, st: ReviewerState, request: gr.Request | None) -> None:
+        """Which claim a browser session holds, so that closing its tab releases it (``on_unload``)."""
+        session = getattr(request, "session_hash", None) if request is not None else None
+        if not session:
+            return
+        with self._claims_lock:
+            if st.claimed:
+                self._session_claims[session] = (st.token, st.claimed)
+            else:
+                self._session_claims.pop(session, None)
+
+    def release_session(self, session: str | None) -> None:
+        with self._claims_lock:
+            held = self._session_claims.pop(session or "", None)
+        if held is not None:
+            token, job_id = held
+            try:
+                self.clients.get(token).release(job_id)
+            except Exception:  # expires by itself
+                pass
+
+    def presence_update(self, st: ReviewerState) -> Update:
+        c = self.c
+        waiting = st.panel is not None
+        return {
+            c.claim_md: claim_text(st),
+            c.takeover_btn: gr.update(visible=waiting and st.held_by is not None, value=c.takeover_btn.value),
+            c.review_col: gr.update(visible=waiting and st.held_by is None),
+        }
+
+    def renew(self, st: ReviewerState) -> Update:
+        """The timer's part: renew this session's claim while its panel is open; notice a takeover."""
+        with st.lock:
+            job = st.job_id
+            due = time.monotonic() - st.renewed_at >= CLAIM_RENEW_S
+            if not job or st.panel is None:
+                return {}
+            if st.held_by is not None or not due:
+                return {self.c.claim_md: claim_text(st)}  # the other's countdown
+            had = st.claimed == job
+        try:
+            holder = self.claim_job(st, job)
+        except Exception:  # the job moved on, or the server is away: the next tick tries again
+            return {}
+        if holder is None:
+            return {self.c.claim_md: claim_text(st)}
+        with st.lock:
+            st.held_by, st.taken_over, st.claimed = holder, had, None
+            st.notice = (
+                f"{holder.reviewer} took this job over: stop editing here."
+                if had
+                else f"{holder.reviewer} is reviewing this job."
+            )
+            out = self.presence_update(st)
+            out[self.c.banner_md] = st.notice
+        return out
+
+    def on_take_over(self, st: ReviewerState) -> Update:
+        """The "Take over" button: claim the open job with ``force`` (audited by the server)."""
+        job = st.job_id
+        if not job:
+            return {self.c.banner_md: gr.skip()}
+        try:
+            self.claim_job(st, job, force=True)
+            snap = self.clients.get(st.token).get_job(job)
+        except Exception as exc:  # said in the banner; the button stays
+            return {self.c.banner_md: f"Could not take the job over: {exc}"}
+        st.apply_snapshot(snap)
+        st.notice = "You took this job over; the other reviewer is told."
+        return self.after_take_over(st)
+
+    def after_take_over(self, st: ReviewerState) -> Update:
+        raise NotImplementedError  # Callbacks: redraw the panel
