@@ -106,4 +106,18 @@ class ArtifactRef(Base):
     url: Mapped[str] = mapped_column(String(300))
 
 
+class LiveMirror(Base):
+    """A live job as Redis last held it (its meta hash and pause history), mirrored asynchronously
+    (docs/protocol.md § Reconcile): what ``hitl admin reconcile`` restores when Redis loses it."""
+
+    __tablename__ = "live_mirror"
+
+    job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(40), index=True)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON)
+    pauses: Mapped[dict[str, Any]] = mapped_column(JSON)
+    mirrored_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
 AUDIT_FIELDS = ("seq", "at", "actor", "action", "base_version", "snapshot_id", "outcome", "prev_hash", "hash")

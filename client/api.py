@@ -228,6 +228,10 @@ class HitlClient(_Client[httpx.BaseTransport]):
         """Replay one dead letter (admin token): a report through the normal report path, a command re-queued."""
         return self._run(self._core.replay_dead_letter(dead_letter_id))
 
+    def reconcile(self) -> dict[str, Any]:
+        """Restore the live jobs Redis lost from the archive's live mirror (admin token)."""
+        return self._run(self._core.reconcile())
+
     # ------------------------------------------------------------------ events and waiting
 
     def events(self, job_id: str, last_event_id: int | None = None, *, stop_on_finish: bool = True) -> Iterator[Event]:
@@ -380,6 +384,9 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
 
     async def replay_dead_letter(self, dead_letter_id: str) -> ReplayResult:
         return await self._run(self._core.replay_dead_letter(dead_letter_id))
+
+    async def reconcile(self) -> dict[str, Any]:
+        return await self._run(self._core.reconcile())
 
     # ------------------------------------------------------------------ events and waiting
 

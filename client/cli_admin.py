@@ -1,5 +1,5 @@
-"""The admin commands: ``hitl admin dead-letters`` and ``hitl admin replay ID``
-(docs/protocol.md § Executors and the outbox). They need an admin token."""
+"""The admin commands: ``hitl admin dead-letters``, ``hitl admin replay ID`` (docs/protocol.md §
+Executors and the outbox) and ``hitl admin reconcile`` (§ Reconcile). They need an admin token."""
 
 from __future__ import annotations
 
@@ -36,4 +36,22 @@ def cmd_replay(args: argparse.Namespace, client: HitlClient) -> int:
         print_json(done.model_dump(mode="json"))
     else:
         Console(highlight=False).print(f"{done.id} ({done.kind} of {done.job_id}): {done.result}")
+    return EXIT_OK
+
+
+@client_command
+def cmd_reconcile(args: argparse.Namespace, client: HitlClient) -> int:
+    done = client.reconcile()
+    if args.json:
+        print_json(done)
+        return EXIT_OK
+    console = Console(highlight=False)
+    counts = done.get("counts") or {}
+    console.print(", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "the live mirror is empty")
+    restored = [j for j in done.get("jobs", []) if j["outcome"] == "RESTORED"]
+    if restored:
+        table = Table("job", "status", "from version")
+        for j in restored:
+            table.add_row(j["job_id"], j["status"], str(j["version"]))
+        console.print(table)
     return EXIT_OK

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .batch import DEFAULT_BATCH, check_batch_name
-from .cli_admin import cmd_dead_letters, cmd_replay
+from .cli_admin import cmd_dead_letters, cmd_reconcile, cmd_replay
 from .cli_common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, Handler
 from .cli_jobs import cmd_jobs, cmd_results, cmd_status, cmd_watch, format_event, print_results, print_snapshot
 from .cli_submit import cmd_submit
@@ -250,4 +250,14 @@ def add_client_commands(subparsers: Any) -> Any:
         "(REQUEUED).",
     )
     p.add_argument("dead_letter_id", metavar="ID", help="the dead letter's id (dl_…), as dead-letters prints it")
+    _command(
+        admin_sub,
+        "reconcile",
+        cmd_reconcile,
+        help="restore the live jobs Redis lost, from the archive",
+        description="After Redis lost live jobs (a restart without persistence, a failover to an empty replica): "
+        "restore every job the archive's live mirror holds and Redis does not. A job waiting on a person gets a "
+        "fresh pause (the old token is refused), a job in model work gets its node dispatched again; a consumed "
+        "pause is never reopened. Prints what it did per outcome (RESTORED, PRESENT, ARCHIVED, NOTHING_TO_RUN).",
+    )
     return admin_sub

@@ -226,6 +226,14 @@ class ClientCore(CallCore):
         resp = yield from self.call("POST", dead_letter_path(dead_letter_id, "/replay"), mode=RetryMode.CONNECT_ONLY)
         return ReplayResult.model_validate_json(resp.content)
 
+    def reconcile(self) -> Plan[dict[str, Any]]:
+        """POST /admin/reconcile (admin): restore the live jobs Redis lost from the archive's mirror.
+        Safe to send again (a job Redis holds is left alone), but only a request that never left is
+        retried: a second run is the operator's choice."""
+        resp = yield from self.call("POST", f"{API}/admin/reconcile", mode=RetryMode.CONNECT_ONLY)
+        result: dict[str, Any] = resp.json()
+        return result
+
     # ------------------------------------------------------------------ events
 
     def events(self, job_id: str, last_event_id: int | None, stop_on_finish: bool) -> Plan[None]:

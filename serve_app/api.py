@@ -75,6 +75,7 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("GET", re.compile(rf"^{API}/whoami$"), ("submitter", "reviewer", "executor")),
     ("GET", re.compile(rf"^{API}/admin/dead-letters/?$"), ("admin",)),
     ("POST", re.compile(rf"^{API}/admin/dead-letters/[^/]+/replay/?$"), ("admin",)),
+    ("POST", re.compile(rf"^{API}/admin/reconcile/?$"), ("admin",)),
 ]
 
 
@@ -433,6 +434,18 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
     async def replay_dead_letter(request: Request, dead_letter_id: str) -> deadletters.ReplayResult:
         done = await deadletters.replay(rt().store, dead_letter_id)
         log.warning("dead letter %s replayed by %s: %s", done.id, identity(request).name, done.result)
+        return done
+
+    @app.post(f"{API}/admin/reconcile", responses={400: {}})
+    async def reconcile(request: Request) -> dict[str, Any]:
+        """Restore the live jobs Redis lost from the archive's live mirror (docs/protocol.md § Reconcile)."""
+        archive = rt().archive
+        if archive is None:
+            raise errors.InvalidRequest("archiving is off (--no-archive): there is no live mirror to restore from")
+        from archive.mirror import reconcile as run
+
+        done = await run(rt().store, archive)
+        log.warning("reconcile by %s: %s", identity(request).name, done["counts"])
         return done
 
     # ------------------------------------------------------------------ operations

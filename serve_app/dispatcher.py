@@ -38,6 +38,7 @@ from .writeback import WriteBack
 
 if TYPE_CHECKING:
     from archive.db import Archive
+    from archive.mirror import Mirror
 
 log = logging.getLogger("hitl.dispatcher")
 
@@ -100,6 +101,11 @@ class Dispatcher:
         self.resets = ResetWatch(store, data_dir, self.consumer)
         self.max_deliveries = max_deliveries  # a command delivered more often becomes a dead letter
         self.archive = archive  # where ARCHIVE_JOB copies finished jobs (None: archiving is off)
+        self.mirror: Mirror | None = None  # live jobs mirrored to the archive (docs/protocol.md § Reconcile)
+        if archive is not None:
+            from archive.mirror import Mirror
+
+            self.mirror = Mirror(store, archive)
 
     async def run_forever(self) -> None:
         resume = asyncio.create_task(self.writeback.resume())  # a spool an earlier process left
@@ -125,6 +131,8 @@ class Dispatcher:
                     await self.inspector.sweep()
                     await self.inspector.housekeeping()
                     await self.resets.check()
+                    if self.mirror is not None:
+                        await self.mirror.sync(self.inspector.held())
                 if time.monotonic() - last_reclaim > self.reclaim_every_s:
                     last_reclaim = time.monotonic()
                     for entry in await self.store.outbox_reclaim(self.consumer, self.reclaim_idle_ms):

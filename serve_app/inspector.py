@@ -85,6 +85,10 @@ class Inspector:
                 await self._overdue(job_id, lease, counts)
         return counts
 
+    def held(self) -> list[int]:
+        """The partitions whose lease this inspector held in its last sweep."""
+        return sorted(self._held)
+
     async def _lease(self, p: int) -> str | None:
         """The lease of partition ``p``, renewed when a third of its time has gone (a confirmation
         waits seconds for an answer: the verdict after it must not carry a lapsed lease)."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from . import errors
 
-SCRIPT_NAMES = ("create_job", "consume_pause", "apply_report", "cancel", "claim", "archive_ack")
+SCRIPT_NAMES = ("create_job", "consume_pause", "apply_report", "cancel", "claim", "archive_ack", "restore_job")
 STANDALONE = ("heartbeat", "lease")  # touch no job state: no shared prologue
 
 

@@ -27,7 +27,8 @@ are merely slow are not judged stuck, then checks every job of the jobs index:
   the system is quiet (nothing will ever run it), a warning while it is not; a command still pending
   after the grace period (the quiet wait, at least 30 s) is a breach too;
 - ``version_monotonic``: event versions never decrease; one atomic write = one version = one
-  timestamp, each write one more than the last, starting at 1; REPORT_IGNORED carries the current
+  timestamp, each write one more than the last, starting at 1 (or, for a job restored from the
+  archive's live mirror, at its JOB_RESTORED write); REPORT_IGNORED carries the current
   version without bumping it; the meta's version is the last write's;
 - ``status_chain``: STATUS_CHANGED events chain ``from``→``to`` along the transition table, end at
   the meta's status, and a terminal job has exactly one JOB_FINISHED;

@@ -50,6 +50,8 @@ def writes_of(job: Job, rep: Report) -> list[Write]:
             writes[-1].events.append(ev)
             continue
         want = writes[-1].version + 1 if writes else 1
+        if not writes and ev["type"] == "JOB_RESTORED":
+            want = v  # restored from the live mirror: the log before it is gone (docs/protocol.md § Reconcile)
         if v != want:
             rep.breach(name, job.job_id, f"event {ev['id']} {ev['type']} starts a write at v{v}, expected v{want}")
         writes.append(Write(v, ev["at"], [ev]))
@@ -76,6 +78,8 @@ def check_status_chain(job: Job, writes: list[Write], cancelled: bool, rep: Repo
     name = "status_chain"
     rep.checked(name)
     cur: str | None = None
+    if writes and writes[0].events[0]["type"] == "JOB_RESTORED":
+        cur = writes[0].events[0]["data"].get("status")  # the status the job was restored in
     for w in writes:
         for ev in w.events:
             if ev["type"] != "STATUS_CHANGED":

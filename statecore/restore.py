@@ -1,0 +1,91 @@
+"""Putting back a live job that Redis lost, from its mirror in the archive (docs/protocol.md §
+Reconcile). A mirror is the job's meta hash and pause history as Redis last held them.
+
+What the job gets back, in one script that refuses a job Redis holds again:
+
+- waiting on a person: a fresh pause at the same stage and round over the same boxes (a new token
+  and snapshot id; the mirrored pause is recorded CANCELLED, so its token is refused);
+- in model work: its node queued again as a new node instance with the same input (a late report of
+  the old instance is ignored like any superseded one);
+- a job that was already finished is the archive's, and is not restored here.
+
+Every restore starts with a ``JOB_RESTORED`` event naming the version it came back from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from typing import Any
+
+from . import keys
+from .gates import plan_reoffer
+from .ids import new_id, now_iso
+from .jobstate import JobState
+from .models import NodeCommand
+from .plan import Plan, enqueue
+from .states import is_terminal
+
+REASON = "STORE_RESTORED"
+
+
+def plan_restore(state: JobState, now: str, now_ms: int, workflow: str) -> Plan | None:
+    """The write that brings ``state`` back to life, or None when there is nothing to restore."""
+    if is_terminal(state.status):
+        return None
+    pause = state.active_pause
+    if pause is not None and pause.status == "WAITING":
+        plan = plan_reoffer(state, now, now_ms, workflow)
+        kind, data = plan.events[0]
+        plan.events[0] = (kind, {**data, "reason": REASON})
+        plan.waiting = ("add", int(datetime.fromisoformat(pause.created_at).timestamp() * 1000))
+    else:
+        node = state.current_node
+        if node is None or state.node_input is None:
+            return None  # nothing that can run again (the mirror predates the node's input)
+        plan = Plan(expect_version=state.version, status=state.status)
+        cmd = NodeCommand(
+            node_instance_id=new_id("node"),
+            node_type=node.node_type.value,
+            job_id=state.job_id,
+            attempt=node.attempt,
+            enqueued_at=now,
+            input=state.node_input,
+        )
+        enqueue(plan, cmd, now_ms)
+        plan.heartbeats = ("del", 0)
+        plan.events.append(
+            (
+                "NODE_RETRY_SCHEDULED",
+                {
+                    "node_instance_id": cmd.node_instance_id,
+                    "replaces": node.node_instance_id,
+                    "node_type": node.node_type.value,
+                    "attempt": node.attempt + 1,
+                    "reason": REASON,
+                    "not_before": now,
+                },
+            )
+        )
+    restored = {"from_version": state.version, "status": state.status.value, "reason": REASON}
+    plan.events.insert(0, ("JOB_RESTORED", restored))
+    return plan
+
+
+async def restore(store: Any, meta: dict[str, str], pauses: dict[str, str]) -> str:
+    """Restore one job from its mirror: ``RESTORED``, ``PRESENT`` (Redis holds it), ``FINISHED``
+    or ``NOTHING_TO_RUN`` (a mirror without anything to wait for or run)."""
+    state = JobState.from_meta(meta)
+    now, now_ms = now_iso(), int(time.time() * 1000)
+    plan = plan_restore(state, now, now_ms, store.config.workflow_version)
+    if plan is None:
+        return "FINISHED" if is_terminal(state.status) else "NOTHING_TO_RUN"
+    created_ms = int(datetime.fromisoformat(state.created_at).timestamp() * 1000)
+    jk = keys.job(state.job_id)
+    res = await store._scripts["restore_job"](
+        keys=store._keys(state, jk),
+        args=store._args(state.job_id, now)
+        + [json.dumps(meta), json.dumps(pauses), plan.to_json(now, store.config.archive), created_ms],
+    )
+    return "RESTORED" if res[0] == "OK" else "PRESENT"
