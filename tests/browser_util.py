@@ -154,6 +154,16 @@ class Reviewer:
         row.click()
         self.expect_text("#job-id", job_id)
 
+    def sign_in(self, token: str, job_id: str | None = None) -> None:
+        """The sign-in form of a UI that requires login (``hitl up`` with HITL_TOKENS), at ``?job=``."""
+        self.page.goto(f"{self.ui_url}/?job={job_id}" if job_id else self.ui_url)
+        field = self.page.locator("#login-token input, #login-token textarea").first
+        field.fill(token)
+        self.page.locator("#login-btn").click()
+        self.page.locator("#main-panel").wait_for(state="visible", timeout=WAIT_MS)
+        if job_id:
+            self.expect_text("#job-id", job_id)
+
     def open_url(self, job_id: str) -> None:
         self.page.goto(f"{self.ui_url}/?job={job_id}")
         self.expect_text("#job-id", job_id)

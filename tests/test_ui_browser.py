@@ -237,8 +237,10 @@ def test_two_reviewers_same_pause_one_consumption(stack: Stack, new_reviewer: Ca
     for rv in (loser, winner):
         rv.wait_panel(ROUND2_TEXT, token2)
     assert "_CONFLICT" not in loser.page.inner_text("#banner")  # words, not error codes
-    loser.page.locator("#reapply-btn").wait_for(state="visible")  # its refused edits are offered again
-    loser.expect_text("#reapply-btn", "Re-apply my edits")
+    # Its refused edits touched no box the winner changed: they are laid over round 2 at once (ui.rebase).
+    loser.expect_text("#banner", "Your edits were re-applied onto the current boxes")
+    loser.expect_text("#box-notes", "drew 1 new")
+    assert not loser.page.locator("#reapply-btn").is_visible()  # nothing left to decide
 
     # Redis: the round-1 pause was consumed once, by one intervention.
     pauses = stack.pause_history(job)

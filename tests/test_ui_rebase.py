@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.ui_fakes import model_box, opened, round1, round2, shown, snapshot
 from ui.annotator import Edits
-from ui.rebase import Changes, rebase_edits, rebase_text, with_mine
+from ui.rebase import Changes, changes_between, rebase_edits, rebase_text, with_mine
 
 A, B, C, D = "box_a", "box_b", "box_c", "box_d"
 NOW = [A, B, C, D]
@@ -79,3 +80,42 @@ def test_without_a_base_or_with_a_malformed_body_only_existing_boxes_count() -> 
         res = rebase_edits(mine, body, NOW)
         assert res.applied == Edits(deleted=[A], moved={B: (1, 1, 9, 9)}) and res.clean
     assert not Changes.parse({"base_found": False}).found
+
+
+def test_a_new_pause_seen_by_the_follower_is_rebased_from_the_boxes_the_page_saw() -> None:
+    """Another reviewer's submission opens round 2 while this reviewer edits round 1: the follower's
+    redraw carries their edits and the box-level change between the two panels (ui.session)."""
+    st = opened(round1())
+    panel = shown(st.panel)
+    mine = Edits(deleted=["box_3"], relabelled={"box_1": "boot"}, added=[((5.0, 5.0, 60.0, 60.0), "cap")])
+    st.canvas_changed(panel, mine)
+    change = st.apply_snapshot(round2())  # box_1 kept, box_2/box_3 removed, box_4/box_5 added
+    assert change.redraw and st.pending_rebase is not None
+    edits, body = st.pending_rebase
+    assert edits == mine
+    assert {b["box_id"] for b in body["removed"]} == {"box_2", "box_3"}
+    assert {b["box_id"] for b in body["added"]} == {"box_4", "box_5"} and body["moved"] == body["relabelled"] == []
+    res = rebase_edits(edits, body, [pb.box_id for pb in shown(st.panel).boxes])
+    assert res.clean and res.applied == Edits(relabelled={"box_1": "boot"}, added=[((5.0, 5.0, 60.0, 60.0), "cap")])
+
+
+def test_changes_between_two_box_lists() -> None:
+    old = [model_box(1), model_box(2, (200, 50, 300, 150), "sock")]
+    new = [model_box(1, (12, 20, 110, 120), "boot"), model_box(2, (200.4, 50, 300, 150), "sock")]
+    body = changes_between(old, new)
+    assert body["moved"] == [{"box_id": "box_1", "from": [10.0, 20.0, 110.0, 120.0], "to": [12.0, 20.0, 110.0, 120.0]}]
+    assert body["relabelled"] == [{"box_id": "box_1", "from": "shoe", "to": "boot"}]
+    assert body["added"] == body["removed"] == []
+
+
+def test_a_409_while_nothing_waits_rebases_onto_the_next_round_when_it_opens() -> None:
+    st = opened(round1())
+    mine = Edits(deleted=["box_2"], added=[((5.0, 5.0, 60.0, 60.0), "cap")])
+    validating = snapshot(status="VALIDATING_MANUAL_BOXES", boxes=round1().box_list, actions=(), version=4)
+    out = st.record_conflict("PAUSE_NOT_ACTIVE", validating, mine, rebased=True)
+    assert st.panel is None and out.offer is None and st.pending_rebase is None
+    st.apply_snapshot(round2())
+    assert st.pending_rebase is not None and st.offer is None and st.carry is None
+    edits, body = st.pending_rebase
+    res = rebase_edits(edits, body, [pb.box_id for pb in shown(st.panel).boxes])
+    assert res.clean and res.applied == Edits(added=[((5.0, 5.0, 60.0, 60.0), "cap")])  # box_2 is gone: agreed

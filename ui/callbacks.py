@@ -168,7 +168,12 @@ class Callbacks(EditorHandlers, ClaimHandlers):
                 results = self.store.results(st, client)
         except Exception as exc:  # shown to the reviewer, the panel stays usable
             banner = ((banner + " ") if banner else "") + error_text(exc)
-        return self.view(st, redraw=redraw, banner=banner, error=error, results=results)
+        out = self.view(st, redraw=redraw, banner=banner, error=error, results=results)
+        pending = st.pending_rebase if redraw and st.panel is not None else None
+        if pending is not None:
+            st.pending_rebase = None
+            out.update(self.rebased(st, pending[0], pending[1], banner if banner is not None else (st.notice or "")))
+        return out
 
     # ------------------------------------------------------------------ queue
 
@@ -396,10 +401,9 @@ class Callbacks(EditorHandlers, ClaimHandlers):
                 outcome = st.record_conflict(
                     exc.code, exc.snapshot, edits, exc.message, submitted=panel, rebased=rebase is not None
                 )
-                out = self.refresh_view(st, redraw=outcome.redraw, banner=outcome.banner, error="")
-                if rebase is not None and edits is not None and not edits.is_empty():
-                    out.update(self.rebased(st, edits, rebase, outcome.banner))
-                return out
+                if rebase is not None and edits is not None and not edits.is_empty() and st.panel is not None:
+                    st.pending_rebase = (edits, rebase)  # laid over the redrawn panel by refresh_view
+                return self.refresh_view(st, redraw=outcome.redraw, banner=outcome.banner, error="")
             return {self.c.review_error: f"The server refused the submission: {exc.message} ({exc.code})."}
         except Exception as exc:  # the same intervention id is kept for the retry
             return {

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from statecore.models import Box
+
 from .annotator import Edits
 
 SAME_PLACE_PX = 1.0  # two corners this close are the same place (the canvas rounds to whole pixels)
@@ -90,6 +92,26 @@ class Changes:
         relabels = [r for r in raw.get("relabelled") or [] if isinstance(r, Mapping) and "box_id" in r]
         relabelled = {str(r["box_id"]): r.get("to") for r in relabels}
         return cls(bool(raw.get("base_found", True)), added, removed, moved, relabelled)
+
+
+def changes_between(base: Sequence[Box], now: Sequence[Box]) -> dict[str, Any]:
+    """The ``rebase`` object for two box lists the page itself saw (the follower redraws a new pause
+    before any 409): the same shape as the server's (docs/protocol.md § Rebase help)."""
+    old, new = {b.box_id: b for b in base}, {b.box_id: b for b in now}
+    both = [k for k in old if k in new]
+    return {
+        "base_found": True,
+        "added": [b.model_dump() for k, b in new.items() if k not in old],
+        "removed": [b.model_dump() for k, b in old.items() if k not in new],
+        "moved": [
+            {"box_id": k, "from": list(old[k].bbox), "to": list(new[k].bbox)}
+            for k in both
+            if not _same_place(old[k].bbox, new[k].bbox)
+        ],
+        "relabelled": [
+            {"box_id": k, "from": old[k].label, "to": new[k].label} for k in both if old[k].label != new[k].label
+        ],
+    }
 
 
 def rebase_edits(edits: Edits, rebase: Mapping[str, Any] | None, current_ids: Iterable[str]) -> RebaseResult:

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from client import new_intervention_id
-from statecore.models import ClaimView, JobSnapshot
+from statecore.models import Box, ClaimView, JobSnapshot
 from statecore.states import JobStatus
 
 from .annotator import Edits, applicable_edits
 from .editor import ALL_STAGES, EditHistory, copy_edits
 from .panel import Panel, is_terminal, panel_from_snapshot, pause_of_value
+from .rebase import changes_between
 
 NEXT_NODE_WORDS = {
     "VALIDATE_MANUAL_BOX_LIST": "checking the names of the drawn boxes",
@@ -100,6 +101,9 @@ class ReviewerState:
         self.held_by: ClaimView | None = None  # another reviewer's claim on the open job: no editing
         self.taken_over = False  # held_by took the job over from this session (a renewal got 409)
         self.renewed_at = 0.0  # time.monotonic() of the last claim or renewal
+        # The reviewer's edits and the box-level change under them, to lay over the next redraw (ui.rebase).
+        self.pending_rebase: tuple[Edits, dict[str, Any]] | None = None
+        self.carry_base: list[Box] | None = None  # the boxes ``carry`` was made over (rebased when a panel opens)
         self.follow_gen = 0  # bumped by every open; a follower of an older generation stops
         self.followed_gen = -1  # the generation a follower already serves
         self.lock = threading.RLock()
@@ -189,6 +193,7 @@ class ReviewerState:
             self.relabels = {}
             self.offer = None
             self.carry = None
+            self.carry_base = None
             self.notice = None
             if not same_pause:
                 self.intervention_id = None
@@ -219,6 +224,17 @@ class ReviewerState:
             # The pause this reviewer last had in front of them: was it answered by someone else?
             last = old_token or self.seen_token
             by_other = last is not None and last not in self.results
+            hist = self.history
+            if (
+                by_other
+                and old is not None
+                and new is not None
+                and hist is not None
+                and hist.pause_token == old.pause_token
+                and not hist.current.is_empty()
+            ):  # the reviewer was editing: their edits go onto the new pause's boxes (docs/protocol.md § Rebase help)
+                base = [pb.box for pb in old.boxes]
+                self.pending_rebase = (copy_edits(hist.current), changes_between(base, [pb.box for pb in new.boxes]))
             if new is not None:
                 self.seen_token = new_token
                 banner = (
@@ -226,7 +242,10 @@ class ReviewerState:
                     if by_other
                     else ""
                 )  # "" clears what the banner said about the last round
-                if self.carry is not None:
+                if self.carry is not None and self.carry_base is not None:
+                    self.pending_rebase = (self.carry, changes_between(self.carry_base, [pb.box for pb in new.boxes]))
+                    self.carry = self.carry_base = None
+                elif self.carry is not None:
                     banner = (banner + self._offer_text(self._offer_carried())).strip()
             elif old is not None and by_other:
                 banner = (
@@ -321,6 +340,8 @@ class ReviewerState:
                     banner += " The panel was redrawn from the current state."
                 if rebased and new is not None:
                     self.carry = None
+                elif rebased and self.carry is not None and old is not None:
+                    self.carry_base = [pb.box for pb in old.boxes]  # rebased when the next panel opens
                 dropped = self._offer_carried()
             banner += self._offer_text(dropped)
             self.notice = banner
