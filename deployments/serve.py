@@ -13,6 +13,8 @@ same code. The control plane reaches them through DeploymentHandles
   the cached embedding.
 - Blocking model calls run in a worker thread, so a replica keeps accepting (and
   batching) requests while one computes.
+- Each replica exports its queue length, batch sizes, embedding-cache results and node run
+  times with ``ray.serve.metrics`` (``deployments.metrics``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +35,7 @@ from statecore.nodes import image_to_read
 
 from .backends.base import Role, make_backend
 from .executor import Models, backend_kwargs, deployment_overrides, load_image, model_input, run_node
+from .metrics import ModelMetrics
 
 log = logging.getLogger("hitl.deployments")
 
@@ -88,6 +92,7 @@ class _ModelDeployment:
         self.backend = instance
         # SAM backends expose their shared encoder; the encoder path is then batched.
         self.encoder: Any = getattr(instance, "encoder", None)
+        self.metrics = ModelMetrics()
         b = {**DEFAULT_BATCH, **(batch or {})}
         self._embed.set_max_batch_size(int(b["max_batch_size"]))
         self._embed.set_batch_wait_timeout_s(float(b["batch_wait_timeout_s"]))
@@ -96,6 +101,7 @@ class _ModelDeployment:
     def describe(self) -> dict[str, Any]:
         """Backend names (and the validator's policy) for /readyz and the logs."""
         info: dict[str, Any] = {"deployment": type(self).__name__, "role": self.ROLE, **self.models.describe()}
+        info["metrics"] = self.metrics.describe()
         model = getattr(self.encoder, "model", None)
         if model is not None:
             info["model"] = model.describe
@@ -116,13 +122,23 @@ class _ModelDeployment:
         spec = HeartbeatSpec.model_validate(heartbeat) if heartbeat else None
         if spec is not None:  # this replica records itself: the inspector asks it before a re-dispatch
             spec = spec.model_copy(update={"executor": replica_name()})
-        with Heartbeat(spec):
-            image = None
-            ref = image_to_read(inp)
-            if self.encoder is not None and ref is not None:
-                image = await asyncio.to_thread(load_image, self.artifacts, ref.url)
-                await self._embed(image, ref.sha256 or hashlib.sha256(image.tobytes()).hexdigest())
-            return await asyncio.to_thread(run_node, node_type, inp, self.models, self.artifacts, image=image)
+        self.metrics.started()
+        t0, outcome = time.perf_counter(), "error"
+        try:
+            with Heartbeat(spec):
+                image = None
+                ref = image_to_read(inp)
+                if self.encoder is not None and ref is not None:
+                    image = await asyncio.to_thread(load_image, self.artifacts, ref.url)
+                    await self._embed(image, ref.sha256 or hashlib.sha256(image.tobytes()).hexdigest())
+                out = await asyncio.to_thread(run_node, node_type, inp, self.models, self.artifacts, image=image)
+            outcome = "ok"
+            return out
+        finally:
+            if self.encoder is not None:  # the batch's lookups and the node's own (the decoder's)
+                enc = self.encoder
+                self.metrics.cache_counts(enc.memory_hits, enc.store_hits, enc.misses)
+            self.metrics.finished(node_type, outcome, time.perf_counter() - t0)
 
     # Ray's stubs expect a batched method of one argument; this one takes two lists.
     @serve.batch(  # type: ignore[call-overload]  # two list arguments, see above
@@ -130,6 +146,7 @@ class _ModelDeployment:
     )
     async def _embed(self, images: list[np.ndarray], shas: list[str]) -> list[None]:
         """Warm the embedding cache for a batch of requests with one encoder forward."""
+        self.metrics.batch(len(images))
         await asyncio.to_thread(self.encoder.embed_batch, images, shas)
         return [None] * len(images)
 

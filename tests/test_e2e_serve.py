@@ -3,7 +3,9 @@
 What needs the whole stack: durability across a SIGKILL of the whole process tree
 (docs/protocol.md § Pause), cancel racing a (slow) detection, SSE through the Events
 deployment (docs/protocol.md § Events), the two-round naming flow to cut-outs
-(docs/protocol.md § Second round), a clean SIGTERM.
+(docs/protocol.md § Second round), a clean SIGTERM. The first `hitl up` runs with the default
+HTTP path (direct ingress: the Api replica holds the API port), the second with `--ingress proxy`
+(Serve's ProxyActor holds it), so the flow crosses both.
 The HTTP contract in detail is in test_api_protocol.py (same app, under uvicorn).
 """
 
@@ -14,6 +16,7 @@ import time
 import uuid
 
 import httpx
+import psutil
 import pytest
 from PIL import Image
 
@@ -65,6 +68,23 @@ class Api:
         self.c.close()
 
 
+def port_holder(up: HitlUp) -> str:
+    """The name of the process of ``up``'s tree listening on its API port (Ray sets the process
+    title of an actor to ``ray::<class>``: ``ray::ServeReplica:hitl:Api``, ``ray::ProxyActor``)."""
+    for p in up.child.tree():
+        try:
+            conns = p.net_connections(kind="inet")
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == up.api_port for c in conns):
+                return p.name()
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no process of hitl up's tree listens on {up.api_port}")
+
+
+def ingress_logged(up: HitlUp) -> str:
+    return next(line for line in up.lines if "hitl.up: ingress: " in line)
+
+
 def keep(snap: dict, n: int | None = None) -> list[dict]:
     return [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in snap["box_list"][:n]]
 
@@ -80,6 +100,9 @@ def test_whole_flow_through_ray_serve(data_dir):
     try:
         ready = api.c.get("/readyz").json()
         assert ready["mode"] == "ray-serve" and ready["backends"]["segmenter"] == "classical"
+        # The default on one machine: no proxy hop, the Api replica itself listens on --api-port.
+        assert port_holder(up) == "ray::ServeReplica:hitl:Api"
+        assert "ingress: direct" in ingress_logged(up)
 
         # create -> DETECTING at once (the detector is slowed to 1.5 s)
         img = product_composite(seed=7, n=2)[0]
@@ -113,9 +136,11 @@ def test_whole_flow_through_ray_serve(data_dir):
     # SIGKILL the whole process tree mid-wait, start again on the same data dir.
     up.kill()
     up.wait_port_free()
-    up2 = HitlUp(data_dir).start()
+    up2 = HitlUp(data_dir, "--ingress", "proxy").start()
     api = Api(up2)
     try:
+        assert port_holder(up2) == "ray::ProxyActor"
+        assert "ingress: proxy" in ingress_logged(up2)
         again = api.get(job)
         assert again["active_pause"]["pause_token"] == waiting["active_pause"]["pause_token"]
         assert again["version"] == waiting["version"] and again["status"] == "WAITING_USER_SELECTION"

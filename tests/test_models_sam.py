@@ -324,8 +324,22 @@ def test_serve_deployment_batches_the_encoder(checkpoint, store, monkeypatch):
             ]
         )
 
-    outs = asyncio.run(all_three())
+    async def twice():  # one event loop: @serve.batch's queue belongs to the loop it started on
+        first = await all_three()
+        seen = dep.describe()
+        await all_three()  # the same images again: every embedding from the replica's memory
+        return first, seen
+
+    outs, info = asyncio.run(twice())
     assert [len(o["subjects"]) for o in outs] == [1, 1, 1]
-    info = dep.describe()
     assert info["segmenter"] == "sam-vit_tiny" and info["embedding_cache"]["encoder_forwards"] == 1
     assert info["embedding_cache"]["misses"] == 3
+    # What the replica exports with ray.serve.metrics (deployments.metrics), as it counted it.
+    m = info["metrics"]
+    assert m["batch_sizes"] == {"3": 1} and m["ongoing_requests"] == 0
+    # Each node looks its image up twice: the batch (3 misses), then the decoder (3 memory hits).
+    assert m["embedding_cache"] == {"memory_hit": 3, "store_hit": 0, "miss": 3}
+    assert m["nodes"]["PROCESS_APPROVED_BOX_LIST:ok"]["runs"] == 3
+    m = dep.describe()["metrics"]
+    assert m["embedding_cache"] == {"memory_hit": 9, "store_hit": 0, "miss": 3}
+    assert sum(m["batch_sizes"].values()) == 2 and m["nodes"]["PROCESS_APPROVED_BOX_LIST:ok"]["runs"] == 6
