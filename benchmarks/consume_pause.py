@@ -178,9 +178,9 @@ async def consume(store: Store, jobs: deque[Job], clients: int, seconds: float) 
                 errors["unexpected_reply"] = errors.get("unexpected_reply", 0) + 1
             consumed.append(job_id)
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(client() for _ in range(clients)))
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     lat = sorted(latencies)
     return {
         "ops": len(lat),
@@ -189,6 +189,9 @@ async def consume(store: Store, jobs: deque[Job], clients: int, seconds: float) 
         "p50_ms": pct(lat, 0.50) * 1000,
         "p99_ms": pct(lat, 0.99) * 1000,
         "max_ms": (lat[-1] * 1000 if lat else 0),
+        # This process's CPU per consume: what the Python side costs, less sensitive than the rate to
+        # other work on the machine taking the cores away.
+        "cpu_us_per_op": cpu / len(lat) * 1e6 if lat else None,
         "errors": errors,
         "ran_out_of_jobs": ran_out,
         "consumed": consumed,
@@ -397,8 +400,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         )
         log(f"  {rb['rps']:.0f} calls/s, p50 {rb['p50_ms']:.3f} ms, p99 {rb['p99_ms']:.3f} ms")
 
+        bound = server_cost["server_bound_rate"]
         result.update(
-            python=py, server_cost=server_cost, redis_benchmark=rb, ratio=py["rate"] / rb["rps"] if rb["rps"] else None
+            python=py,
+            server_cost=server_cost,
+            redis_benchmark=rb,
+            ratio=py["rate"] / rb["rps"] if rb["rps"] else None,
+            ratio_server_bound=py["rate"] / bound if bound else None,
         )
 
         # 3. memory -------------------------------------------------------------------------------
@@ -441,6 +449,8 @@ def table(r: dict[str, Any]) -> str:
     lines += [
         "",
         f"ratio python / redis-benchmark: {r['ratio']:.3f}",
+        f"ratio python / server-bound: {r['ratio_server_bound']:.3f}" if r.get("ratio_server_bound") else "",
+        f"python CPU per consume (this process, all of it): {py['cpu_us_per_op']:.0f} us",
         f"Redis time per real consume: EVALSHA {sc['evalsha_usec_per_call']:.1f} us + HGETALL "
         f"{sc['hgetall_usec_per_call']:.1f} us",
         f"memory per waiting job (3 boxes, {mem['jobs']} jobs): {mem['bytes_per_job_used_memory']:.0f} B "

@@ -18,11 +18,12 @@ from .errors import InvalidRequest
 from .ids import canonical_json, new_id
 from .jobstate import JobState, require
 from .models import Box, ConsumedBy, Diff, ImageRef, InterventionRequest, InterventionResponse, NodeCommand, Subject
-from .nodes import DetectInput, NodeBox, ValidateInput
+from .nodes import DetectInput
 from .plan import (
     WORKFLOW_VERSION,
     Plan,
     approved_of,
+    box_dicts,
     command,
     dump,
     dump_node,
@@ -30,8 +31,9 @@ from .plan import (
     finish,
     move,
     needs_validation,
-    process_input,
+    process_input_json,
     snapshot_id,
+    validate_input_json,
 )
 from .reports import RoundDecision, decide_round, plan_node_lost, plan_node_started, plan_report
 from .states import JobStatus, NodeType, is_terminal, transition
@@ -226,7 +228,8 @@ def plan_intervention(
     plan.pause_history[pause.pause_token] = dump(consumed)
     plan.meta["active_pause"] = ""
     plan.meta["pause_token"] = ""
-    plan.meta["box_list"] = dump(d.box_list)
+    boxes = box_dicts(d.box_list)  # dumped once: the meta's box list and the node's input share it
+    plan.meta["box_list"] = canonical_json(boxes)
     plan.waiting = ("del", 0)
     diff = Diff(kept=d.kept, added=d.added, deleted=d.deleted)
     plan.events.append(
@@ -254,25 +257,24 @@ def plan_intervention(
         move(plan, state, S.VALIDATING_MANUAL_BOXES)
         plan.meta["approved_box_list"] = dump(approved)
         to_validate = [b for b in d.box_list if needs_validation(b)]
-        cmd = command(
-            state.job_id,
-            NodeType.VALIDATE_MANUAL_BOX_LIST,
-            now,
-            ValidateInput(
-                image=state.image,
-                round=pause.round,
-                box_list=[NodeBox.of(b) for b in d.box_list],
-                items_to_validate=[NodeBox.of(b) for b in to_validate],
-                reusable_valid_items=[b.box_id for b in approved],
-                deleted_box_ids=d.deleted,
-            ),
+        inp = validate_input_json(
+            state.image,
+            pause.round,
+            boxes,
+            box_dicts(to_validate),
+            [b.box_id for b in approved],
+            d.deleted,
         )
+        cmd = command(state.job_id, NodeType.VALIDATE_MANUAL_BOX_LIST, now, inp)
         enqueue(plan, cmd, now_ms)
         next_type = hop.value
     else:
         move(plan, state, S.PROCESSING_APPROVED_SUBJECTS)
-        plan.meta["approved_box_list"] = dump(approved)
-        cmd = command(state.job_id, NodeType.PROCESS_APPROVED_BOX_LIST, now, process_input(state.image, approved))
+        approved_json = box_dicts(approved)
+        plan.meta["approved_box_list"] = canonical_json(approved_json)
+        cmd = command(
+            state.job_id, NodeType.PROCESS_APPROVED_BOX_LIST, now, process_input_json(state.image, approved_json)
+        )
         enqueue(plan, cmd, now_ms)
         next_type = hop.value
     if plan.outbox is not None:  # the one command this consumption produced, for audits

@@ -9,10 +9,12 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from .ids import canonical_json, new_id, now_iso
 from .jobstate import JobState
 from .models import FIRST_WORKFLOW_VERSION, Box, CurrentNode, ImageRef, NodeCommand, Pause, PauseStage
-from .nodes import NodeBox, NodeInput, ProcessInput
+from .nodes import NodeBox, NodeInput, ProcessInput, ValidateInput
 from .states import JobStatus, NodeType, transition
 
 # The workflow definition this build runs, recorded with every pause and in its snapshot id, so a
@@ -63,10 +65,15 @@ class Plan:
         )
 
 
+_BOX_LIST: TypeAdapter[list[Box]] = TypeAdapter(list[Box])
+
+
 def dump(model: Any) -> str:
     if model is None:
         return ""
     if isinstance(model, list):
+        if all(type(m) is Box for m in model):  # the usual list: one serializer call for all of it
+            return canonical_json(box_dicts(model))
         return canonical_json([m.model_dump(mode="json") for m in model])
     return canonical_json(model.model_dump(mode="json"))
 
@@ -96,14 +103,15 @@ def finish(plan: Plan, reason_code: str | None) -> None:
     plan.events.append(("JOB_FINISHED", {"status": plan.status.value, "reason_code": reason_code}))
 
 
-def command(job_id: str, node_type: NodeType, now: str, inp: NodeInput) -> NodeCommand:
+def command(job_id: str, node_type: NodeType, now: str, inp: NodeInput | dict[str, Any]) -> NodeCommand:
+    """``inp``: the node's input, or its JSON dump already made (``process_input_json``)."""
     return NodeCommand(
         node_instance_id=new_id("node"),
         node_type=node_type.value,
         job_id=job_id,
         attempt=0,
         enqueued_at=now,
-        input=inp.model_dump(mode="json"),
+        input=inp if isinstance(inp, dict) else inp.model_dump(mode="json"),
     )
 
 
@@ -115,14 +123,15 @@ def enqueue(plan: Plan, cmd: NodeCommand, now_ms: int) -> None:
     """Queue ``cmd``: it waits in the outbox (the ``queued`` index) with no deadline; its deadline
     starts when a dispatcher starts it (``reports.plan_node_started``)."""
     plan.outbox = cmd
-    node = CurrentNode(
-        node_instance_id=cmd.node_instance_id,
-        node_type=NodeType(cmd.node_type),
-        status="RETRY_WAIT" if cmd.not_before_ms else "QUEUED",
-        attempt=cmd.attempt,
-        queued_at=cmd.enqueued_at,
-    )
-    plan.meta["current_node"] = dump_node(node)
+    # dump_node(CurrentNode(...)) of these five fields (none of them None), without the model.
+    node = {
+        "node_instance_id": cmd.node_instance_id,
+        "node_type": NodeType(cmd.node_type).value,
+        "status": "RETRY_WAIT" if cmd.not_before_ms else "QUEUED",
+        "attempt": cmd.attempt,
+        "queued_at": cmd.enqueued_at,
+    }
+    plan.meta["current_node"] = canonical_json(node)
     plan.meta["node_id"] = cmd.node_instance_id
     plan.meta["node_input"] = canonical_json(cmd.input)  # kept only while the node is live
     plan.queued = ("add", now_ms)
@@ -204,3 +213,46 @@ def approved_of(box_list: list[Box]) -> list[Box]:
 
 def process_input(image: ImageRef, approved: list[Box]) -> ProcessInput:
     return ProcessInput(image=image, approved_box_list=[NodeBox.of(b) for b in approved])
+
+
+# A node input's boxes (``NodeBox``) have exactly a ``Box``'s fields in the same order, and the
+# inputs below these fields in this order: a box list's JSON dump *is* the dump of
+# ``[NodeBox.of(b) for b in boxes]``, so the hot paths build a node's input from the dump without
+# a model per box (the same bytes in the outbox and the meta's ``node_input``).
+if (
+    tuple(NodeBox.model_fields) != tuple(Box.model_fields)
+    or tuple(ProcessInput.model_fields) != ("image", "approved_box_list")
+    or tuple(ValidateInput.model_fields)
+    != ("image", "round", "box_list", "items_to_validate", "reusable_valid_items", "deleted_box_ids")
+):
+    raise RuntimeError("statecore.nodes changed: update statecore.plan.box_dicts and the inputs built from it")
+
+
+def box_dicts(boxes: list[Box]) -> list[dict[str, Any]]:
+    """``[b.model_dump(mode="json") for b in boxes]`` in one serializer call."""
+    out: list[dict[str, Any]] = _BOX_LIST.dump_python(boxes, mode="json")
+    return out
+
+
+def process_input_json(image: ImageRef, approved: list[dict[str, Any]]) -> dict[str, Any]:
+    """``process_input(image, boxes).model_dump(mode="json")`` from ``box_dicts(boxes)``."""
+    return {"image": image.model_dump(mode="json"), "approved_box_list": approved}
+
+
+def validate_input_json(
+    image: ImageRef,
+    round_: int,
+    box_list: list[dict[str, Any]],
+    to_validate: list[dict[str, Any]],
+    reusable: list[str],
+    deleted: list[str],
+) -> dict[str, Any]:
+    """A ``ValidateInput``'s JSON dump from ``box_dicts`` of its two box lists."""
+    return {
+        "image": image.model_dump(mode="json"),
+        "round": round_,
+        "box_list": box_list,
+        "items_to_validate": to_validate,
+        "reusable_valid_items": reusable,
+        "deleted_box_ids": deleted,
+    }
