@@ -1,6 +1,7 @@
 """Interventions per second and latency by outcome through three doors, with the same mix:
 
-(a) Ray Serve — a real ``hitl up --no-ui`` (proxy → Api replica → store → Redis);
+(a) Ray Serve — a real ``hitl up --no-ui`` (by default direct ingress: the Api replica listens on the
+    API port itself → store → Redis; ``--ingress proxy``: Serve's proxy → Api replica);
 (b) the same FastAPI app under plain uvicorn, alone in its process (``harness.uvicorn.UvicornServer``);
 (c) the store itself (``Store.intervene``: one HGETALL + the consume_pause Lua script) — the ceiling.
 
@@ -18,7 +19,10 @@ interleaved in rounds so drift on a shared machine hits them alike.
 
     python benchmarks/bench_interventions.py [--jobs 100] [--concurrency 1,8] [--rounds 2] [--consume empty|keep]
         [--api-url URL --redis-url URL --data-dir DIR [--token T]]   # reuse a running `hitl up`
-        [--json benchmarks/out/bench_interventions.json] [--docs docs/benchmarks.md]
+        [--ingress auto|direct|proxy] [--json benchmarks/out/bench_interventions.json] [--docs docs/benchmarks.md]
+
+It reports Ray Serve against uvicorn as two ratios with their targets: p50 at the lowest
+concurrency (service time) ≤ 1.2×, interventions per second at the highest ≥ 0.8×.
 
 ``make loadtest`` runs it against the load test's own ``hitl up`` once locust and the invariant
 check are done (``loadtest/run.py``), ``make bench`` on a fresh one.
@@ -48,7 +52,7 @@ from harness.uvicorn import UvicornServer
 from loadtest.intervention_bench.doors import DOORS, Door, drive, floor, http_door, store_door
 from loadtest.intervention_bench.jobs import make_jobs
 from loadtest.intervention_bench.report import SECTION, docs_section, tables, write_docs
-from loadtest.intervention_bench.results import compare, machine, stats, summarize
+from loadtest.intervention_bench.results import compare, machine, stats, summarize, targets
 from statecore.store import Store
 
 # --------------------------------------------------------------------------- the benchmark
@@ -118,6 +122,7 @@ async def bench(
             "consume": consume,
             "results": results,
             "comparison": compare(results),
+            "targets": targets(compare(results)),
             "machine": machine(redis_url),
         }
     finally:
@@ -171,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default=None, help="its data directory (with --api-url)")
     ap.add_argument("--token", default=None, help="its token (default HITL_TOKEN or <data-dir>/api-token)")
     ap.add_argument("--detector-delay-ms", type=int, default=80, help="for the `hitl up` started here")
+    ap.add_argument(
+        "--ingress",
+        choices=["auto", "direct", "proxy"],
+        default="auto",
+        help="`hitl up --ingress` for the `hitl up` started here (default: its own default, direct)",
+    )
     ap.add_argument("--out", default="benchmarks/out", help="folder for logs and JSON")
     ap.add_argument("--json", default=None, help="result JSON (default <out>/bench_interventions.json)")
     ap.add_argument("--docs", default=None, help="rewrite the 'Interventions under load' section of this file")
@@ -179,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     conc = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    ingress = "as running (--api-url)"
     hitl = None
     tmp = None
     try:
@@ -189,8 +201,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             tmp = Path(tempfile.mkdtemp(prefix="hitl-ivbench-"))
             print("starting hitl up --no-ui ...", flush=True)
-            hitl = HitlUp(tmp, "--detector-delay-ms", str(args.detector_delay_ms), log_path=out / "bench-hitl-up.log")
+            hitl = HitlUp(
+                tmp,
+                "--detector-delay-ms",
+                str(args.detector_delay_ms),
+                "--ingress",
+                args.ingress,
+                log_path=out / "bench-hitl-up.log",
+            )
             hitl.start()
+            ingress = next((line.split("ingress: ", 1)[1].split()[0] for line in hitl.lines if "ingress: " in line), "")
             if hitl.redis_url is None:
                 raise RuntimeError("hitl up did not log where its embedded redis-server is")
             api, redis_url, data_dir = hitl.api_url, hitl.redis_url, tmp
@@ -210,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             hitl.stop()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+    res["ingress"] = ingress
     print(tables(res))
     path = Path(args.json) if args.json else out / "bench_interventions.json"
     path.write_text(json.dumps(res, indent=2))

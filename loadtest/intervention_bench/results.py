@@ -81,6 +81,31 @@ def compare(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Ray Serve against uvicorn serving the same app (docs/benchmarks.md § Interventions under load).
+P50_TARGET_X = 1.2  # Ray Serve's p50 at the lowest concurrency, at most this times uvicorn's
+THROUGHPUT_TARGET_X = 0.8  # Ray Serve's rate at the highest concurrency, at least this times uvicorn's
+
+
+def targets(comparison: dict[str, Any]) -> dict[str, Any]:
+    """Ray Serve ÷ uvicorn: p50 (the whole mix) at the lowest concurrency, where p50 is service
+    time; interventions per second at the highest, where the cores are saturated."""
+    cs = sorted(comparison, key=int)
+    low, high = comparison[cs[0]], comparison[cs[-1]]
+    p50 = (low["p50"].get("all") or {}).get("ray_over_uvicorn_x")
+    t = high["per_second"]
+    tput = round(t["ray"] / t["uvicorn"], 2) if t.get("ray") and t.get("uvicorn") else None
+    return {
+        "p50_concurrency": int(cs[0]),
+        "p50_ray_over_uvicorn_x": p50,
+        "p50_target_x": P50_TARGET_X,
+        "p50_met": p50 is not None and p50 <= P50_TARGET_X,
+        "throughput_concurrency": int(cs[-1]),
+        "throughput_ray_over_uvicorn_x": tput,
+        "throughput_target_x": THROUGHPUT_TARGET_X,
+        "throughput_met": tput is not None and tput >= THROUGHPUT_TARGET_X,
+    }
+
+
 def outcomes(doors: dict[str, Any]) -> list[str]:
     return ["all"] + sorted({k for d in DOORS for k in doors[d]["by_outcome"]})
 
