@@ -50,6 +50,7 @@ class RayInfo:
     dashboard_url: str | None  # http://host:port, or None when there is none
     ingress: str = "proxy"  # "direct": the Api replica listens on the API port; "proxy": Serve's proxies
     proxy_port: int | None = None  # under direct ingress, where Serve's (unused) head-node proxy listens
+    metrics_port: int | None = None  # our own cluster: Ray's Prometheus endpoint (Serve's and the models' figures)
 
 
 def choose_ingress(requested: str, settings: Settings) -> str:
@@ -143,6 +144,7 @@ def start(
         url = _http(ctx.dashboard_url) if dashboard else None
         return RayInfo(joined=True, dashboard_url=url, ingress=mode)
     port = dashboard_port(dashboard_port_requested, settings.host) if dashboard else None
+    metrics_port = free_port()
     # A local single-machine cluster: logical CPUs are resources, not cores; give the control
     # plane and three model deployments room even on a 2-core machine.
     ctx = ray.init(
@@ -152,10 +154,14 @@ def start(
         include_dashboard=dashboard,
         dashboard_host=settings.host,
         dashboard_port=port,
+        _metrics_export_port=metrics_port,
         **kwargs,
     )
     url = _http(ctx.dashboard_url) if dashboard else None
-    return RayInfo(joined=False, dashboard_url=url, ingress=mode, proxy_port=proxy_port)
+    log.info(
+        "Ray's metrics for Prometheus (Serve's and the model replicas' own): http://127.0.0.1:%d/metrics", metrics_port
+    )
+    return RayInfo(joined=False, dashboard_url=url, ingress=mode, proxy_port=proxy_port, metrics_port=metrics_port)
 
 
 def _http(address: str | None) -> str | None:

@@ -85,6 +85,20 @@ def ingress_logged(up: HitlUp) -> str:
     return next(line for line in up.lines if "hitl.up: ingress: " in line)
 
 
+def model_figures(up: HitlUp, timeout: float = 60) -> str:
+    """Ray's Prometheus endpoint of ``up``'s own cluster (named in its startup log), once the model
+    replicas' node timings are in it (Ray's metrics reach the endpoint every few seconds)."""
+    line = next(line for line in up.lines if "Ray's metrics for Prometheus" in line)
+    url = line.rsplit(" ", 1)[1]
+    deadline = time.monotonic() + timeout
+    while True:
+        text = httpx.get(url, timeout=10).text
+        if "ray_hitl_model_node_seconds_count{" in text:
+            return text
+        assert time.monotonic() < deadline, f"no ray_hitl_model_* series at {url}"
+        time.sleep(2)
+
+
 def keep(snap: dict, n: int | None = None) -> list[dict]:
     return [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in snap["box_list"][:n]]
 
@@ -130,6 +144,18 @@ def test_whole_flow_through_ray_serve(data_dir):
         assert late[-1]["data"]["node_type"] == "DETECT_SUBJECTS"
         assert [e["type"] for e in late].index("JOB_FINISHED") < len(late) - 1  # history after the end
         assert api.get(doomed)["status"] == "CANCELLED"
+
+        # The model replicas' own figures (deployments.metrics) next to Serve's, on Ray's endpoint.
+        text = model_figures(up)
+        assert "ray_serve_" in text
+        detect = [
+            ln
+            for ln in text.splitlines()
+            if ln.startswith("ray_hitl_model_node_seconds_count{") and "DETECT_SUBJECTS" in ln
+        ]
+        assert detect and 'deployment="Detector"' in detect[0] and 'outcome="ok"' in detect[0], detect
+        assert float(detect[0].rsplit(" ", 1)[1]) >= 2  # both detections ran (the cancelled job's too)
+        assert "ray_hitl_model_ongoing_requests{" in text
     finally:
         api.close()
 
