@@ -114,6 +114,12 @@ def size(snap: dict[str, Any]) -> tuple[int, int]:
     return snap["image"]["width"], snap["image"]["height"]
 
 
+def expect(locator: Any) -> Any:
+    from playwright.sync_api import expect as pw_expect  # imported late: a missing Playwright skips the module
+
+    return pw_expect(locator)
+
+
 def press_n(rv: Reviewer) -> None:
     rv.page.evaluate("document.activeElement && document.activeElement.blur()")
     rv.page.keyboard.press("n")
@@ -128,24 +134,24 @@ def test_presence_in_the_queue_and_n_skips_a_job_claimed_by_another(
     rev1 = reviewer("rev1", job)
     rev1.wait_panel(ROUND1_TEXT, first["active_pause"]["pause_token"])
     rev1.expect_text("#claim-note", "You are reviewing this job")
-    rev1.expect_text("#stage-text", "snapshot `" + first["active_pause"]["snapshot_id"][:13])
+    rev1.expect_text("#stage-text", "snapshot " + first["active_pause"]["snapshot_id"][:13])
     assert stack.api.get(job)["claim"]["reviewer"] == "rev1"
 
     rev2 = reviewer("rev2", None)
-    row = rev2.page.locator("#queue-table tr", has=rev2.queue_row(job))
-    from playwright.sync_api import expect
 
-    expect(row.locator("visible=true").first).to_contain_text("rev1 is reviewing", timeout=WAIT_MS)
+    row = rev2.page.locator("#queue-table").get_by_role("row", name=re.compile(re.escape(job) + ".*rev1 is reviewing"))
+    row.first.wait_for(state="visible", timeout=WAIT_MS)  # the row says who has it
     screenshot(rev2.page, "queue-presence")
     rev2.open_from_queue(job)
     rev2.expect_text("#claim-note", re.compile(r"rev1 is reviewing — \d+ s left"))
     rev2.page.locator("#takeover-btn").wait_for(state="visible")
-    assert not rev2.page.locator("#review-panel").is_visible()  # no editing under another's claim
+    expect(rev2.page.locator("#submit-btn")).to_be_disabled()  # no submitting under another's claim
 
     press_n(rev2)
     rev2.expect_text("#job-id", other["job_id"])
     rev2.wait_panel(ROUND1_TEXT, other["active_pause"]["pause_token"])
     rev2.expect_text("#claim-note", "You are reviewing this job")
+    expect(rev2.page.locator("#submit-btn")).to_be_enabled()
     assert stack.api.get(other["job_id"])["claim"]["reviewer"] == "rev2"
     assert stack.api.get(job)["claim"]["reviewer"] == "rev1"  # rev1's claim untouched
     for j in (job, other["job_id"]):
@@ -169,7 +175,7 @@ def test_take_over_tells_the_first_reviewer_and_stops_its_editing(
 
     rev1.expect_text("#banner", "rev2 took this job over", timeout=RENEWAL_WAIT_MS)
     rev1.expect_text("#claim-note", "rev2 took this job over")
-    rev1.page.locator("#review-panel").wait_for(state="hidden")
+    expect(rev1.page.locator("#submit-btn")).to_be_disabled()
     rev1.page.locator("#takeover-btn").wait_for(state="visible")
     stack.api.cancel(job)
 

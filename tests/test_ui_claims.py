@@ -28,7 +28,8 @@ def test_claim_presence_next_job_and_takeover(api_server: Any, tmp_path: Path) -
     assert a.panel is not None and f"snapshot `{short_snapshot(a.panel.snapshot_id)}`" in out[comps.stage_md]
 
     out = cb.open_job(b, job1)  # rev2 sees who has it, and cannot edit
-    assert not visible(out[comps.review_col]) and visible(out[comps.takeover_btn])
+    assert not out[comps.submit_btn]["interactive"] and visible(out[comps.takeover_btn])
+    assert "has this job" in cb.on_submit(b, out[comps.annotator])[comps.review_error]
     assert "rev1 is reviewing —" in out[comps.claim_md] and "s left" in out[comps.claim_md]
     table = cb.on_tick(b)[comps.queue_table]
     who = dict(zip(table["Job"], table["Reviewer"], strict=True))
@@ -45,11 +46,18 @@ def test_claim_presence_next_job_and_takeover(api_server: Any, tmp_path: Path) -
     held = claims.get(job2)
     assert held is None or held.reviewer != "rev2"
     out = cb.on_take_over(b)
-    assert visible(out[comps.review_col]) and b.claimed == job1 and "You took this job over" in out[comps.banner_md]
+    assert out[comps.annotator] is None  # emptied, then drawn once its column shows
+    out = cb.after_take_over(b)
+    assert (
+        visible(out[comps.review_col])
+        and out[comps.annotator]["boxes"]
+        and b.claimed == job1
+        and "You took this job over" in out[comps.banner_md]
+    )
 
     a.renewed_at = 0.0  # the next tick renews: refused, rev2 has it now
     out = cb.on_tick(a)
-    assert "rev2 took this job over" in out[comps.banner_md] and not visible(out[comps.review_col])
+    assert "rev2 took this job over" in out[comps.banner_md] and not out[comps.submit_btn]["interactive"]
     assert visible(out[comps.takeover_btn]) and "took this job over" in claim_text(a)
 
     assert b.panel is not None
@@ -62,3 +70,5 @@ def test_claim_presence_next_job_and_takeover(api_server: Any, tmp_path: Path) -
     out = cb.on_submit(b, out[comps.annotator])
     assert out[comps.banner_md].startswith("Submitted —"), out[comps.banner_md]
     assert b.claimed is None
+    with HitlClient(api_server.url, TOKENS["admin"]) as admin:
+        admin.cancel(job2)  # the server is shared by the session: leave no job waiting in others' queues

@@ -78,12 +78,14 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     c.stats_acc.expand(cb.on_stats, inputs=st, outputs=[c.stats_md])
     # The tick also renews the open job's claim and notices a takeover (ui.claims).
     tick_outputs = [c.queue_table, c.queue_note, c.claim_md, c.takeover_btn, c.review_col, c.banner_md]
+    tick_outputs += [c.submit_btn, c.cut_btn]
     c.timer.tick(cb.on_tick, inputs=st, outputs=tick_outputs, show_progress="hidden")
     c.current_job.change(None, inputs=[c.current_job], js=URL_JS)
 
     then_follow(c.queue_table.select(cb.on_queue_select, inputs=st, outputs=panel_outputs))
     then_follow(c.next_btn.click(cb.on_next, inputs=st, outputs=panel_outputs))
-    then_follow(c.takeover_btn.click(cb.on_take_over, inputs=st, outputs=panel_outputs))
+    take = c.takeover_btn.click(cb.on_take_over, inputs=st, outputs=panel_outputs)
+    then_follow(take.then(cb.after_take_over, inputs=st, outputs=panel_outputs, show_progress="hidden"))
     login_outputs = [*panel_outputs, c.login_col, c.main_row, c.login_msg, c.login_token, c.queue_table, c.queue_note]
     then_follow(c.login_btn.click(cb.on_login, inputs=[c.session, c.login_token], outputs=login_outputs))
     then_follow(c.login_token.submit(cb.on_login, inputs=[c.session, c.login_token], outputs=login_outputs))

@@ -370,6 +370,8 @@ class Callbacks(EditorHandlers, ClaimHandlers):
     def send(self, st: ReviewerState, value: Any, *, empty: bool) -> Update:
         """Submit the annotator's boxes (or nothing) for the panel they were drawn on."""
         with st.lock:
+            if st.held_by is not None:  # another reviewer has the job (docs/protocol.md § Claims)
+                return {self.c.review_error: f"{st.held_by.reviewer} has this job: press “Take over” to submit."}
             panel = st.panel_for(value)
             if panel is None or panel.pause_token in st.results:
                 # e.g. a second click after the first one's answer closed the panel: one result
@@ -380,10 +382,11 @@ class Callbacks(EditorHandlers, ClaimHandlers):
             edits = None
             subjects: list[dict[str, Any]] = []
             if not empty:
-                subjects, err = subjects_from_annotator(panel, value, st.relabels)
+                relabels = st.relabels_for(panel)
+                subjects, err = subjects_from_annotator(panel, value, relabels)
                 if err:
                     return {self.c.review_error: err}
-                edits = edits_between(panel, read_annotator(panel, value), st.relabels)
+                edits = edits_between(panel, read_annotator(panel, value), relabels)
             iv = st.submission_id()
         client = self.clients.get(st.token)
         try:

@@ -4,7 +4,7 @@ A mixin of ``ui.callbacks.Callbacks``. Opening a waiting job claims it; the page
 claim every ``CLAIM_RENEW_S`` while the panel is open; opening another job (or closing the tab)
 releases it. Another reviewer's live claim shows who and for how long, with a "Take over" button
 (``force``); a renewal refused with ``CLAIMED_BY_OTHER`` means someone took the job over: the page
-says so and stops editing (the unsent edits stay in the browser's draft). "Next job" asks for the
+says so and turns Submit off (the unsent edits stay in the browser's draft). "Next job" asks for the
 oldest job nobody else claimed and claims it; a 409 there means another reviewer got it first, so
 it asks again.
 """
@@ -124,10 +124,14 @@ class ClaimHandlers:
     def presence_update(self, st: ReviewerState) -> Update:
         c = self.c
         waiting = st.panel is not None
+        free = st.held_by is None
+        # The panel stays laid out (a canvas laid out hidden has no size); its submit buttons are off.
         return {
             c.claim_md: claim_text(st),
-            c.takeover_btn: gr.update(visible=waiting and st.held_by is not None, value=c.takeover_btn.value),
-            c.review_col: gr.update(visible=waiting and st.held_by is None),
+            c.takeover_btn: gr.update(visible=waiting and not free, value=c.takeover_btn.value),
+            c.review_col: gr.update(visible=waiting),
+            c.submit_btn: gr.update(interactive=free, value=c.submit_btn.value),
+            c.cut_btn: gr.update(interactive=free, value=c.cut_btn.value),
         }
 
     def renew(self, st: ReviewerState) -> Update:
@@ -169,7 +173,10 @@ class ClaimHandlers:
             return {self.c.banner_md: f"Could not take the job over: {exc}"}
         st.apply_snapshot(snap)
         st.notice = "You took this job over; the other reviewer is told."
-        return self.after_take_over(st)
+        # The canvas is drawn again from the job as it is now (``after_take_over``, the next step).
+        out = self.presence_update(st)
+        out.update({self.c.annotator: None, self.c.banner_md: st.notice})
+        return out
 
     def after_take_over(self, st: ReviewerState) -> Update:
         raise NotImplementedError  # Callbacks: redraw the panel

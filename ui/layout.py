@@ -90,6 +90,8 @@ class Components:
             self.claim_md,
             self.takeover_btn,
             self.review_col,
+            self.submit_btn,
+            self.cut_btn,
             self.annotator,
             self.notes_md,
             self.label_target,

@@ -86,6 +86,7 @@ class ReviewerState:
         self.panels: dict[str, Panel] = {}  # every panel of the open job shown so far, by pause token
         self._panel: Panel | None = None
         self.relabels: dict[str, str] = {}
+        self.old_relabels: dict[str, dict[str, str]] = {}  # relabels of panels replaced meanwhile, by pause
         self.intervention_id: str | None = None
         self.results: dict[str, str] = {}  # pause_token -> the one result message shown for it
         self.offer: Edits | None = None  # the reviewer's edits offered for re-applying after a conflict
@@ -132,6 +133,11 @@ class ReviewerState:
         that names no pause is taken as drawn for the open panel."""
         token = pause_of_value(value)
         return self.panels.get(token) if token else self.panel
+
+    def relabels_for(self, panel: Panel) -> dict[str, str]:
+        """The labels the reviewer set on ``panel``'s boxes, also when a newer state replaced it meanwhile
+        (a submission is read against the panel it was drawn for)."""
+        return self.relabels if panel is self.panel else self.old_relabels.get(panel.pause_token, {})
 
     def history_for(self, panel: Panel) -> EditHistory:
         """The undo stack of ``panel``'s review (a fresh one for a new pause)."""
@@ -185,7 +191,7 @@ class ReviewerState:
                 and self.panel.pause_token == snap.active_pause.pause_token
             )
             if snap.job_id != self.job_id:
-                self.panels = {}
+                self.panels, self.old_relabels = {}, {}
             self.job_id = snap.job_id
             self.snapshot = snap
             self.panel = panel_from_snapshot(snap)
@@ -217,6 +223,8 @@ class ReviewerState:
                     self.notice = f"The job ended: {snap.status.value}{reason}."
                     return SnapshotChange(applied=True, banner=self.notice)
                 return SnapshotChange(applied=True)
+            if old is not None and self.relabels:
+                self.old_relabels[old.pause_token] = self.relabels
             self.panel = new
             self.relabels = {}
             self.offer = None
