@@ -82,8 +82,13 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     c.timer.tick(cb.on_tick, inputs=st, outputs=tick_outputs, show_progress="hidden")
     c.current_job.change(None, inputs=[c.current_job], js=URL_JS)
 
-    then_follow(c.queue_table.select(cb.on_queue_select, inputs=st, outputs=panel_outputs))
-    then_follow(c.next_btn.click(cb.on_next, inputs=st, outputs=panel_outputs))
+    # Opening another job empties the canvas first and draws it in a second step: the annotator did not
+    # lay out a new image that replaced another job's in one update (its canvas stayed without size).
+    for opened in (
+        c.queue_table.select(cb.on_queue_select, inputs=st, outputs=panel_outputs),
+        c.next_btn.click(cb.on_next, inputs=st, outputs=panel_outputs),
+    ):
+        then_follow(opened.then(cb.after_take_over, inputs=st, outputs=panel_outputs, show_progress="hidden"))
     take = c.takeover_btn.click(cb.on_take_over, inputs=st, outputs=panel_outputs)
     then_follow(take.then(cb.after_take_over, inputs=st, outputs=panel_outputs, show_progress="hidden"))
     login_outputs = [*panel_outputs, c.login_col, c.main_row, c.login_msg, c.login_token, c.queue_table, c.queue_note]

@@ -256,7 +256,13 @@ class Callbacks(EditorHandlers, ClaimHandlers):
         job_id = row[col] if len(row) > col else (evt.value if job_column else None)
         if not job_id:
             return {self.c.banner_md: gr.skip()}
-        return self.open_job(st, str(job_id))
+        return self.emptied(self.open_job(st, str(job_id)))
+
+    def emptied(self, out: Update) -> Update:
+        """``out`` with an empty canvas: ``after_take_over`` draws it next (see ``ui.app.wire``)."""
+        if self.c.annotator in out:
+            out[self.c.annotator] = None
+        return out
 
     def on_next(self, st: ReviewerState) -> Update:
         """The oldest waiting job nobody else claimed (docs/protocol.md § Claims): claim it, then show it;
@@ -282,7 +288,7 @@ class Callbacks(EditorHandlers, ClaimHandlers):
             except Exception as exc:  # said in the banner
                 return {self.c.banner_md: error_text(exc)}
             if holder is None:
-                return self.open_job(st, found.job_id, claimed=True)
+                return self.emptied(self.open_job(st, found.job_id, claimed=True))
             exclude.append(found.job_id)
         return {self.c.banner_md: "Every other waiting job is being reviewed by someone else right now."}
 
