@@ -21,6 +21,7 @@ import importlib
 import ipaddress
 import logging
 import os
+import random
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -89,6 +90,23 @@ def direct_ingress_env(api_port: int) -> dict[str, str]:
     }
 
 
+def quiet_port(low: int = 20000, high: int = 32767) -> int:
+    """A free loopback port between Ray's worker ports (10002-19999) and the kernel's ephemeral range
+    (32768-60999): picked before Ray starts and bound seconds later, a port from the ephemeral range
+    can be taken meanwhile by one of the many sockets Ray's processes open (seen in CI: the head
+    proxy failed to bind its port)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    return free_port()
+
+
 def serve_http_options(settings: Settings, info: RayInfo) -> dict[str, Any]:
     """``serve.start``'s ``http_options``: the proxy on the API port, or under direct ingress on
     a port of its own (the Api replica takes ``--api-port`` and the same host)."""
@@ -133,7 +151,7 @@ def start(
         if not settings.api_port:
             settings.api_port = free_port()
         os.environ.update(direct_ingress_env(settings.api_port))
-        proxy_port = free_port()
+        proxy_port = quiet_port()
     elif not settings.ray_address:  # our own cluster: not direct because a caller's environment said so
         os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "0"
     import ray
@@ -144,7 +162,7 @@ def start(
         url = _http(ctx.dashboard_url) if dashboard else None
         return RayInfo(joined=True, dashboard_url=url, ingress=mode)
     port = dashboard_port(dashboard_port_requested, settings.host) if dashboard else None
-    metrics_port = free_port()
+    metrics_port = quiet_port()
     # A local single-machine cluster: logical CPUs are resources, not cores; give the control
     # plane and three model deployments room even on a 2-core machine.
     ctx = ray.init(

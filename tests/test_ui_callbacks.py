@@ -132,11 +132,13 @@ def test_callbacks_open_submit_and_follow_the_job_to_its_results(api_server: Any
 
     queue = cb.on_tick(st)
     assert job in list(queue[comps.queue_table]["Job"]) and "waiting" in queue[comps.queue_note]
-    row = list(queue[comps.queue_table].iloc[0])
+    # The session's server may hold older waiting jobs of other tests: this job's own row.
+    at = list(queue[comps.queue_table]["Job"]).index(job)
+    row = list(queue[comps.queue_table].iloc[at])
     assert row[1] == job and row[2] == "Confirm boxes (round 1)"  # a thumbnail first, the stage in words
     assert str(row[0]).startswith(f"![{job}](/gradio_api/file=")  # the thumbnail was made on this tick
     # a click on the thumbnail opens the row's job as a click on its id does
-    out = cb.on_queue_select(st, gr.SelectData(None, {"index": [0, 0], "value": row[0], "row_value": row}))
+    out = cb.on_queue_select(st, gr.SelectData(None, {"index": [at, 0], "value": row[0], "row_value": row}))
     assert job in out[comps.job_md] and visible(out[comps.review_col])
     assert ROUND1_TEXT in out[comps.stage_md]
     assert Path(st.image_path or "").exists()
