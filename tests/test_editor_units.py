@@ -300,8 +300,9 @@ def test_queue_thumbnails_are_made_once_and_served_as_files(tmp_path: Path) -> N
 
     path = cb.store.thumbnail("job_1", NoNetwork())  # type: ignore[arg-type]  # only these two calls are made
     assert path is not None and Image.open(path).size[0] <= 96
-    assert cb.thumb(st, "job_1", make=False) == path  # made once, then reused
-    assert cb.thumb(st, "job_unknown", make=False) is None
+    spent = [0]  # no budget left this tick
+    assert cb.thumb(st, "job_1", spent) == path  # made once, then reused
+    assert cb.thumb(st, "job_unknown", spent) is None and spent == [0]
     assert thumb_cell(path, "job_1") == f"![job_1](/gradio_api/file={path})" and thumb_cell(None, "j") == ""
 
 
@@ -317,3 +318,25 @@ def test_the_label_set_reaches_the_ui_from_its_flag_or_environment(monkeypatch: 
     with pytest.raises(SystemExit) as exit_:
         entry.main(["--token", "t", "--labels", ",".join(f"l{i}" for i in range(30))])
     assert exit_.value.code == 2
+
+
+def test_each_tick_makes_the_next_missing_thumbnails_wherever_they_are_in_the_queue(tmp_path: Path) -> None:
+    from ui.callbacks import THUMBS_PER_TICK
+
+    comps, cb, st = editor(tmp_path)
+    made: list[str] = []
+
+    def thumbnail(job_id: str, client: Any) -> str:
+        path = cb.store.thumb_dir / f"{job_id}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"jpeg")
+        made.append(job_id)
+        return str(path)
+
+    cb.store.thumbnail = thumbnail  # type: ignore[method-assign]  # counts what a tick makes, no network
+    queue = [f"job_{i:02d}" for i in range(THUMBS_PER_TICK * 2 + 3)]
+    for tick in range(3):
+        budget = [THUMBS_PER_TICK]
+        cells = [cb.thumb(st, j, budget) for j in queue]
+        assert sum(c is not None for c in cells) == min(len(queue), THUMBS_PER_TICK * (tick + 1))
+    assert made == queue  # each made once, in queue order; the last rows on the third tick

@@ -195,17 +195,22 @@ class Callbacks(EditorHandlers, ClaimHandlers):
         except Exception as exc:  # shown under the queue; the next tick tries again
             return {self.c.queue_note: "Queue unavailable — " + error_text(exc)}
         rows = queue_rows(jobs, stage=st.queue_stage, me=st.reviewer)
-        rows = [[thumb_cell(self.thumb(st, str(r[0]), i < THUMBS_PER_TICK), str(r[0])), *r] for i, r in enumerate(rows)]
+        budget = [THUMBS_PER_TICK]  # new thumbnails this tick; rows further down get theirs on later ticks
+        rows = [[thumb_cell(self.thumb(st, str(r[0]), budget), str(r[0])), *r] for r in rows]
         n, total = len(rows), len(waiting_jobs(jobs))
         shown = f"{n} of {total} jobs" if n != total else f"{n} job{'s' if n != 1 else ''}"
         note = f"{shown} waiting · updated {time.strftime('%H:%M:%S')}"
         return {self.c.queue_table: pd.DataFrame(rows, columns=TABLE_HEADERS), self.c.queue_note: note}
 
-    def thumb(self, st: ReviewerState, job_id: str, make: bool) -> str | None:
-        """The queue thumbnail of ``job_id``: made now when ``make``, else only if it already exists."""
+    def thumb(self, st: ReviewerState, job_id: str, budget: list[int]) -> str | None:
+        """The queue thumbnail of ``job_id``: the file if made, else made now while ``budget[0]`` lasts.
+
+        The budget counts only thumbnails made, so one tick makes the first missing ones wherever they
+        are in the queue and a job deep in a long queue gets its thumbnail a few ticks later."""
         path = self.store.thumb_dir / f"{job_id}.jpg"
-        if path.exists() or not make:
+        if path.exists() or budget[0] <= 0:
             return str(path) if path.exists() else None
+        budget[0] -= 1
         try:
             return self.store.thumbnail(job_id, self.clients.get(st.token))
         except Exception:  # a missing thumbnail is not worth an error: the next tick tries again
