@@ -21,6 +21,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
+from statecore import audit
 from statecore.errors import JobNotFound
 from statecore.models import Event, JobResults, JobSnapshot, Pause
 from statecore.states import is_terminal
@@ -65,9 +66,9 @@ def _last_seq(audit: Sequence[Mapping[str, Any]]) -> int:
     return int(audit[-1]["seq"]) if audit else 0
 
 
-async def read_job(store: Store, job_id: str, audit: Sequence[Mapping[str, Any]] = ()) -> JobRecord:
-    """The finished job as the API would answer for it now. ``audit``: its audit entries
-    (docs/protocol.md § Audit) until the store reads them itself."""
+async def read_job(store: Store, job_id: str) -> JobRecord:
+    """The finished job as the API would answer for it now, its audit log included
+    (docs/protocol.md § Audit)."""
     state = await store.get(job_id)
     if not is_terminal(state.status):
         raise NotFinished(f"job {job_id} is {state.status.value}; only finished jobs are archived")
@@ -75,6 +76,7 @@ async def read_job(store: Store, job_id: str, audit: Sequence[Mapping[str, Any]]
     results = JobResults(job_id=job_id, status=state.status, reason_code=state.reason_code, subjects=state.results)
     pauses = await store.pause_history(job_id)
     events = await store.events_after(job_id, 0)
+    log = await audit.read(store.r, job_id)
     return JobRecord(
         job_id=job_id,
         version=state.version,
@@ -84,7 +86,7 @@ async def read_job(store: Store, job_id: str, audit: Sequence[Mapping[str, Any]]
         results=results.model_dump(mode="json"),
         pauses=[p.model_dump(mode="json") for p in pauses],
         events=events,
-        audit=[{k: e.get(k) for k in AUDIT_FIELDS} for e in audit],
+        audit=[{k: e.get(k) for k in AUDIT_FIELDS} for e in (log or {}).get("entries", [])],
     )
 
 
@@ -104,13 +106,12 @@ async def copy_job(
     archive: Archive,
     job_id: str,
     *,
-    audit: Sequence[Mapping[str, Any]] = (),
     on_written: Callable[[], None] | None = None,
 ) -> Copied:
     """Copy the finished job ``job_id`` from Redis into ``archive`` (see the module's docstring).
     ``on_written`` runs after the rows are written and before the commit (the crash tests stop
     the process there)."""
-    record = await read_job(store, job_id, audit)
+    record = await read_job(store, job_id)
     outcome = await asyncio.to_thread(write_record, archive, record, on_written)
     return Copied(outcome, *record.progress)
 
@@ -120,11 +121,10 @@ async def archive_job(
     archive: Archive,
     job_id: str,
     *,
-    audit: Sequence[Mapping[str, Any]] = (),
     on_written: Callable[[], None] | None = None,
 ) -> Outcome:
     """:func:`copy_job`, answering only how it ended."""
-    return (await copy_job(store, archive, job_id, audit=audit, on_written=on_written)).outcome
+    return (await copy_job(store, archive, job_id, on_written=on_written)).outcome
 
 
 async def archive_finished(store: Store, archive: Archive, *, page: int = 200) -> Counter[str]:

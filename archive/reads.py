@@ -94,8 +94,18 @@ def audit(archive: Archive, job_id: str) -> dict[str, Any] | None:
     """``GET /jobs/{id}/audit``'s body: ``{"job_id", "entries" (oldest first), "head"}``, where
     ``head`` is the last entry's hash (None without entries) (docs/protocol.md § Audit)."""
     with archive.reading() as s:
-        if s.get(ArchivedJob, job_id) is None:
+        job = s.get(ArchivedJob, job_id)
+        if job is None:
             return None
         rows = s.scalars(select(AuditEntry).where(AuditEntry.job_id == job_id).order_by(AuditEntry.seq))
         entries = [{k: getattr(r, k) for k in AUDIT_FIELDS} for r in rows]
-    return {"job_id": job_id, "entries": entries, "head": entries[-1]["hash"] if entries else None}
+        head_seq = job.audit_seq
+    # head_seq: how many entries the copy held (the verifier's check that none were removed at the end)
+    head = entries[-1]["hash"] if entries else None
+    return {"job_id": job_id, "entries": entries, "head": head, "head_seq": head_seq}
+
+
+def job_ids(archive: Archive) -> list[str]:
+    """Every archived job's id (``hitl admin verify-audit --all``)."""
+    with archive.reading() as s:
+        return list(s.scalars(select(ArchivedJob.job_id)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 ISO = String(40)  # the API's "…Z" timestamps, kept as the API spells them
@@ -83,7 +83,7 @@ class AuditEntry(Base):
     at: Mapped[str] = mapped_column(ISO)
     actor: Mapped[str] = mapped_column(String(200))
     action: Mapped[str] = mapped_column(String(80))
-    base_version: Mapped[int | None] = mapped_column(Integer)
+    base_version: Mapped[int | None] = mapped_column(BigInteger)  # up to 2**63 - 1: migration 0003
     snapshot_id: Mapped[str | None] = mapped_column(String(128))
     outcome: Mapped[str] = mapped_column(String(120))
     prev_hash: Mapped[str | None] = mapped_column(String(128))

@@ -232,6 +232,15 @@ class HitlClient(_Client[httpx.BaseTransport]):
         """Restore the live jobs Redis lost from the archive's live mirror (admin token)."""
         return self._run(self._core.reconcile())
 
+    def audit(self, job_id: str) -> dict[str, Any]:
+        """The job's audit log ``{"job_id", "entries", "head"}``, oldest entry first."""
+        return self._run(self._core.audit(job_id))
+
+    def verify_audit(self, job_ids: Iterable[str] = (), *, everything: bool = False) -> dict[str, Any]:
+        """Verify the audit chains of ``job_ids`` (or of every job) in Redis and the archive (admin
+        token): ``{"checked", "copies", "broken": [{"job_id", "source", "position", "seq", "reason"}]}``."""
+        return self._run(self._core.verify_audit(job_ids, everything))
+
     # ------------------------------------------------------------------ events and waiting
 
     def events(self, job_id: str, last_event_id: int | None = None, *, stop_on_finish: bool = True) -> Iterator[Event]:
@@ -387,6 +396,12 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
 
     async def reconcile(self) -> dict[str, Any]:
         return await self._run(self._core.reconcile())
+
+    async def audit(self, job_id: str) -> dict[str, Any]:
+        return await self._run(self._core.audit(job_id))
+
+    async def verify_audit(self, job_ids: Iterable[str] = (), *, everything: bool = False) -> dict[str, Any]:
+        return await self._run(self._core.verify_audit(job_ids, everything))
 
     # ------------------------------------------------------------------ events and waiting
 

@@ -1,5 +1,6 @@
 """The admin commands: ``hitl admin dead-letters``, ``hitl admin replay ID`` (docs/protocol.md §
-Executors and the outbox) and ``hitl admin reconcile`` (§ Reconcile). They need an admin token."""
+Executors and the outbox), ``hitl admin reconcile`` (§ Reconcile) and ``hitl admin verify-audit``
+(§ Audit). They need an admin token."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .api import HitlClient
-from .cli_common import EXIT_OK, client_command, print_json
+from .cli_common import EXIT_FAIL, EXIT_OK, client_command, print_json
 
 
 @client_command
@@ -55,3 +56,22 @@ def cmd_reconcile(args: argparse.Namespace, client: HitlClient) -> int:
             table.add_row(j["job_id"], j["status"], str(j["version"]))
         console.print(table)
     return EXIT_OK
+
+
+@client_command
+def cmd_verify_audit(args: argparse.Namespace, client: HitlClient) -> int:
+    if not args.all and not args.job_ids:
+        raise SystemExit("hitl admin verify-audit: name jobs (JOB …) or give --all")
+    done = client.verify_audit(args.job_ids, everything=args.all)
+    broken = done["broken"]
+    if args.json:
+        print_json(done)
+        return EXIT_FAIL if broken else EXIT_OK
+    console = Console(highlight=False)
+    for b in broken:
+        seq = f" (seq {b['seq']})" if b.get("seq") is not None else ""
+        line = f"BROKEN {b['job_id']} [{b['source']}]: entry {b['position']}{seq}: {b['reason']}"
+        console.print(line, markup=False, soft_wrap=True)
+    verdict = f"{len(broken)} broken" if broken else "every chain verifies"
+    console.print(f"{done['checked']} job(s), {done['copies']} chain(s) checked (Redis and archive): {verdict}")
+    return EXIT_FAIL if broken else EXIT_OK

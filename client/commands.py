@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .batch import DEFAULT_BATCH, check_batch_name
-from .cli_admin import cmd_dead_letters, cmd_reconcile, cmd_replay
+from .cli_admin import cmd_dead_letters, cmd_reconcile, cmd_replay, cmd_verify_audit
 from .cli_common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, Handler
 from .cli_jobs import cmd_jobs, cmd_results, cmd_status, cmd_watch, format_event, print_results, print_snapshot
 from .cli_submit import cmd_submit
@@ -228,7 +228,7 @@ def add_client_commands(subparsers: Any) -> Any:
     admin = subparsers.add_parser(
         "admin",
         formatter_class=HelpFormatter,
-        help="operator commands (admin token): dead letters",
+        help="operator commands (admin token): dead letters, reconcile, audit",
         description="Operator commands; they need an admin token.",
     )
     admin_sub = admin.add_subparsers(dest="admin_command", metavar="ADMIN_COMMAND", required=True)
@@ -260,4 +260,16 @@ def add_client_commands(subparsers: Any) -> Any:
         "fresh pause (the old token is refused), a job in model work gets its node dispatched again; a consumed "
         "pause is never reopened. Prints what it did per outcome (RESTORED, PRESENT, ARCHIVED, NOTHING_TO_RUN).",
     )
+    p = _command(
+        admin_sub,
+        "verify-audit",
+        cmd_verify_audit,
+        help="check the audit logs' hash chains; exit 1 on a broken one",
+        description="Verify each job's audit log (docs/protocol.md § Audit) in every copy there is, Redis's and "
+        "the archive's: each entry's hash over its content and the previous entry's hash, the entries' numbering, "
+        "and the recorded head. An edited, removed or reordered entry is named (job, copy, entry, why) and the "
+        "command exits 1; 0 when every chain verifies.",
+    )
+    p.add_argument("job_ids", nargs="*", metavar="JOB", help="the jobs to check (job_…)")
+    p.add_argument("--all", action="store_true", help="check every job Redis or the archive holds")
     return admin_sub

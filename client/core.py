@@ -234,6 +234,28 @@ class ClientCore(CallCore):
         result: dict[str, Any] = resp.json()
         return result
 
+    def audit(self, job_id: str) -> Plan[dict[str, Any]]:
+        """GET /jobs/{id}/audit: the job's hash-chained audit log (docs/protocol.md § Audit)."""
+        resp = yield from self.call("GET", job_path(job_id, "/audit"))
+        result: dict[str, Any] = resp.json()
+        return result
+
+    def verify_audit(self, job_ids: Iterable[str], everything: bool) -> Plan[dict[str, Any]]:
+        """GET /admin/audit/verify (admin): the named jobs' chains, or (``everything``) every job's,
+        page by page; the findings of all pages together."""
+        total: dict[str, Any] = {"checked": 0, "copies": 0, "broken": []}
+        after = ""
+        while True:
+            params: dict[str, Any] = {"all": "true", "after": after} if everything else {"job_id": list(job_ids)}
+            resp = yield from self.call("GET", f"{API}/admin/audit/verify", params=params)
+            page = resp.json()
+            total["checked"] += page["checked"]
+            total["copies"] += page["copies"]
+            total["broken"].extend(page["broken"])
+            after = page.get("next_after") or ""
+            if not everything or not after:
+                return total
+
     # ------------------------------------------------------------------ events
 
     def events(self, job_id: str, last_event_id: int | None, stop_on_finish: bool) -> Plan[None]:

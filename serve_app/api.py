@@ -40,6 +40,7 @@ from statecore.store import Reply, Store, StoreConfig
 from . import metrics
 from .admission import Admission
 from .archived_reads import archived, archived_events
+from .audit_routes import add_audit_routes
 from .auth import Authenticator, Identity
 from .claim_routes import add_claim_routes
 from .config import Settings
@@ -70,12 +71,13 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/cancel/?$"), ("reviewer",)),
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/claim/?$"), ("reviewer",)),
     ("DELETE", re.compile(rf"^{API}/jobs/[^/]+/claim/?$"), ("reviewer",)),
-    ("GET", re.compile(rf"^{API}/jobs/[^/]+(/events|/results)?/?$"), _READ),
+    ("GET", re.compile(rf"^{API}/jobs/[^/]+(/events|/results|/audit)?/?$"), _READ),
     ("GET", re.compile(rf"^{API}/artifacts/[^/]+$"), _READ),
     ("GET", re.compile(rf"^{API}/whoami$"), ("submitter", "reviewer", "executor")),
     ("GET", re.compile(rf"^{API}/admin/dead-letters/?$"), ("admin",)),
     ("POST", re.compile(rf"^{API}/admin/dead-letters/[^/]+/replay/?$"), ("admin",)),
     ("POST", re.compile(rf"^{API}/admin/reconcile/?$"), ("admin",)),
+    ("GET", re.compile(rf"^{API}/admin/audit/verify/?$"), ("admin",)),
 ]
 
 
@@ -361,6 +363,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         return snap
 
     add_claim_routes(app, lambda: rt().store)
+    add_audit_routes(app, lambda: rt().store, lambda: rt().archive, located)
 
     @app.get(
         f"{API}/jobs/{{job_id}}/events",
@@ -432,7 +435,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         responses={404: {}},
     )
     async def replay_dead_letter(request: Request, dead_letter_id: str) -> deadletters.ReplayResult:
-        done = await deadletters.replay(rt().store, dead_letter_id)
+        done = await deadletters.replay(rt().store, dead_letter_id, identity(request).name)
         log.warning("dead letter %s replayed by %s: %s", done.id, identity(request).name, done.result)
         return done
 

@@ -60,7 +60,7 @@ async def archive_job(store: Any, archive: Archive | None, job_id: str) -> str:
             copied = await copy_job(store, archive, job_id)
         except JobNotFound:
             return "JOB_NOT_FOUND"
-        result = str(await store.archive_ack(job_id, copied.version, copied.last_event_id))
+        result = str(await store.archive_ack(job_id, copied.version, copied.last_event_id, copied.audit_seq))
         log.info("archived job=%s v%d (%s): %s", job_id, copied.version, copied.outcome, result)
         if result != "STALE":
             break

@@ -221,7 +221,7 @@ class Dispatcher:
                 return
             await self.store.outbox_ack(entry)
             return
-        started = await self.store.node_started(cmd)
+        started = await self.store.node_started(cmd, actor=f"dispatcher:{self.consumer}")
         if started == "BUSY":
             # Reclaimed from a dispatcher that is still running it (its heartbeat is live): a long
             # node is never started twice. Its holder acks it; if the holder dies, the heartbeat
@@ -234,7 +234,9 @@ class Dispatcher:
             return
         outcome = await self.execute(cmd)
         if isinstance(outcome, _Retry):
-            result = await self.store.node_failed(cmd.job_id, cmd.node_instance_id, reason=outcome.code)
+            result = await self.store.node_failed(
+                cmd.job_id, cmd.node_instance_id, reason=outcome.code, actor=f"dispatcher:{self.consumer}"
+            )
             metrics.REPORTS.labels(result).inc()
             await self.store.outbox_ack(entry)
             log.warning(

@@ -146,7 +146,7 @@ class Inspector:
             lease = await self._lease(p)
             if lease is None:
                 continue  # the partition passed to another inspector while we asked
-            result = await self.store.node_lost(job_id, nid, lease=lease)
+            result = await self.store.node_lost(job_id, nid, lease=lease, actor=f"inspector:{self.owner}")
             counts[{"OK": "lost", "FENCED": "fenced"}.get(result, "moved_on")] += 1
             if result == "OK":
                 metrics.INSPECTOR_LOST.labels(node.node_type.value).inc()
@@ -171,7 +171,7 @@ class Inspector:
             error_code="NODE_DEADLINE_EXCEEDED",
             error_message=f"{node.node_type.value} ran past its deadline {node.deadline_at} (attempt {node.attempt})",
         )
-        result = await self.store.apply_report(verdict, lease=lease)
+        result = await self.store.apply_report(verdict, lease=lease, actor=f"inspector:{self.owner}")
         counts[{"OK": "timed_out", "FENCED": "fenced"}.get(result, "moved_on")] += 1
         if result == "OK":
             metrics.INSPECTOR_TIMEOUTS.labels(node.node_type.value).inc()

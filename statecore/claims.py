@@ -47,7 +47,17 @@ class ClaimsMixin:
         ttl_ms = max(1, int(self.config.claim_ttl_s * 1000))
         res: list[Any] = await self._scripts["claim"](
             keys=keys.job(job_id).for_script(),
-            args=[job_id, now_iso(now), 0, op, reviewer, ttl_ms, "1" if force else "0", now_iso(now + ttl_ms / 1000)],
+            args=[
+                job_id,
+                now_iso(now),
+                0,
+                reviewer,
+                op,
+                reviewer,
+                ttl_ms,
+                "1" if force else "0",
+                now_iso(now + ttl_ms / 1000),
+            ],
         )
         if res[0] not in ("OK", "RELEASED", "NONE"):
             try:

@@ -104,7 +104,7 @@ async def requeue_command(r: Any, letter: DeadLetter) -> str:
     return entry_id
 
 
-async def replay(store: Any, dead_letter_id: str) -> ReplayResult:
+async def replay(store: Any, dead_letter_id: str, actor: str = "admin") -> ReplayResult:
     """Apply a report dead letter through ``store.apply_report`` (a superseded or ended job gets
     ``REPORT_IGNORED``) or put a command one back into the outbox, and remove it. It is removed
     first, so two replays of one id act once; put back when acting fails (Redis went away)."""
@@ -113,11 +113,13 @@ async def replay(store: Any, dead_letter_id: str) -> ReplayResult:
         raise DeadLetterNotFound(f"dead letter {dead_letter_id} not found (replayed meanwhile)")
     try:
         if letter.kind == "report":
-            applied = await store.apply_report(NodeReport.model_validate(letter.payload))
+            report = NodeReport.model_validate(letter.payload)
+            applied = await store.apply_report(report, actor=actor, action="DEAD_LETTER_REPLAY")
             result = {"OK": "APPLIED", "IGNORED": "REPORT_IGNORED"}.get(applied, applied)
         else:
             await requeue_command(store.r, letter)
             result = "REQUEUED"
+            await store.audit_only(letter.job_id, actor, "DEAD_LETTER_REPLAY", "REQUEUED")
     except BaseException:
         await store.r.hset(keys.dead_letters(keys.partition_of(letter.job_id)), letter.id, letter.model_dump_json())
         raise

@@ -140,6 +140,9 @@ class JobKeys:
     # HASH (with a TTL: --claim-ttl-s) reviewer, claimed_at, expires_at: the reviewer looking at the
     # waiting job (docs/protocol.md § Claims). Apart from ``meta``: a claim is not a change of the job.
     claim: str
+    # LIST of the job's audit entries, oldest first: JSON arrays in statecore.audit.FIELDS order, a
+    # hash chain (docs/protocol.md § Audit). Its head (hash, seq) is kept in ``meta``.
+    audit: str
 
     @property
     def outbox(self) -> str:
@@ -200,6 +203,7 @@ class JobKeys:
             self.counts,
             self.finished,
             self.claim,
+            self.audit,
         ]
 
 
@@ -216,4 +220,5 @@ def job(job_id: str) -> JobKeys:
         reports=f"{base}:reports",
         executor=f"{base}:executor",
         claim=f"{base}:claim",
+        audit=f"{base}:audit",
     )

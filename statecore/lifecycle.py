@@ -21,8 +21,9 @@ class LifecycleMixin:
     _keys: Any  # Store._keys
     _args: Any  # Store._args
 
-    async def archive_ack(self, job_id: str, version: int | None, last_event_id: int = 0) -> str:
-        """The archive holds the finished job as far as ``version`` and ``last_event_id``: start its
+    async def archive_ack(self, job_id: str, version: int | None, last_event_id: int = 0, audit_seq: int = 0) -> str:
+        """The archive holds the finished job as far as ``version``, ``last_event_id`` and its audit
+        entry ``audit_seq``: start its
         records' retention now (docs/protocol.md § Archive). ``OK``; ``STALE`` when the job went
         further since the copy (copy again); ``NOT_FINISHED``; ``JOB_NOT_FOUND``. ``version`` None
         acknowledges whatever the job holds (archiving was turned off)."""
@@ -30,7 +31,11 @@ class LifecycleMixin:
             state = await self.get(job_id)
         except JobNotFound:
             return "JOB_NOT_FOUND"
-        args = self._args(job_id, now_iso()) + ["" if version is None else str(version), str(last_event_id)]
+        args = self._args(job_id, now_iso(), "archiver") + [
+            "" if version is None else str(version),
+            str(last_event_id),
+            str(audit_seq),
+        ]
         res = await self._scripts["archive_ack"](keys=self._keys(state, keys.job(job_id)), args=args)
         return str(res[0])
 

@@ -73,9 +73,10 @@ def plan_restore(state: JobState, now: str, now_ms: int, workflow: str) -> Plan 
     return plan
 
 
-async def restore(store: Any, meta: dict[str, str], pauses: dict[str, str]) -> str:
+async def restore(store: Any, meta: dict[str, str], pauses: dict[str, str], actor: str = "reconcile") -> str:
     """Restore one job from its mirror: ``RESTORED``, ``PRESENT`` (Redis holds it), ``FINISHED``
-    or ``NOTHING_TO_RUN`` (a mirror without anything to wait for or run)."""
+    or ``NOTHING_TO_RUN`` (a mirror without anything to wait for or run). ``actor``: whom the
+    restored job's first audit entry names."""
     state = JobState.from_meta(meta)
     now, now_ms = now_iso(), int(time.time() * 1000)
     plan = plan_restore(state, now, now_ms, store.config.workflow_version)
@@ -85,7 +86,7 @@ async def restore(store: Any, meta: dict[str, str], pauses: dict[str, str]) -> s
     jk = keys.job(state.job_id)
     res = await store._scripts["restore_job"](
         keys=store._keys(state, jk),
-        args=store._args(state.job_id, now)
+        args=store._args(state.job_id, now, actor)
         + [json.dumps(meta), json.dumps(pauses), plan.to_json(now, store.config.archive), created_ms],
     )
     return "RESTORED" if res[0] == "OK" else "PRESENT"

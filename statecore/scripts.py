@@ -9,7 +9,16 @@ from typing import Any
 
 from . import errors
 
-SCRIPT_NAMES = ("create_job", "consume_pause", "apply_report", "cancel", "claim", "archive_ack", "restore_job")
+SCRIPT_NAMES = (
+    "create_job",
+    "consume_pause",
+    "apply_report",
+    "cancel",
+    "claim",
+    "archive_ack",
+    "restore_job",
+    "audit_append",
+)
 STANDALONE = ("heartbeat", "lease")  # touch no job state: no shared prologue
 
 

@@ -10,11 +10,9 @@ re-plans (bounded), so no decision is ever applied to a state it was not made fo
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,19 +20,19 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from . import counters, decide, durable, errors, gates, keys, listing, rebase, scripts
+from .audit import AuditMixin
 from .claims import ClaimsMixin
+from .history import HistoryMixin
 from .ids import canonical_json, now_iso, payload_hash
 from .lifecycle import LifecycleMixin
 from .models import (
     CreateJobResponse,
-    Event,
     ImageRef,
     InterventionRequest,
     JobSnapshot,
     JobSummary,
     NodeCommand,
     NodeReport,
-    Pause,
 )
 from .outbox import OutboxMixin
 from .plan import CONTINUABLE_WORKFLOW_VERSIONS, WORKFLOW_VERSION
@@ -81,9 +79,10 @@ class Reply:
     job_id: str
 
 
-class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
-    """The state core's operations on Redis; the outbox, the inspector-side reads and review claims
-    are in :mod:`statecore.outbox`, :mod:`statecore.lifecycle` and :mod:`statecore.claims`."""
+class Store(OutboxMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
+    """The state core's operations on Redis; the outbox, the inspector-side reads, review claims, the
+    audit log and a job's history are in :mod:`statecore.outbox`, :mod:`statecore.lifecycle`,
+    :mod:`statecore.claims`, :mod:`statecore.audit` and :mod:`statecore.history`."""
 
     def __init__(self, client: Any, config: StoreConfig | None = None, *, cluster: bool = False) -> None:
         self.r = client
@@ -142,8 +141,10 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
 
     # ------------------------------------------------------------------ helpers
 
-    def _args(self, job_id: str, now: str) -> list[Any]:
-        return [job_id, now, self.config.retention_s]
+    def _args(self, job_id: str, now: str, actor: str) -> list[Any]:
+        """The ARGV every state-changing script starts with (lua/_lib.lua); ``actor``: who the
+        action's audit entry names (docs/protocol.md § Audit)."""
+        return [job_id, now, self.config.retention_s, actor]
 
     @staticmethod
     def _keys(state: decide.JobState | None, jk: keys.JobKeys) -> list[str]:
@@ -202,7 +203,7 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
             ks = jk.for_script() + ([keys.create_idem(submitter, idem_key)] if idem_key else [])
             res = await self._scripts["create_job"](
                 keys=ks,
-                args=self._args(job_id, now)
+                args=self._args(job_id, now, submitter)
                 + [plan.to_json(now, self.config.archive), image.sha256, body, int(time.time() * 1000)],
             )
             code = res[0]
@@ -228,7 +229,15 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
         jk = keys.job(job_id)
         for _ in range(STALE_RETRIES):
             state = await self.get(job_id)  # 404 before any state is touched
-            decide.check_bboxes_in_image(req.subjects, state.image.width, state.image.height)
+            pause = state.active_pause
+            snap_id = req.snapshot_id or (pause.snapshot_id if pause is not None else "")
+            try:
+                decide.check_bboxes_in_image(req.subjects, state.image.width, state.image.height)
+            except errors.InvalidRequest:  # refused from the body and the job alone: audited all the same
+                await self.audit_only(
+                    job_id, reviewer, "INTERVENE", "REFUSED:INVALID_REQUEST", req.base_version, snap_id
+                )
+                raise
             now = now_iso()
             now_ms = int(time.time() * 1000)
             gate = gates.snapshot_gate(state, req, self.config.continuable_workflow_versions)
@@ -242,7 +251,7 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
             resp = ip.response.model_dump_json() if ip.response else ""
             res = await self._scripts["consume_pause"](
                 keys=self._keys(state, jk),
-                args=self._args(job_id, now)
+                args=self._args(job_id, now, reviewer)
                 + [
                     req.intervention_id,
                     phash,
@@ -253,6 +262,7 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
                     resp,
                     ip.invalid.message if ip.invalid else "",
                     gate,
+                    snap_id,
                 ],
             )
             if res[0] == "OK":
@@ -276,15 +286,11 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
         for _ in range(STALE_RETRIES):
             state = await self.get(job_id)
             now = now_iso()
-            if state.status == JobStatus.CANCELLED:
-                return await self.snapshot_of(state)
-            if is_terminal(state.status):
-                snap = (await self.snapshot_of(state)).model_dump(mode="json")
-                raise errors.JobTerminal(scripts._MESSAGES["JOB_TERMINAL"], job_id=job_id, snapshot=snap)
-            plan = decide.plan_cancel(state, who, now)
+            # Cancelled or ended already: the script answers (and audits) without a plan.
+            done = state.status == JobStatus.CANCELLED or is_terminal(state.status)
+            plan = "" if done else decide.plan_cancel(state, who, now).to_json(now, self.config.archive)
             res = await self._scripts["cancel"](
-                keys=self._keys(state, jk),
-                args=self._args(job_id, now) + [str(state.version), plan.to_json(now, self.config.archive)],
+                keys=self._keys(state, jk), args=self._args(job_id, now, who) + [str(state.version), plan]
             )
             if res[0] in ("OK", "ALREADY"):
                 return await self.snapshot(job_id)
@@ -298,35 +304,47 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
 
     # ------------------------------------------------------------------ reports
 
-    async def node_started(self, cmd: NodeCommand) -> str:
+    async def node_started(self, cmd: NodeCommand, *, actor: str = "dispatcher") -> str:
         """Start the queued node: RUNNING, attempt + 1, its deadline from now. ``OK`` to run it;
         ``BUSY`` when it is already running (a reclaimed command whose first holder is still at
         work: a long node is never started twice); ``IGNORED``/``DUPLICATE`` when it is no
         longer current (skip it)."""
-        return await self._report(cmd.job_id, cmd.node_instance_id, cmd.node_type, kind="started")
+        return await self._report(cmd.job_id, cmd.node_instance_id, cmd.node_type, kind="started", actor=actor)
 
-    async def apply_report(self, report: NodeReport, *, lease: str | None = None) -> str:
+    async def apply_report(
+        self, report: NodeReport, *, lease: str | None = None, actor: str = "dispatcher", action: str = ""
+    ) -> str:
         """Apply a node's result at most once: ``OK``, ``DUPLICATE``, ``IGNORED`` (or ``FENCED``).
 
         ``lease``: the report is the inspector's verdict that the node passed its deadline, given
         under its lease of the job's partition. It is recorded apart from the model's own report,
         so when the model answers after all, its report is ``IGNORED`` with a ``REPORT_IGNORED``
         event (reason ``NODE_TIMED_OUT``), and only a replay of either report is a silent
-        ``DUPLICATE``. A verdict under a lease that has passed to another inspector is ``FENCED``."""
+        ``DUPLICATE``. A verdict under a lease that has passed to another inspector is ``FENCED``.
+        ``actor`` and ``action`` (default NODE_REPORT, or NODE_TIMED_OUT under a lease): what the
+        audit entry names (docs/protocol.md § Audit)."""
+        act = action or ("NODE_TIMED_OUT" if lease is not None else "NODE_REPORT")
+        nid = report.node_instance_id
         return await self._report(
-            report.job_id, report.node_instance_id, report.node_type, kind="report", report=report, lease=lease
+            report.job_id, nid, report.node_type, kind="report", report=report, lease=lease, actor=actor, action=act
         )
 
-    async def node_lost(self, job_id: str, node_instance_id: str, *, lease: str, reason: str = "EXECUTOR_LOST") -> str:
+    async def node_lost(
+        self, job_id: str, node_instance_id: str, *, lease: str, reason: str = "EXECUTOR_LOST", actor: str = "inspector"
+    ) -> str:
         """The inspector's verdict on a running node whose heartbeat lapsed: re-dispatch it as a new
         node instance after a backoff, or end the job FAILED after ``max_attempts`` starts."""
-        return await self._report(job_id, node_instance_id, "", kind="lost", lease=lease, reason=reason)
+        return await self._report(
+            job_id, node_instance_id, "", kind="lost", lease=lease, reason=reason, actor=actor, action="NODE_LOST"
+        )
 
-    async def node_failed(self, job_id: str, node_instance_id: str, *, reason: str) -> str:
+    async def node_failed(self, job_id: str, node_instance_id: str, *, reason: str, actor: str = "dispatcher") -> str:
         """A dispatcher's attempt failed with a transient error (the replica crashed, the network
         failed): re-dispatch the node as a new instance after a backoff, or end the job FAILED
         with ``reason`` after ``max_attempts`` starts. Each attempt stays visible in the events."""
-        return await self._report(job_id, node_instance_id, "", kind="lost", reason=reason)
+        return await self._report(
+            job_id, node_instance_id, "", kind="lost", reason=reason, actor=actor, action="NODE_ATTEMPT_FAILED"
+        )
 
     async def _report(
         self,
@@ -338,6 +356,8 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
         report: NodeReport | None = None,
         lease: str | None = None,
         reason: str = "EXECUTOR_LOST",
+        actor: str = "dispatcher",
+        action: str = "NODE_STARTED",
     ) -> str:
         jk = keys.job(job_id)
         for _ in range(STALE_RETRIES):
@@ -382,7 +402,7 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
             by_inspector = lease is not None
             res = await self._scripts["apply_report"](
                 keys=self._keys(state, jk),
-                args=self._args(job_id, now)
+                args=self._args(job_id, now, actor)
                 + [
                     nid,
                     str(state.version),
@@ -391,6 +411,7 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
                     node_type,
                     "1" if by_inspector else "0",
                     lease or "",
+                    action,
                 ],
             )
             if res[0] == "STALE":
@@ -402,55 +423,7 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin):
             return str(res[0])
         raise errors.StaleRead("the job kept changing while applying a report", job_id=job_id)
 
-    # ------------------------------------------------------------------ events
-
-    @staticmethod
-    def _event(job_id: str, raw: str) -> Event:
-        e = json.loads(raw)
-        return Event(
-            id=e["id"],
-            type=e["type"],
-            job_id=job_id,
-            version=e["version"],
-            at=e["at"],
-            data={"status": e["status"], **e["data"]},
-        )
-
-    async def events_after(self, job_id: str, after: int = 0, count: int = 100_000) -> list[Event]:
-        """Events with id > ``after``, oldest first (ids are 1-based list positions)."""
-        raws = await self.r.lrange(keys.job(job_id).events, max(after, 0), max(after, 0) + count - 1)
-        return [self._event(job_id, raw) for raw in raws]
-
-    async def stream_events(self, job_id: str, after: int = 0, poll_s: float = 0.2) -> AsyncIterator[Event]:
-        """The whole history after ``after``; then, for a live job, live events until JOB_FINISHED.
-        A simple polling reader for scripts; the SSE server uses serve_app.events.EventHub."""
-        last = after
-        finished = False
-        for ev in await self.events_after(job_id, after):
-            yield ev
-            last = ev.id
-            finished = finished or ev.type == "JOB_FINISHED"
-        if finished:
-            return
-        if await self.is_finished(job_id):
-            # It ended after the history was read: the tail up to JOB_FINISHED is in the list now.
-            for ev in await self.events_after(job_id, last):
-                yield ev
-            return
-        while True:
-            await asyncio.sleep(poll_s)
-            for ev in await self.events_after(job_id, last):
-                yield ev
-                last = ev.id
-                if ev.type == "JOB_FINISHED":
-                    return
-
-    # ------------------------------------------------------------------ pauses & listing
-
-    async def pause_history(self, job_id: str) -> list[Pause]:
-        raw = await self.r.hgetall(keys.job(job_id).pauses)
-        pauses = [Pause.model_validate_json(v) for v in raw.values()]
-        return sorted(pauses, key=lambda p: p.created_at)
+    # ------------------------------------------------------------------ listing
 
     async def list_jobs(
         self,

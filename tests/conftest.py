@@ -6,11 +6,15 @@ Locally a missing redis-server skips; under CI it fails the run (``harness.ci``)
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
+from archive import migrate
+from archive.db import Archive
 from harness.ci import require_binary
+from harness.postgres import PostgresServer, require_postgres
 from harness.redis import RedisCluster
 from harness.tokens import TOKENS_SPEC
 from harness.uvicorn import LocalServer
@@ -84,3 +88,39 @@ def client_for(request: pytest.FixtureRequest) -> Iterator[ClientFactory]:
     """``client_for(script, **kw)`` → (a client on ``script``, the delays it slept), for each of the
     two clients, so one test runs through HitlClient and AsyncHitlClient alike."""
     yield from client_factory(request.param)
+
+
+# --------------------------------------------------------------------------- the archive (SQLite and PostgreSQL)
+
+DIALECTS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer(require_postgres()).start()
+    yield server
+    server.stop()
+
+
+def _url(dialect: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if dialect == "sqlite":
+        return f"sqlite:///{tmp_path / 'archive.sqlite3'}"
+    pg: PostgresServer = request.getfixturevalue("postgres")
+    pg.reset()
+    return pg.url
+
+
+@pytest.fixture(params=DIALECTS)
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database of each kind (nothing migrated)."""
+    return _url(request.param, tmp_path, request)
+
+
+@pytest.fixture(params=DIALECTS)
+def archive(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Archive]:
+    """A migrated, empty archive of each kind."""
+    url = _url(request.param, tmp_path, request)
+    migrate.upgrade(url)
+    a = Archive(url)
+    yield a
+    a.close()

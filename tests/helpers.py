@@ -43,12 +43,17 @@ def keep(state, *idx):
 
 
 async def footprint(store: Store, job_id: str) -> dict:
-    """Everything a write could touch for one job: compare before/after to prove 'nothing written'."""
+    """Everything a write could touch for one job: compare before/after to prove 'nothing written'.
+
+    The audit log is not the job's state: a refused action is recorded there on purpose
+    (docs/protocol.md § Audit), so its head fields are left out of the meta; :func:`audit_tail`
+    shows what was recorded."""
     from statecore import keys
 
     jk = keys.job(job_id)
+    meta = await store.r.hgetall(jk.meta)
     return {
-        "meta": await store.r.hgetall(jk.meta),
+        "meta": {k: v for k, v in meta.items() if k not in ("audit_head", "audit_seq")},
         "pauses": await store.r.hgetall(jk.pauses),
         "events": await store.r.lrange(jk.events, 0, -1),
         "idem": await store.r.hgetall(jk.idem),
@@ -58,6 +63,13 @@ async def footprint(store: Store, job_id: str) -> dict:
         "waiting": await store.r.zscore(jk.waiting, job_id),
         "running": await store.r.zscore(jk.running, job_id),
     }
+
+
+async def audit_tail(store: Store, job_id: str, n: int = 1) -> list[tuple[str, str, str]]:
+    """The last ``n`` audit entries of the job as (actor, action, outcome)."""
+    log = await store.audit(job_id)
+    assert log is not None
+    return [(e["actor"], e["action"], e["outcome"]) for e in log["entries"][-n:]]
 
 
 def manual(bbox, label: str | None = "thing") -> dict:

@@ -28,7 +28,6 @@ from archive.archiver import Copied, NotFinished, archive_finished, archive_job,
 from archive.cli import add_upgrade_command
 from archive.db import Archive
 from archive.schema import ArchivedEvent, ArchivedJob, ArchivedPause, ArtifactRef, AuditEntry, Base
-from harness.postgres import PostgresServer, require_postgres
 from harness.tokens import auth
 from serve_app.events import sse_frame
 from statecore.models import JobResults, NodeReport
@@ -38,39 +37,7 @@ from statecore.store import Store
 from .api_util import blank_with_product, intervene, keep_all, submit, wait_status
 from .helpers import THREE_BOXES, iv, keep, manual, report, validate, waiting_job
 
-DIALECTS = ["sqlite", "postgresql"]
 TABLES = (ArchivedJob, ArchivedPause, ArchivedEvent, AuditEntry, ArtifactRef)
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer(require_postgres()).start()
-    yield server
-    server.stop()
-
-
-def _url(dialect: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    if dialect == "sqlite":
-        return f"sqlite:///{tmp_path / 'archive.sqlite3'}"
-    pg: PostgresServer = request.getfixturevalue("postgres")
-    pg.reset()
-    return pg.url
-
-
-@pytest.fixture(params=DIALECTS)
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database of each kind (nothing migrated)."""
-    return _url(request.param, tmp_path, request)
-
-
-@pytest.fixture(params=DIALECTS)
-def archive(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Archive]:
-    """A migrated, empty archive of each kind."""
-    url = _url(request.param, tmp_path, request)
-    migrate.upgrade(url)
-    a = Archive(url)
-    yield a
-    a.close()
 
 
 def counts(archive: Archive, job_id: str) -> dict[str, int]:
@@ -141,10 +108,10 @@ async def late_report(store: Store, job_id: str) -> None:
 def test_alembic_upgrades_an_empty_database_and_reports_its_schema_version(empty_url):
     assert migrate.schema_version(empty_url) is None
     assert migrate.main(["--archive-url", empty_url, "--check"]) == 1  # behind: `hitl admin archive-upgrade --check`
-    assert migrate.upgrade(empty_url) == migrate.head() == "0002"
+    assert migrate.upgrade(empty_url) == migrate.head() == "0003"
     assert migrate.main(["--archive-url", empty_url, "--check"]) == 0
-    assert migrate.schema_version(empty_url) == "0002"
-    assert migrate.upgrade(empty_url) == "0002"  # again: nothing to do
+    assert migrate.schema_version(empty_url) == "0003"
+    assert migrate.upgrade(empty_url) == "0003"  # again: nothing to do
     # As `hitl admin archive-upgrade` (archive.cli on hitl's `admin` subparsers).
     admin = argparse.ArgumentParser(prog="hitl admin").add_subparsers(dest="admin_command")
     add_upgrade_command(admin)
@@ -184,7 +151,7 @@ async def test_archived_bodies_equal_the_stores(store, image, archive):
     assert ours is not None and [sse_frame(e) for e in ours] == [sse_frame(e) for e in theirs]
     assert reads.events(archive, job_id, after=3) == theirs[3:]
     assert reads.pause_history(archive, job_id) == await store.pause_history(job_id)
-    assert reads.audit(archive, job_id) == {"job_id": job_id, "entries": [], "head": None}
+    assert reads.audit(archive, job_id) == await store.audit(job_id)  # the chain, its head and length
     with archive.reading() as s:
         refs = s.scalars(select(ArtifactRef).where(ArtifactRef.job_id == job_id).order_by(ArtifactRef.position)).all()
     assert [(r.kind, r.box_id) for r in refs] == [("image", None)] + [
@@ -271,19 +238,20 @@ async def test_upsert_is_idempotent_and_only_moves_forward(store, image, archive
     assert await archive_job(store, archive, job_id) == "INSERTED"
     first = counts(archive, job_id)
     assert first == {"archived_jobs": 1, "archived_pauses": 1, "archived_events": first["archived_events"],
-                     "audit_entries": 0, "artifact_refs": 7}  # fmt: skip
+                     "audit_entries": 6, "artifact_refs": 7}  # fmt: skip
     copied = await copy_job(store, archive, job_id)
-    assert copied == Copied("UNCHANGED", (await store.get(job_id)).version, first["archived_events"], 0)
+    assert copied == Copied("UNCHANGED", (await store.get(job_id)).version, first["archived_events"], 6)
     assert counts(archive, job_id) == first
     # The finished job gains an event (a late report): the newer copy replaces the archived one.
     await late_report(store, job_id)
     assert await archive_job(store, archive, job_id) == "REPLACED"
     now = counts(archive, job_id)
-    assert now == {**first, "archived_events": first["archived_events"] + 1}
+    assert now == {**first, "archived_events": first["archived_events"] + 1, "audit_entries": 7}  # its audit entry
     # An older copy (a delayed archiver holding an earlier read) never replaces a newer one.
     record = await read_job(store, job_id)
     older = dataclasses.replace(record, events=record.events[:-1])
     assert write_record(archive, older) == "OLDER"
+    assert write_record(archive, dataclasses.replace(record, audit=record.audit[:-1])) == "OLDER"
     assert write_record(archive, dataclasses.replace(record, version=record.version - 1)) == "OLDER"
     assert counts(archive, job_id) == now
     assert reads.events(archive, job_id) == record.events
@@ -363,7 +331,11 @@ async def test_a_copy_killed_mid_transaction_leaves_the_previous_state(store, im
     assert counts(archive, job_id) == first
     assert reads.job(archive, job_id) is not None
     assert await archive_job(store, archive, job_id) == "REPLACED"
-    assert counts(archive, job_id) == {**first, "archived_events": first["archived_events"] + 1}
+    assert counts(archive, job_id) == {
+        **first,
+        "archived_events": first["archived_events"] + 1,
+        "audit_entries": first["audit_entries"] + 1,  # the late report's IGNORED entry
+    }
     assert await archive_job(store, archive, job_id) == "UNCHANGED"
     assert time.monotonic() - t0 < 60
 
@@ -389,7 +361,7 @@ def test_an_archive_at_the_first_revision_upgrades_to_the_live_mirror(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
     assert migrate.upgrade(url, "0001") == "0001"
     assert migrate.not_ready(url) is not None  # behind: the build refuses to use it as it is
-    assert migrate.upgrade(url) == "0002" and migrate.not_ready(url) is None
+    assert migrate.upgrade(url) == "0003" and migrate.not_ready(url) is None
     a = Archive(url)
     try:
         assert "live_mirror" in inspect(a.engine).get_table_names()

@@ -26,15 +26,20 @@ async def test_a_finished_job_waits_for_the_archive_before_its_records_expire(re
         (cmd,) = [c for c in await store.outbox_commands(job_id) if c.node_type == "ARCHIVE_JOB"]
         assert cmd.job_id == job_id and cmd.node_instance_id == f"archive_{job_id}_v{snap.version}"
         last = int(await store.r.hget(jk.meta, "event_seq"))
-        # A copy that is behind (an older version, or fewer events) does not start the retention.
-        assert await store.archive_ack(job_id, snap.version - 1, last) == "STALE"
-        assert await store.archive_ack(job_id, snap.version, last - 1) == "STALE"
+        seq = int(await store.r.hget(jk.meta, "audit_seq"))
+        log = await store.audit(job_id)
+        assert log is not None and [e["action"] for e in log["entries"]] == ["SUBMIT", "NODE_REPORT", "CANCEL"]
+        assert seq == 3
+        # A copy that is behind (an older version, fewer events or audit entries) does not start the retention.
+        assert await store.archive_ack(job_id, snap.version - 1, last, seq) == "STALE"
+        assert await store.archive_ack(job_id, snap.version, last - 1, seq) == "STALE"
+        assert await store.archive_ack(job_id, snap.version, last, seq - 1) == "STALE"
         assert await store.r.ttl(jk.meta) == -1
-        assert await store.archive_ack(job_id, snap.version, last) == "OK"
-        for k in (jk.meta, jk.pauses, jk.events):
+        assert await store.archive_ack(job_id, snap.version, last, seq) == "OK"
+        for k in (jk.meta, jk.pauses, jk.events, jk.audit):
             assert 3500 < await store.r.ttl(k) <= 3600, k
         assert await store.r.zscore(keys.expiring(jk.p), job_id) is not None
-        assert await store.archive_ack(job_id, snap.version, last) == "OK"  # a redelivery: harmless
+        assert await store.archive_ack(job_id, snap.version, last, seq) == "OK"  # a redelivery: harmless
         assert await store.archive_ack("job_missing", 1, 1) == "JOB_NOT_FOUND"
         live = await waiting_job(store, image)
         assert await store.archive_ack(live, None) == "NOT_FINISHED"

@@ -4,7 +4,7 @@ real Redis and the SQLite archive in the data directory:
 - a job that ends is copied to the archive within seconds, and only then do its Redis records get
   their retention TTL;
 - with the job's Redis keys deleted, ``GET /jobs/{id}``, ``/results`` and ``/events`` answer
-  from the archive with the same bodies, and a submitter still sees only its own jobs.
+  from the archive with the same bodies (``/audit`` too), and a submitter still sees only its own jobs.
 """
 
 from __future__ import annotations
@@ -60,14 +60,17 @@ def test_a_finished_job_is_archived_then_expires_and_reads_come_from_the_archive
         "results": c.get(f"/api/v1/jobs/{job_id}/results", headers=auth("rev1")).json(),
         "events": sse_events(c, job_id),
         "later": sse_events(c, job_id, last_event_id=3),
+        "audit": c.get(f"/api/v1/jobs/{job_id}/audit", headers=auth("rev1")).json(),
     }
+    assert [e["action"] for e in before["audit"]["entries"]][:1] == ["SUBMIT"]
     # Redis loses the job: every read answers from the archive, the same bodies.
-    assert direct.delete(jk.meta, jk.pauses, jk.events, jk.idem, jk.reports) >= 3
+    assert direct.delete(jk.meta, jk.pauses, jk.events, jk.idem, jk.reports, jk.audit) >= 4
     after = {
         "job": c.get(f"/api/v1/jobs/{job_id}", headers=auth("rev1")).json(),
         "results": c.get(f"/api/v1/jobs/{job_id}/results", headers=auth("rev1")).json(),
         "events": sse_events(c, job_id),
         "later": sse_events(c, job_id, last_event_id=3),
+        "audit": c.get(f"/api/v1/jobs/{job_id}/audit", headers=auth("rev1")).json(),
     }
     before["job"]["claim"] = after["job"]["claim"] = None  # a claim is live state, never archived
     assert after == before

@@ -27,7 +27,7 @@ from statecore.errors import (
 from statecore.models import InterventionRequest, NodeReport
 from statecore.states import JobStatus as S
 
-from .helpers import THREE_BOXES, create, footprint, iv, keep, manual, report, waiting_job
+from .helpers import THREE_BOXES, audit_tail, create, footprint, iv, keep, manual, report, waiting_job
 
 
 def _assert_snapshot(err, state):
@@ -64,6 +64,7 @@ async def test_400_touches_nothing(store, image, case):
         await store.intervene(job_id, req, "rev")
     assert ei.value.status == 400 and ei.value.code == "INVALID_REQUEST"
     assert await footprint(store, job_id) == before
+    assert await audit_tail(store, job_id) == [("rev", "INTERVENE", "REFUSED:INVALID_REQUEST")]  # only the audit
     # Nothing was recorded under that intervention id: it can still be used for a valid body.
     ok = await store.intervene(job_id, iv(st, keep(st, 0), iid="iv_bad"), "rev")
     assert ok.status_code == 200 and not ok.replayed

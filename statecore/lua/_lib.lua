@@ -7,16 +7,53 @@
 --      totals, and per-minute coverage buckets of the jobs submitted in that minute
 --   15 the partition's finished jobs' final statuses (HASH job_id -> status, until pruned)
 --   16 the job's review claim (HASH with a TTL; never part of the job's version: claim.lua)
--- KEYS[17]    optional: the job's creation idempotency record (same slot)
+--   17 the job's audit log (LIST, a hash chain: audit() below; docs/protocol.md § Audit)
+-- KEYS[18]    optional: the job's creation idempotency record (same slot)
 -- ARGV[1] job_id   ARGV[2] now (ISO-8601)   ARGV[3] retention seconds for finished jobs
+-- ARGV[4] the actor the audit names (the token's name, or the process acting: dispatcher, inspector)
 -- A "plan" (statecore.decide.Plan.to_json) lists every write of one atomic step;
 -- applying it increments the job's version by exactly one.
 local K_META, K_PAUSES, K_EVENTS, K_IDEM, K_REPORTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_OUTBOX, K_WAITING, K_RUNNING, K_JOBS, K_EXPIRING = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local K_QUEUED, K_HEARTBEATS, K_LEASE = KEYS[11], KEYS[12], KEYS[13]
 local K_COUNTS, K_FINISHED, K_CLAIM = KEYS[14], KEYS[15], KEYS[16]
-local K_CREATE = KEYS[17]
-local JOB_ID, NOW, RETENTION = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local K_AUDIT, K_CREATE = KEYS[17], KEYS[18]
+local JOB_ID, NOW, RETENTION, ACTOR = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+
+-- Audit (docs/protocol.md § Audit). Each entry is a JSON array in statecore.audit.FIELDS order:
+-- seq, at, actor, action, base_version, snapshot_id, outcome, prev_hash, hash. `hash` is SHA-1 (the
+-- one digest Redis's Lua has) over the other eight fields, each written as <length>:<text> ('-'
+-- for none), so no two entries share a hashed text. `prev_hash` is read here from the head kept in
+-- the meta (audit_head, audit_seq), inside the script that commits the action: an append can only
+-- extend the current head, the chain cannot fork. statecore.audit.verify recomputes it.
+local function canon(v)
+  if v == nil or v == cjson.null or v == '' then return '-' end
+  local s = tostring(v)
+  return #s .. ':' .. s
+end
+
+-- A version as the client sent it: a JSON number while exact in a double, else its digits as text.
+local function version_value(v)
+  if v == nil or v == '' then return cjson.null end
+  if #v <= 15 and string.match(v, '^%d+$') then return tonumber(v) end
+  return v
+end
+
+local function audit(action, outcome, base_version, snapshot_id)
+  local head = redis.call('HMGET', K_META, 'audit_head', 'audit_seq')
+  local prev = head[1] or ''
+  local seq = (tonumber(head[2]) or 0) + 1
+  local bv = base_version or ''
+  local sid = snapshot_id or ''
+  local hash = redis.sha1hex(canon(seq) .. canon(NOW) .. canon(ACTOR) .. canon(action) .. canon(bv) ..
+    canon(sid) .. canon(outcome) .. canon(prev))
+  redis.call('RPUSH', K_AUDIT, cjson.encode({seq, NOW, ACTOR, action, version_value(bv),
+    sid ~= '' and sid or cjson.null, outcome, prev, hash}))
+  redis.call('HSET', K_META, 'audit_head', hash, 'audit_seq', seq)
+  local ttl = redis.call('PTTL', K_META)
+  if ttl > 0 then redis.call('PEXPIRE', K_AUDIT, ttl) end
+  return seq
+end
 
 -- An event is one JSON string appended to the job's list (its id is its position);
 -- the PUBLISH only wakes SSE readers up, the list is the record.
@@ -40,7 +77,7 @@ end
 -- A finished job's records expire after the retention; the listing index has no TTL of its own:
 -- record when this job's records go, for pruning.
 local function start_retention()
-  for _, k in ipairs({K_META, K_PAUSES, K_EVENTS, K_IDEM, K_REPORTS}) do
+  for _, k in ipairs({K_META, K_PAUSES, K_EVENTS, K_IDEM, K_REPORTS, K_AUDIT}) do
     redis.call('EXPIRE', k, RETENTION)
   end
   if K_CREATE then redis.call('EXPIRE', K_CREATE, RETENTION) end
@@ -133,7 +170,7 @@ end
 local function apply_plan(plan_json)
   local plan = cjson.decode(plan_json)
   -- Read before the first write: no status yet means this plan creates the job (only
-  -- create_job.lua does, whose ARGV[7] is the created_at ms it also indexes the job under).
+  -- create_job.lua does, whose ARGV[8] is the created_at ms it also indexes the job under).
   local old_status = redis.call('HGET', K_META, 'status') or nil
   local version = redis.call('HINCRBY', K_META, 'version', 1)
   local flat = {}
@@ -153,7 +190,7 @@ local function apply_plan(plan_json)
     count_event(ev[1], ev[3])
   end
   if plan.meta.status then
-    count_status(old_status, plan.meta.status, old_status == nil and tonumber(ARGV[7]) or 0)
+    count_status(old_status, plan.meta.status, old_status == nil and tonumber(ARGV[8]) or 0)
   end
   if plan.outbox ~= '' then
     redis.call('XADD', K_OUTBOX, '*', 'job', JOB_ID, 'cmd', plan.outbox)

@@ -1,23 +1,31 @@
 -- apply_report: a node's result (or its start), applied at most once per node_instance_id and
 -- only while that node is the job's current node of a live job; otherwise recorded as ignored.
 -- KEYS: see _lib.lua
--- ARGV[4] node_instance_id  ARGV[5] version the plan was computed from  ARGV[6] plan JSON
--- ARGV[7] '1' = final report (recorded in the reports set), '0' = node started
--- ARGV[8] node_type
--- ARGV[9] '1' = the inspector's verdict on the node (its deadline passed, or its executor was lost),
+-- ARGV[5] node_instance_id  ARGV[6] version the plan was computed from  ARGV[7] plan JSON
+-- ARGV[8] '1' = final report (recorded in the reports set), '0' = node started
+-- ARGV[9] node_type
+-- ARGV[10] '1' = the inspector's verdict on the node (its deadline passed, or its executor was lost),
 --         recorded as timeout:<nid>, so the model's own late report is still told apart from a
 --         replay: it is ignored with an event
--- ARGV[10] with ARGV[9] = '1': the inspector's lease (owner|fencing token) on the job's partition;
+-- ARGV[11] with ARGV[10] = '1': the inspector's lease (owner|fencing token) on the job's partition;
 --         a verdict from an inspector that no longer holds it is refused (FENCED)
+-- ARGV[12] the action the audit names (NODE_STARTED, NODE_REPORT, NODE_TIMED_OUT, NODE_LOST,
+--         NODE_ATTEMPT_FAILED, DEAD_LETTER_REPLAY): every answer but JOB_NOT_FOUND, FENCED and
+--         STALE appends an entry, outcome APPLIED:<status> or IGNORED:<reason | DUPLICATE>
 -- Returns {'OK', version} | {'DUPLICATE'} | {'IGNORED', reason} | {'JOB_NOT_FOUND'} | {'STALE'} | {'FENCED'}
 if redis.call('EXISTS', K_META) == 0 then return {'JOB_NOT_FOUND'} end
-local nid, final, by_inspector = ARGV[4], ARGV[7] == '1', ARGV[9] == '1'
-if by_inspector and redis.call('GET', K_LEASE) ~= ARGV[10] then return {'FENCED'} end
+local nid, final, by_inspector = ARGV[5], ARGV[8] == '1', ARGV[10] == '1'
+if by_inspector and redis.call('GET', K_LEASE) ~= ARGV[11] then return {'FENCED'} end
 local timeout_mark = 'timeout:' .. nid
 local mark = by_inspector and timeout_mark or nid
-if redis.call('SISMEMBER', K_REPORTS, nid) == 1 then return {'DUPLICATE'} end
+local ACTION = ARGV[12]
+local function duplicate()
+  audit(ACTION, 'IGNORED:DUPLICATE')
+  return {'DUPLICATE'}
+end
+if redis.call('SISMEMBER', K_REPORTS, nid) == 1 then return duplicate() end
 local timed_out = redis.call('SISMEMBER', K_REPORTS, timeout_mark) == 1
-if timed_out and by_inspector then return {'DUPLICATE'} end
+if timed_out and by_inspector then return duplicate() end
 local m = redis.call('HMGET', K_META, 'status', 'version', 'node_id', 'terminal')
 local reason = nil
 if timed_out then
@@ -31,12 +39,14 @@ if reason then
   if final then
     redis.call('SADD', K_REPORTS, mark)
     keep_ttl_like_meta(K_REPORTS)
-    local data = cjson.encode({node_instance_id = nid, node_type = ARGV[8], reason = reason, status = m[1]})
+    local data = cjson.encode({node_instance_id = nid, node_type = ARGV[9], reason = reason, status = m[1]})
     append_event('REPORT_IGNORED', m[1], data, m[2])
   end
+  audit(ACTION, 'IGNORED:' .. reason)
   return {'IGNORED', reason}
 end
-if m[2] ~= ARGV[5] then return {'STALE'} end
+if m[2] ~= ARGV[6] then return {'STALE'} end
 if final then redis.call('SADD', K_REPORTS, mark) end
-local version = apply_plan(ARGV[6])
+local version = apply_plan(ARGV[7])
+audit(ACTION, 'APPLIED:' .. redis.call('HGET', K_META, 'status'))
 return {'OK', version}

@@ -2,38 +2,55 @@
 -- writes pause CONSUMED, box lists, status, version, outbox command, events and, last,
 -- the idempotency record, all in this one script. A consumed pause ends the job's review claim.
 -- KEYS: see _lib.lua
--- ARGV[4] intervention_id  ARGV[5] payload hash (body + reviewer)  ARGV[6] base_version
--- ARGV[7] pause_token  ARGV[8] version the plan was computed from  ARGV[9] plan JSON ('' = none)
--- ARGV[10] response body  ARGV[11] message of a 400 found while planning ('' = none)
--- ARGV[12] the snapshot gates' verdict ('' | 'SNAPSHOT_MISMATCH' | 'WORKFLOW_VERSION_INCOMPATIBLE'),
---          decided from the job at version ARGV[8]; for WORKFLOW_VERSION_INCOMPATIBLE, ARGV[9]
+-- ARGV[5] intervention_id  ARGV[6] payload hash (body + reviewer)  ARGV[7] base_version
+-- ARGV[8] pause_token  ARGV[9] version the plan was computed from  ARGV[10] plan JSON ('' = none)
+-- ARGV[11] response body  ARGV[12] message of a 400 found while planning ('' = none)
+-- ARGV[13] the snapshot gates' verdict ('' | 'SNAPSHOT_MISMATCH' | 'WORKFLOW_VERSION_INCOMPATIBLE'),
+--          decided from the job at version ARGV[9]; for WORKFLOW_VERSION_INCOMPATIBLE, ARGV[10]
 --          is the re-offer (a new pause under the current workflow definition)
+-- ARGV[14] the snapshot_id the audit names: the one the reviewer echoed, else the active pause's
+-- Every answer but JOB_NOT_FOUND and STALE (nothing was decided: the caller plans again) appends its
+-- audit entry: INTERVENE with ACCEPTED, REPLAYED or REFUSED:<code> (docs/protocol.md § Audit).
 -- Returns {'OK', version} | {'REPLAY', response} | {CODE, snapshot...} | {'INVALID_REQUEST', msg}
 --         | {'JOB_NOT_FOUND'} | {'STALE'}
-local rec = redis.call('HGET', K_IDEM, ARGV[4])
+local BASE, SNAP = ARGV[7], ARGV[14]
+local function refused(code)
+  audit('INTERVENE', 'REFUSED:' .. code, BASE, SNAP)
+  return {code, snapshot()}
+end
+local rec = redis.call('HGET', K_IDEM, ARGV[5])
+local exists = redis.call('EXISTS', K_META) == 1
 if rec then
   local sep = string.find(rec, '\n', 1, true)
-  if string.sub(rec, 1, sep - 1) == ARGV[5] then return {'REPLAY', string.sub(rec, sep + 1)} end
-  return {'IDEMPOTENCY_CONFLICT', snapshot()}
+  if string.sub(rec, 1, sep - 1) == ARGV[6] then
+    if exists then audit('INTERVENE', 'REPLAYED', BASE, SNAP) end
+    return {'REPLAY', string.sub(rec, sep + 1)}
+  end
+  if not exists then return {'IDEMPOTENCY_CONFLICT', {}} end
+  return refused('IDEMPOTENCY_CONFLICT')
 end
 local m = redis.call('HMGET', K_META, 'status', 'version', 'pause_token')
 if not m[1] then return {'JOB_NOT_FOUND'} end
-if m[1] == 'CANCELLED' then return {'JOB_CANCELLED', snapshot()} end
-if m[2] ~= ARGV[6] then return {'VERSION_CONFLICT', snapshot()} end
-if not m[3] or m[3] == '' then return {'PAUSE_NOT_ACTIVE', snapshot()} end
-if m[3] ~= ARGV[7] then return {'PAUSE_TOKEN_MISMATCH', snapshot()} end
-if m[2] ~= ARGV[8] then return {'STALE'} end
-if ARGV[12] == 'SNAPSHOT_MISMATCH' then return {'SNAPSHOT_MISMATCH', snapshot()} end
-if ARGV[12] == 'WORKFLOW_VERSION_INCOMPATIBLE' then
-  apply_plan(ARGV[9])
-  return {'WORKFLOW_VERSION_INCOMPATIBLE', snapshot()}
+if m[1] == 'CANCELLED' then return refused('JOB_CANCELLED') end
+if m[2] ~= BASE then return refused('VERSION_CONFLICT') end
+if not m[3] or m[3] == '' then return refused('PAUSE_NOT_ACTIVE') end
+if m[3] ~= ARGV[8] then return refused('PAUSE_TOKEN_MISMATCH') end
+if m[2] ~= ARGV[9] then return {'STALE'} end
+if ARGV[13] == 'SNAPSHOT_MISMATCH' then return refused('SNAPSHOT_MISMATCH') end
+if ARGV[13] == 'WORKFLOW_VERSION_INCOMPATIBLE' then
+  apply_plan(ARGV[10])  -- the re-offer: a new pause under the current definition
+  return refused('WORKFLOW_VERSION_INCOMPATIBLE')
 end
-if ARGV[11] ~= '' then return {'INVALID_REQUEST', ARGV[11]} end
-if ARGV[9] == '' then return {'STALE'} end
-local version = apply_plan(ARGV[9])
-redis.call('HSET', K_IDEM, ARGV[4], ARGV[5] .. '\n' .. ARGV[10])
+if ARGV[12] ~= '' then
+  audit('INTERVENE', 'REFUSED:INVALID_REQUEST', BASE, SNAP)
+  return {'INVALID_REQUEST', ARGV[12]}
+end
+if ARGV[10] == '' then return {'STALE'} end
+local version = apply_plan(ARGV[10])
+redis.call('HSET', K_IDEM, ARGV[5], ARGV[6] .. '\n' .. ARGV[11])
 -- A first intervention that also ends the job (EMPTY_SELECTION) creates K_IDEM after
 -- apply_plan set the retention TTLs: give it the same TTL as the job's meta.
 keep_ttl_like_meta(K_IDEM)
 redis.call('DEL', K_CLAIM)
+audit('INTERVENE', 'ACCEPTED', BASE, SNAP)
 return {'OK', version}

@@ -1,18 +1,20 @@
 -- create_job: a new job, its first outbox command (DETECT_SUBJECTS) and events, atomically.
--- KEYS: see _lib.lua; KEYS[17] present when the submitter sent an Idempotency-Key.
--- ARGV[4] plan JSON   ARGV[5] image sha256   ARGV[6] response body   ARGV[7] created_at (ms)
+-- KEYS: see _lib.lua; KEYS[18] present when the submitter sent an Idempotency-Key.
+-- ARGV[5] plan JSON   ARGV[6] image sha256   ARGV[7] response body   ARGV[8] created_at (ms)
+-- The job's first audit entry: SUBMIT, CREATED (a creation replay writes nothing: the job is unchanged).
 -- Returns {'OK', version} | {'REPLAY', response} | {'IDEMPOTENCY_CONFLICT', existing_job_id} | {'COLLISION'}
 if K_CREATE then
   local rec = redis.call('HMGET', K_CREATE, 'job_id', 'image_sha', 'response')
   if rec[1] then
-    if rec[2] == ARGV[5] then return {'REPLAY', rec[3]} end
+    if rec[2] == ARGV[6] then return {'REPLAY', rec[3]} end
     return {'IDEMPOTENCY_CONFLICT', rec[1]}
   end
 end
 if redis.call('EXISTS', K_META) == 1 then return {'COLLISION'} end
-local version = apply_plan(ARGV[4])
-redis.call('ZADD', K_JOBS, ARGV[7], JOB_ID)
+local version = apply_plan(ARGV[5])
+redis.call('ZADD', K_JOBS, ARGV[8], JOB_ID)
+audit('SUBMIT', 'CREATED')
 if K_CREATE then
-  redis.call('HSET', K_CREATE, 'job_id', JOB_ID, 'image_sha', ARGV[5], 'response', ARGV[6])
+  redis.call('HSET', K_CREATE, 'job_id', JOB_ID, 'image_sha', ARGV[6], 'response', ARGV[7])
 end
 return {'OK', version}

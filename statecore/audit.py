@@ -1,0 +1,122 @@
+"""A job's audit log: reading it and verifying its hash chain (docs/protocol.md § Audit).
+
+The entries are written only by the Lua script that commits each action (``audit()`` in
+``lua/_lib.lua``), in the same atomic step; this module is the other half of that contract: the
+same canonical text, the same digest, so a verifier outside Redis recomputes every hash. It is pure
+(no I/O) apart from :func:`read`, and serves Redis's copy and the archive's alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import keys
+from .ids import now_iso
+
+# The order of an entry's fields in Redis (a JSON array) and in the hashed text.
+FIELDS = ("seq", "at", "actor", "action", "base_version", "snapshot_id", "outcome", "prev_hash", "hash")
+HASHED = FIELDS[:-1]
+
+
+def _canon(v: Any) -> str:
+    """One field as ``audit()`` hashes it: ``<length>:<text>``, ``-`` for none (or empty)."""
+    if v is None or v == "":
+        return "-"
+    s = str(v)
+    return f"{len(s)}:{s}"
+
+
+def entry_hash(entry: Mapping[str, Any]) -> str:
+    """The hash ``audit()`` gives ``entry``: SHA-1 (Redis's Lua offers no other digest) over its
+    fields but ``hash``, ``prev_hash`` included, so each entry covers the whole chain before it."""
+    text = "".join(_canon(entry.get(f)) for f in HASHED)
+    return hashlib.sha1(text.encode()).hexdigest()  # the digest Redis's Lua computes; a chain, not a password
+
+
+def parse(raw: str) -> dict[str, Any]:
+    """One stored entry (a JSON array in FIELDS order) as the audit route shows it."""
+    entry = dict(zip(FIELDS, json.loads(raw), strict=True))
+    bv = entry["base_version"]
+    if isinstance(bv, str) and bv.isascii() and bv.isdigit():  # past a double's exact range: kept as digits
+        entry["base_version"] = int(bv)
+    return entry
+
+
+@dataclass(frozen=True)
+class Broken:
+    """The first entry of a chain that does not verify: its position (1-based) and why."""
+
+    position: int
+    seq: Any
+    reason: str
+
+    def __str__(self) -> str:
+        return f"entry {self.position} (seq {self.seq}): {self.reason}"
+
+
+def verify(entries: Sequence[Mapping[str, Any]], head: str | None = None, head_seq: int | None = None) -> Broken | None:
+    """None when ``entries`` (oldest first) form an unbroken chain ending at ``head``; else the
+    first entry that breaks it. An edited entry fails its own hash; a removed or moved one breaks
+    the next entry's ``prev_hash`` or its ``seq`` (entries are numbered 1, 2, … from the chain's
+    start); removed last entries leave the chain short of ``head`` / ``head_seq``."""
+    prev = ""
+    for i, e in enumerate(entries, start=1):
+        seq = e.get("seq")
+        if e.get("prev_hash", "") != prev:
+            return Broken(i, seq, f"prev_hash {str(e.get('prev_hash'))[:12]}… does not match the entry before it")
+        if seq != i:
+            return Broken(i, seq, f"seq {seq} out of order (expected {i})")
+        if entry_hash(e) != e.get("hash"):
+            return Broken(i, seq, "its hash does not match its content (edited)")
+        prev = str(e["hash"])
+    n = len(entries)
+    if head is not None and head != prev:
+        return Broken(n + 1, None, f"the chain ends at {prev[:12] or 'nothing'}, its recorded head is {head[:12]}…")
+    if head_seq is not None and head_seq != n:
+        return Broken(n + 1, None, f"{n} entries, the recorded head is entry {head_seq} (entries removed)")
+    return None
+
+
+async def read(r: Any, job_id: str) -> dict[str, Any] | None:
+    """``GET /jobs/{id}/audit``'s body from Redis (``{"job_id", "entries", "head", "head_seq"}``),
+    None when Redis does not hold the job. One MULTI: the entries and the head agree."""
+    jk = keys.job(job_id)
+    async with r.pipeline(transaction=True) as pipe:
+        pipe.exists(jk.meta)
+        pipe.lrange(jk.audit, 0, -1)
+        pipe.hmget(jk.meta, "audit_head", "audit_seq")
+        exists, raw, (head, head_seq) = await pipe.execute()
+    if not exists:
+        return None
+    return {
+        "job_id": job_id,
+        "entries": [parse(x) for x in raw],
+        "head": head,
+        "head_seq": int(head_seq) if head_seq is not None else 0,
+    }
+
+
+class AuditMixin:
+    """The store's audit calls (a mixin of :class:`statecore.store.Store`)."""
+
+    r: Any
+    _scripts: dict[str, Any]
+    _args: Any  # Store._args
+
+    async def audit(self, job_id: str) -> dict[str, Any] | None:
+        """The job's audit log as Redis holds it (``GET /jobs/{id}/audit``), None without the job."""
+        return await read(self.r, job_id)
+
+    async def audit_only(
+        self, job_id: str, actor: str, action: str, outcome: str, base_version: int | None = None, snapshot_id: str = ""
+    ) -> bool:
+        """Append an entry for an action decided before any other script ran (an intervention
+        refused as a 400 from its boxes and the job alone, a dead-letter command re-queued):
+        False when Redis does not hold the job."""
+        bv = "" if base_version is None else str(base_version)
+        args = self._args(job_id, now_iso(), actor) + [action, outcome, bv, snapshot_id or ""]
+        return bool(await self._scripts["audit_append"](keys=keys.job(job_id).for_script(), args=args))

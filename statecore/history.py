@@ -1,0 +1,63 @@
+"""A job's history as Redis holds it: its events (a LIST, id = position) and its pauses
+(docs/protocol.md § Events (SSE), § Pause). Reads only. A mixin of :class:`statecore.store.Store`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from . import keys
+from .models import Event, Pause
+
+
+class HistoryMixin:
+    r: Any
+    is_finished: Any  # Store.is_finished
+
+    @staticmethod
+    def _event(job_id: str, raw: str) -> Event:
+        e = json.loads(raw)
+        return Event(
+            id=e["id"],
+            type=e["type"],
+            job_id=job_id,
+            version=e["version"],
+            at=e["at"],
+            data={"status": e["status"], **e["data"]},
+        )
+
+    async def events_after(self, job_id: str, after: int = 0, count: int = 100_000) -> list[Event]:
+        """Events with id > ``after``, oldest first (ids are 1-based list positions)."""
+        raws = await self.r.lrange(keys.job(job_id).events, max(after, 0), max(after, 0) + count - 1)
+        return [self._event(job_id, raw) for raw in raws]
+
+    async def stream_events(self, job_id: str, after: int = 0, poll_s: float = 0.2) -> AsyncIterator[Event]:
+        """The whole history after ``after``; then, for a live job, live events until JOB_FINISHED.
+        A simple polling reader for scripts; the SSE server uses serve_app.events.EventHub."""
+        last = after
+        finished = False
+        for ev in await self.events_after(job_id, after):
+            yield ev
+            last = ev.id
+            finished = finished or ev.type == "JOB_FINISHED"
+        if finished:
+            return
+        if await self.is_finished(job_id):
+            # It ended after the history was read: the tail up to JOB_FINISHED is in the list now.
+            for ev in await self.events_after(job_id, last):
+                yield ev
+            return
+        while True:
+            await asyncio.sleep(poll_s)
+            for ev in await self.events_after(job_id, last):
+                yield ev
+                last = ev.id
+                if ev.type == "JOB_FINISHED":
+                    return
+
+    async def pause_history(self, job_id: str) -> list[Pause]:
+        raw = await self.r.hgetall(keys.job(job_id).pauses)
+        pauses = [Pause.model_validate_json(v) for v in raw.values()]
+        return sorted(pauses, key=lambda p: p.created_at)
