@@ -266,3 +266,48 @@ def test_audit_route_and_verify_audit_command(api_server: Any, capsys: pytest.Ca
     assert cli.main(["admin", "verify-audit", "--all", "--json", *conn]) == 1
     found = json.loads(capsys.readouterr().out)
     assert job_id in {b["job_id"] for b in found["broken"]} and found["checked"] >= 1
+
+
+async def test_a_finished_job_that_gains_an_entry_is_archived_again(
+    tmp_path: Any, redis_server: Any, image: Any
+) -> None:
+    """After its copy, a finished job gains audit entries (a refused intervention, a late report):
+    each queues ARCHIVE_JOB again, so the archive holds them before the Redis records expire."""
+    from archive import migrate
+    from serve_app.archiving import archive_job
+    from statecore.store import StoreConfig
+
+    store = Store.from_url(redis_server.url, StoreConfig(retention_s=3600, archive=True))
+    url = f"sqlite:///{tmp_path / 'archive.sqlite3'}"
+    migrate.upgrade(url)
+    archive = Archive(url)
+    try:
+        job_id = await waiting_job(store, image)
+        st = await store.get(job_id)
+        await store.cancel(job_id, "rev1")
+
+        def archive_commands() -> Any:
+            return [c for c in cmds if c.node_type == "ARCHIVE_JOB"]
+
+        cmds = await store.outbox_commands(job_id)
+        assert len(archive_commands()) == 1  # the terminal write's, once (not again for its CANCEL entry)
+        assert await archive_job(store, archive, job_id) == "OK"
+        with pytest.raises(errors.JobCancelled):
+            await store.intervene(job_id, iv(st, keep(st, 0), iid="iv_late"), "rev2")
+        cmds = await store.outbox_commands(job_id)
+        assert len(archive_commands()) == 2
+        assert await archive_job(store, archive, job_id) == "OK"
+        kept = await asyncio.to_thread(_archived_trail, archive, job_id)
+        assert kept[-1] == ("rev2", "INTERVENE", "REFUSED:JOB_CANCELLED")
+        assert await verify_job(store, archive, job_id) == (2, [])
+    finally:
+        archive.close()
+        await store.close()
+
+
+def _archived_trail(archive: Archive, job_id: str) -> list[tuple[str, str, str]]:
+    from archive import reads
+
+    log = reads.audit(archive, job_id)
+    assert log is not None
+    return trail(log)

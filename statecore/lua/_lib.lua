@@ -39,6 +39,15 @@ local function version_value(v)
   return v
 end
 
+-- The job's ARCHIVE_JOB command (docs/protocol.md § Archive), into its partition's outbox.
+local ARCHIVE_QUEUED = false
+local function queue_archive(version)
+  redis.call('XADD', K_OUTBOX, '*', 'job', JOB_ID, 'cmd', cjson.encode({
+    node_instance_id = 'archive_' .. JOB_ID .. '_v' .. version, node_type = 'ARCHIVE_JOB',
+    job_id = JOB_ID, attempt = 0, enqueued_at = NOW}))
+  ARCHIVE_QUEUED = true
+end
+
 local function audit(action, outcome, base_version, snapshot_id)
   local head = redis.call('HMGET', K_META, 'audit_head', 'audit_seq')
   local prev = head[1] or ''
@@ -52,6 +61,12 @@ local function audit(action, outcome, base_version, snapshot_id)
   redis.call('HSET', K_META, 'audit_head', hash, 'audit_seq', seq)
   local ttl = redis.call('PTTL', K_META)
   if ttl > 0 then redis.call('PEXPIRE', K_AUDIT, ttl) end
+  -- A finished job that gains an entry (a refused action, a late report) is copied again, so the
+  -- archive holds everything before its Redis records expire.
+  if not ARCHIVE_QUEUED then
+    local f = redis.call('HMGET', K_META, 'terminal', 'archive', 'version')
+    if f[1] == '1' and f[2] == '1' then queue_archive(f[3]) end
+  end
   return seq
 end
 
@@ -205,9 +220,9 @@ local function apply_plan(plan_json)
   if plan.terminal and plan.archive then
     -- Archived first (docs/protocol.md § Archive): the records get their retention only when
     -- the archive acknowledged the copy (archive_ack.lua). Same slot: the job's partition outbox.
-    redis.call('XADD', K_OUTBOX, '*', 'job', JOB_ID, 'cmd', cjson.encode({
-      node_instance_id = 'archive_' .. JOB_ID .. '_v' .. version, node_type = 'ARCHIVE_JOB',
-      job_id = JOB_ID, attempt = 0, enqueued_at = NOW}))
+    -- 'archive' in the meta: later entries of the finished job are copied too (audit()).
+    queue_archive(version)
+    redis.call('HSET', K_META, 'archive', '1')
     redis.call('HSET', K_FINISHED, JOB_ID, plan.meta.status)
   elseif plan.terminal and RETENTION > 0 then
     start_retention()
