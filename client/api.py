@@ -236,6 +236,10 @@ class HitlClient(_Client[httpx.BaseTransport]):
         """The job's audit log ``{"job_id", "entries", "head"}``, oldest entry first."""
         return self._run(self._core.audit(job_id))
 
+    def artifact_gc(self, older_than_days: float, *, dry_run: bool = False) -> dict[str, Any]:
+        """Delete (``dry_run``: list) the blobs only archived jobs older than the age refer to (admin token)."""
+        return self._run(self._core.artifact_gc(older_than_days, dry_run))
+
     def verify_audit(self, job_ids: Iterable[str] = (), *, everything: bool = False) -> dict[str, Any]:
         """Verify the audit chains of ``job_ids`` (or of every job) in Redis and the archive (admin
         token): ``{"checked", "copies", "broken": [{"job_id", "source", "position", "seq", "reason"}]}``."""
@@ -399,6 +403,9 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
 
     async def audit(self, job_id: str) -> dict[str, Any]:
         return await self._run(self._core.audit(job_id))
+
+    async def artifact_gc(self, older_than_days: float, *, dry_run: bool = False) -> dict[str, Any]:
+        return await self._run(self._core.artifact_gc(older_than_days, dry_run))
 
     async def verify_audit(self, job_ids: Iterable[str] = (), *, everything: bool = False) -> dict[str, Any]:
         return await self._run(self._core.verify_audit(job_ids, everything))

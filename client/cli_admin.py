@@ -1,6 +1,6 @@
 """The admin commands: ``hitl admin dead-letters``, ``hitl admin replay ID`` (docs/protocol.md §
-Executors and the outbox), ``hitl admin reconcile`` (§ Reconcile) and ``hitl admin verify-audit``
-(§ Audit). They need an admin token."""
+Executors and the outbox), ``hitl admin reconcile`` (§ Reconcile), ``hitl admin verify-audit``
+(§ Audit) and ``hitl admin gc-artifacts`` (docs/archive.md § Artifact retention). They need an admin token."""
 
 from __future__ import annotations
 
@@ -75,3 +75,20 @@ def cmd_verify_audit(args: argparse.Namespace, client: HitlClient) -> int:
     verdict = f"{len(broken)} broken" if broken else "every chain verifies"
     console.print(f"{done['checked']} job(s), {done['copies']} chain(s) checked (Redis and archive): {verdict}")
     return EXIT_FAIL if broken else EXIT_OK
+
+
+@client_command
+def cmd_gc_artifacts(args: argparse.Namespace, client: HitlClient) -> int:
+    done = client.artifact_gc(args.older_than_days, dry_run=args.dry_run)
+    if args.json:
+        print_json(done)
+        return EXIT_OK
+    verb = "would delete" if args.dry_run else "deleted"
+    Console(highlight=False).print(
+        f"{done['jobs']} archived job(s) finished over {args.older_than_days:g} days ago, "
+        f"{done['candidates']} blob(s): "
+        f"{verb} {done['deleted']}; kept {done['shared']} another job uses, {done['recent']} written within the "
+        f"last hour; {done['missing']} already gone",
+        markup=False,
+    )
+    return EXIT_OK

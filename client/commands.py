@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .batch import DEFAULT_BATCH, check_batch_name
-from .cli_admin import cmd_dead_letters, cmd_reconcile, cmd_replay, cmd_verify_audit
+from .cli_admin import cmd_dead_letters, cmd_gc_artifacts, cmd_reconcile, cmd_replay, cmd_verify_audit
 from .cli_common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, Handler
 from .cli_jobs import cmd_jobs, cmd_results, cmd_status, cmd_watch, format_event, print_results, print_snapshot
 from .cli_submit import cmd_submit
@@ -228,7 +228,7 @@ def add_client_commands(subparsers: Any) -> Any:
     admin = subparsers.add_parser(
         "admin",
         formatter_class=HelpFormatter,
-        help="operator commands (admin token): dead letters, reconcile, audit",
+        help="operator commands (admin token): dead letters, reconcile, audit, artifact GC",
         description="Operator commands; they need an admin token.",
     )
     admin_sub = admin.add_subparsers(dest="admin_command", metavar="ADMIN_COMMAND", required=True)
@@ -272,4 +272,16 @@ def add_client_commands(subparsers: Any) -> Any:
     )
     p.add_argument("job_ids", nargs="*", metavar="JOB", help="the jobs to check (job_…)")
     p.add_argument("--all", action="store_true", help="check every job Redis or the archive holds")
+    p = _command(
+        admin_sub,
+        "gc-artifacts",
+        cmd_gc_artifacts,
+        help="delete the images, masks and cut-outs of old archived jobs",
+        description="Delete from the artifact store the blobs that only archived jobs finished more than D days "
+        "ago refer to. A blob a job Redis holds (live, or finished within its retention) or a more recent archived "
+        "job refers to is kept (blobs are content-addressed: one image submitted twice is one file), and so is one "
+        "written within the last hour. The archive keeps its rows: reading a collected blob answers 404.",
+    )
+    p.add_argument("--older-than-days", type=float, required=True, metavar="D", help="jobs finished over D days ago")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
     return admin_sub

@@ -240,6 +240,14 @@ class ClientCore(CallCore):
         result: dict[str, Any] = resp.json()
         return result
 
+    def artifact_gc(self, older_than_days: float, dry_run: bool) -> Plan[dict[str, Any]]:
+        """POST /admin/artifacts/gc (admin): delete (or list) the blobs of old archived jobs that
+        no other job uses. Not retried once sent: a second run is the operator's choice."""
+        params = {"older_than_days": older_than_days, "dry_run": "true" if dry_run else "false"}
+        resp = yield from self.call("POST", f"{API}/admin/artifacts/gc", params=params, mode=RetryMode.CONNECT_ONLY)
+        result: dict[str, Any] = resp.json()
+        return result
+
     def verify_audit(self, job_ids: Iterable[str], everything: bool) -> Plan[dict[str, Any]]:
         """GET /admin/audit/verify (admin): the named jobs' chains, or (``everything``) every job's,
         page by page; the findings of all pages together."""

@@ -40,6 +40,7 @@ from statecore.store import Reply, Store, StoreConfig
 from . import metrics
 from .admission import Admission
 from .archived_reads import archived, archived_events
+from .artifact_gc_routes import add_artifact_gc_route
 from .audit_routes import add_audit_routes
 from .auth import Authenticator, Identity
 from .claim_routes import add_claim_routes
@@ -78,6 +79,7 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("POST", re.compile(rf"^{API}/admin/dead-letters/[^/]+/replay/?$"), ("admin",)),
     ("POST", re.compile(rf"^{API}/admin/reconcile/?$"), ("admin",)),
     ("GET", re.compile(rf"^{API}/admin/audit/verify/?$"), ("admin",)),
+    ("POST", re.compile(rf"^{API}/admin/artifacts/gc/?$"), ("admin",)),
 ]
 
 
@@ -364,6 +366,9 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
 
     add_claim_routes(app, lambda: rt().store)
     add_audit_routes(app, lambda: rt().store, lambda: rt().archive, located)
+    add_artifact_gc_route(
+        app, lambda: rt().store, lambda: rt().archive, lambda: rt().artifacts, lambda r: identity(r).name
+    )
 
     @app.get(
         f"{API}/jobs/{{job_id}}/events",

@@ -39,6 +39,9 @@ class ArtifactStore:
         name = self.name_for(kind, data, ext)
         if not self.fs.exists(self._full(name)):
             self._write(name, data)
+        elif self.local:  # the same bytes again: renew its time, so artifact GC sees it in use (archive.gc)
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(self._full(name))
         return name
 
     def put_named(self, name: str, data: bytes) -> str:
@@ -71,6 +74,24 @@ class ArtifactStore:
             return bool(self.fs.exists(self._full(name)))
         except ValueError:
             return False
+
+    def modified(self, name: str) -> float | None:
+        """When the blob was last written (epoch seconds); None when it does not exist."""
+        try:
+            info = self.fs.info(self._full(name))
+        except FileNotFoundError:
+            return None
+        t = info.get("mtime", info.get("LastModified", info.get("updated")))
+        if isinstance(t, (int, float)):
+            return float(t)
+        if t is None:
+            return 0.0  # a store that keeps no time: as old as can be
+        return float(t.timestamp()) if hasattr(t, "timestamp") else 0.0
+
+    def delete(self, name: str) -> None:
+        """Remove the blob (artifact GC); a blob already gone is fine."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._full(name))
 
     def get(self, name: str) -> bytes:
         with self.fs.open(self._full(name), "rb") as f:
