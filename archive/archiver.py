@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from statecore import audit
 from statecore.errors import JobNotFound
+from statecore.ids import batch_of
 from statecore.models import Event, JobResults, JobSnapshot, Pause
 from statecore.states import is_terminal
 from statecore.store import Store
@@ -241,13 +242,6 @@ def artifact_refs(snapshot: Mapping[str, Any], results: Mapping[str, Any]) -> li
 def artifact_name(url: str) -> str:
     """``/api/v1/artifacts/<name>`` → ``<name>`` (statecore.artifacts names blobs by content)."""
     return url.rsplit("/", 1)[-1]
-
-
-def batch_of(idem_key: str | None) -> str | None:
-    """``hitl submit`` keys a file ``<batch>:<sha256>`` (client.batch): the batch name, if any."""
-    if not idem_key or ":" not in idem_key:
-        return None
-    return idem_key.rsplit(":", 1)[0]
 
 
 def parse_iso(text: str) -> datetime:

@@ -150,10 +150,16 @@ class HitlClient(_Client[httpx.BaseTransport]):
     # ------------------------------------------------------------------ jobs
 
     def submit(
-        self, image: ImageInput, *, idempotency_key: str | None = None, filename: str | None = None
+        self,
+        image: ImageInput,
+        *,
+        idempotency_key: str | None = None,
+        filename: str | None = None,
+        review_quorum: int = 1,
     ) -> SubmitResult:
-        """POST /jobs. With ``idempotency_key`` a rerun returns the original job (``replayed``)."""
-        return self._run(self._core.submit(read_image(image, filename), idempotency_key))
+        """POST /jobs. With ``idempotency_key`` a rerun returns the original job (``replayed``);
+        ``review_quorum`` ≥ 2: each pause needs that many distinct reviewers to agree."""
+        return self._run(self._core.submit(read_image(image, filename), idempotency_key, review_quorum))
 
     def get_job(self, job_id: str) -> JobSnapshot:
         return self._run(self._core.get_job(job_id))
@@ -333,11 +339,16 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
     # ------------------------------------------------------------------ jobs
 
     async def submit(
-        self, image: ImageInput, *, idempotency_key: str | None = None, filename: str | None = None
+        self,
+        image: ImageInput,
+        *,
+        idempotency_key: str | None = None,
+        filename: str | None = None,
+        review_quorum: int = 1,
     ) -> SubmitResult:
         """See ``HitlClient.submit``; a file is read in a worker thread."""
         data = await asyncio.to_thread(read_image, image, filename)
-        return await self._run(self._core.submit(data, idempotency_key))
+        return await self._run(self._core.submit(data, idempotency_key, review_quorum))
 
     async def get_job(self, job_id: str) -> JobSnapshot:
         return await self._run(self._core.get_job(job_id))

@@ -35,6 +35,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 args.inputs,
                 batch=args.batch,
                 concurrency=args.concurrency,
+                review_quorum=args.quorum,
                 wait=args.wait,
                 out=args.out,
                 manifest=manifest,

@@ -147,6 +147,14 @@ def add_client_commands(subparsers: Any) -> Any:
         "--concurrency", type=_positive_int, default=4, metavar="N", help="files uploaded in parallel (default: 4)"
     )
     p.add_argument(
+        "--quorum",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="each review needs N distinct reviewers whose box lists agree; a disagreement opens a "
+        "reconciliation review showing their lists side by side (default: 1, at most 10)",
+    )
+    p.add_argument(
         "--wait",
         action="store_true",
         help="follow every job to its end (through its event stream) before exiting; jobs that wait "

@@ -100,14 +100,18 @@ class ClientCore(CallCore):
 
     # ------------------------------------------------------------------ jobs
 
-    def submit(self, image: tuple[bytes, str, str], idempotency_key: str | None) -> Plan[SubmitResult]:
-        """POST /jobs with ``image`` as ``read_image`` gives it."""
+    def submit(
+        self, image: tuple[bytes, str, str], idempotency_key: str | None, review_quorum: int = 1
+    ) -> Plan[SubmitResult]:
+        """POST /jobs with ``image`` as ``read_image`` gives it; ``review_quorum`` ≥ 2: each pause
+        needs that many distinct reviewers (docs/protocol.md § Quorum)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         # Without a key a second send could create a second job: retry only what never left.
         mode = RetryMode.IDEMPOTENT if idempotency_key else RetryMode.CONNECT_ONLY
         data, name, ctype = image
+        params = {"review_quorum": review_quorum} if review_quorum > 1 else None
         resp = yield from self.call(
-            "POST", f"{API}/jobs", mode=mode, headers=headers, files={"image": (name, data, ctype)}
+            "POST", f"{API}/jobs", mode=mode, headers=headers, params=params, files={"image": (name, data, ctype)}
         )
         parsed = CreateJobResponse.model_validate_json(resp.content)
         return SubmitResult(**parsed.model_dump(), replayed=was_replayed(resp), status_code=resp.status_code)

@@ -292,7 +292,9 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         responses={200: {"model": CreateJobResponse}, 400: {}, 409: {}, 413: {}},
     )
     async def create_job(
-        request: Request, idempotency_key: str | None = Header(default=None, max_length=200)
+        request: Request,
+        idempotency_key: str | None = Header(default=None, max_length=200),
+        review_quorum: int = Query(default=1, ge=1, le=10, description="distinct reviewers each pause needs"),
     ) -> Response:
         s = rt().settings
         admission = rt().admission
@@ -304,7 +306,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         )
         name = await asyncio.to_thread(rt().artifacts.put, "image", checked.data, checked.ext)
         ref = ImageRef(sha256=checked.sha256, width=checked.width, height=checked.height, url=ArtifactStore.url(name))
-        reply = await rt().store.create_job(identity(request).name, ref, idempotency_key or None)
+        reply = await rt().store.create_job(identity(request).name, ref, idempotency_key or None, review_quorum)
         if not reply.replayed:
             metrics.JOBS_CREATED.inc()
             log.info(

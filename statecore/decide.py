@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from .errors import InvalidRequest
 from .ids import canonical_json, new_id
@@ -75,9 +76,13 @@ class NextHop(StrEnum):
 
 
 def plan_create(
-    job_id: str, submitter: str, image: ImageRef, idem_key: str | None, now: str, now_ms: int
+    job_id: str, submitter: str, image: ImageRef, idem_key: str | None, now: str, now_ms: int, review_quorum: int = 1
 ) -> tuple[Plan, NodeCommand]:
-    """A new job: CREATED then at once DETECTING with DETECT_SUBJECTS in the outbox (version 1)."""
+    """A new job: CREATED then at once DETECTING with DETECT_SUBJECTS in the outbox (version 1).
+    ``review_quorum`` ≥ 2: each pause needs that many reviewers (docs/protocol.md § Quorum)."""
+    policy: dict[str, Any] = {"workflow": WORKFLOW_VERSION, "auto_approve": None}
+    if review_quorum > 1:
+        policy["review_quorum"] = review_quorum
     plan = Plan(expect_version=0, status=S.DETECTING)
     transition(S.CREATED, S.DETECTING, job_id=job_id)
     plan.meta.update(
@@ -97,7 +102,7 @@ def plan_create(
             "terminal": "0",
             "results": "[]",
             "idem_key": idem_key or "",
-            "policy": canonical_json({"workflow": WORKFLOW_VERSION, "auto_approve": None}),
+            "policy": canonical_json(policy),
         }
     )
     plan.events.append(("JOB_CREATED", {"submitter": submitter, "width": image.width, "height": image.height}))

@@ -58,4 +58,6 @@ def plan_reoffer(state: JobState, now: str, now_ms: int, workflow: str) -> Plan:
         plan, state, pause.stage, pause.round, state.box_list, list(pause.box_ids_to_revise), now, now_ms, workflow
     )
     plan.waiting = None
+    if state.votes:
+        plan.meta["votes"] = None  # a quorum's votes were for the superseded pause
     return plan

@@ -36,3 +36,10 @@ def payload_hash(body: Any, identity: str) -> str:
     another reviewer is a conflict, never a replay.
     """
     return hashlib.sha256(canonical_json({"body": body, "identity": identity}).encode()).hexdigest()
+
+
+def batch_of(idem_key: str | None) -> str | None:
+    """``hitl submit`` keys a file ``<batch>:<sha256>`` (client.batch): the batch name, if any."""
+    if not idem_key or ":" not in idem_key:
+        return None
+    return idem_key.rsplit(":", 1)[0]

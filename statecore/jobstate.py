@@ -12,7 +12,19 @@ import orjson
 from pydantic import TypeAdapter
 
 from .errors import JobNotFound
-from .models import PENDING_ACTIONS_WAITING, Box, CurrentNode, ImageRef, JobSnapshot, JobSummary, Pause, SubjectResult
+from .ids import batch_of
+from .models import (
+    PENDING_ACTIONS_WAITING,
+    Box,
+    CurrentNode,
+    ImageRef,
+    JobSnapshot,
+    JobSummary,
+    Pause,
+    QuorumView,
+    QuorumVote,
+    SubjectResult,
+)
 from .states import JobStatus
 
 # Stored fields are validated straight from their JSON by pydantic-core (one pass, no dicts in
@@ -45,6 +57,7 @@ class JobState:
     idem_key: str | None
     policy: dict[str, Any]
     node_input: dict[str, Any] | None = None  # the queued or running node's input, for a re-dispatch
+    votes: str = ""  # the active pause's quorum votes as stored (statecore.quorum), compared by the script
 
     @classmethod
     def from_meta(cls, meta: dict[str, str]) -> JobState:
@@ -79,6 +92,7 @@ class JobState:
             idem_key=get("idem_key") or None,
             policy=j("policy", {}),
             node_input=j("node_input"),
+            votes=get("votes", ""),
         )
 
     def snapshot(self) -> JobSnapshot:
@@ -99,7 +113,19 @@ class JobState:
             reason_code=self.reason_code,
             cancel_requested=self.cancel_requested,
             empty_selection=self.empty_selection,
+            quorum=self.quorum_view(),
         )
+
+    def quorum_view(self) -> QuorumView | None:
+        """The active pause's quorum (docs/protocol.md § Quorum); None for jobs without one."""
+        needed = int(self.policy.get("review_quorum") or 1)
+        if needed < 2:
+            return None
+        p = self.active_pause
+        if p is not None and p.reconciliation:
+            needed = 1
+        votes = orjson.loads(self.votes) if self.votes else {}
+        return QuorumView(needed=needed, votes=[QuorumVote(reviewer=r, at=v["at"]) for r, v in sorted(votes.items())])
 
     def summary(self) -> JobSummary:
         p = self.active_pause
@@ -113,6 +139,8 @@ class JobState:
             box_count=len(self.box_list),
             stage=p.stage if p else None,
             pause_created_at=p.created_at if p else None,
+            batch=batch_of(self.idem_key),
+            review_quorum=int(self.policy.get("review_quorum") or 1),
         )
 
 

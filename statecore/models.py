@@ -70,6 +70,8 @@ class Pause(BaseModel):
     consumed_at: str | None = None
     consumed_by: ConsumedBy | None = None
     workflow_version: str = FIRST_WORKFLOW_VERSION  # the definition that opened it (the fifth gate)
+    # A reconciliation pause (docs/protocol.md § Quorum): each reviewer's list, side by side; one decides.
+    reconciliation: dict[str, list[dict[str, Any]]] | None = None
 
 
 class ImageRef(BaseModel):
@@ -112,6 +114,18 @@ class ClaimReleased(BaseModel):
     released: bool  # false: there was no claim (it had expired, or was never taken)
 
 
+class QuorumVote(BaseModel):
+    reviewer: str
+    at: str
+
+
+class QuorumView(BaseModel):
+    """How far the active pause's quorum has got: ``needed`` distinct reviewers, the votes so far."""
+
+    needed: int
+    votes: list[QuorumVote] = Field(default_factory=list)
+
+
 class JobSnapshot(BaseModel):
     job_id: str
     status: JobStatus
@@ -129,6 +143,17 @@ class JobSnapshot(BaseModel):
     cancel_requested: bool = False
     empty_selection: bool = False
     claim: ClaimView | None = None
+    quorum: QuorumView | None = None  # jobs created with review_quorum >= 2 (docs/protocol.md § Quorum)
+
+
+class QuorumProgress(BaseModel):
+    """A submission's part in its quorum: VOTE_RECORDED (more reviewers needed), QUORUM_REACHED (the
+    lists agreed: the pause is consumed) or QUORUM_DISAGREED (a reconciliation pause opened)."""
+
+    needed: int
+    received: int
+    reviewers: list[str]
+    outcome: Literal["VOTE_RECORDED", "QUORUM_REACHED", "QUORUM_DISAGREED"]
 
 
 class JobSummary(BaseModel):
@@ -142,6 +167,8 @@ class JobSummary(BaseModel):
     stage: str | None = None
     pause_created_at: str | None = None
     claim: ClaimView | None = None
+    batch: str | None = None  # `hitl submit --batch NAME` (its Idempotency-Key is <batch>:<sha256>)
+    review_quorum: int = 1  # distinct reviewers each pause needs (docs/protocol.md § Quorum)
 
 
 class JobList(BaseModel):
@@ -215,6 +242,7 @@ class InterventionResponse(BaseModel):
     version: int
     next_node_type: Literal["VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST"] | None
     diff: Diff
+    quorum: QuorumProgress | None = None  # only for jobs created with review_quorum >= 2
 
 
 class Event(BaseModel):

@@ -149,6 +149,7 @@ def open_pause(
     now: str,
     now_ms: int,
     workflow: str = WORKFLOW_VERSION,
+    reconciliation: dict[str, list[dict[str, Any]]] | None = None,
 ) -> Pause:
     pause = Pause(
         pause_token=new_id("pause"),
@@ -160,6 +161,7 @@ def open_pause(
         box_ids_to_revise=to_revise,
         created_at=now,
         workflow_version=workflow,
+        reconciliation=reconciliation,
     )
     # A waiting pause is stored without its null fields (consumed_at, consumed_by: null until it is
     # consumed): every byte of a waiting job counts, and reading it back gives the same Pause.

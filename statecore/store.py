@@ -19,7 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from . import counters, decide, durable, errors, gates, keys, listing, rebase, scripts
+from . import counters, decide, durable, errors, gates, keys, listing, quorum, rebase, scripts
 from .audit import AuditMixin
 from .claims import ClaimsMixin
 from .history import HistoryMixin
@@ -191,14 +191,18 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
 
     # ------------------------------------------------------------------ create
 
-    async def create_job(self, submitter: str, image: ImageRef, idem_key: str | None = None) -> Reply:
-        """Create a job (DETECTING, version 1, DETECT_SUBJECTS queued), idempotently per submitter+key."""
+    async def create_job(
+        self, submitter: str, image: ImageRef, idem_key: str | None = None, review_quorum: int = 1
+    ) -> Reply:
+        """Create a job (DETECTING, version 1, DETECT_SUBJECTS queued), idempotently per submitter+key;
+        ``review_quorum`` ≥ 2: each pause needs that many reviewers (statecore.quorum)."""
         partition = keys.create_idem_partition(submitter, idem_key) if idem_key else None
         for _ in range(STALE_RETRIES):
             job_id = keys.new_job_id(partition)
             jk = keys.job(job_id)
             now = now_iso()
-            plan, _cmd = decide.plan_create(job_id, submitter, image, idem_key, now, int(time.time() * 1000))
+            now_ms = int(time.time() * 1000)
+            plan, _cmd = decide.plan_create(job_id, submitter, image, idem_key, now, now_ms, review_quorum)
             body = CreateJobResponse(job_id=job_id, status=plan.status, version=1).model_dump_json()
             ks = jk.for_script() + ([keys.create_idem(submitter, idem_key)] if idem_key else [])
             res = await self._scripts["create_job"](
@@ -248,6 +252,9 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
                 ip = decide.InterventionPlan(plan, None, None)
             else:
                 ip = decide.plan_intervention(state, req, reviewer, now, now_ms)
+            q = None if gate else quorum.step(state, req, reviewer, ip, now, now_ms, self.config.workflow_version)
+            if q is not None:  # a pause that needs several reviewers (docs/protocol.md § Quorum)
+                ip = decide.InterventionPlan(q.plan, q.response, None)
             resp = ip.response.model_dump_json() if ip.response else ""
             res = await self._scripts["consume_pause"](
                 keys=self._keys(state, jk),
@@ -263,6 +270,7 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
                     ip.invalid.message if ip.invalid else "",
                     gate,
                     snap_id,
+                    *((q.mode, q.seen, q.votes_json, q.event, q.audit_outcome) if q else ("", "", "", "", "")),
                 ],
             )
             if res[0] == "OK":

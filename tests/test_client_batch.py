@@ -229,13 +229,17 @@ class FakeClient:
         self.lock = threading.Lock()
         self.calls: list[tuple[str, str]] = []
         self.jobs: dict[str, str] = {}  # idempotency key -> job id, like the server's record
+        self.quorums: list[int] = []  # review_quorum of each submit
 
     def _log(self, *call: str) -> None:
         with self.lock:
             self.calls.append(call)
 
-    def submit(self, data: bytes, *, idempotency_key: str | None = None, filename: str | None = None):
+    def submit(
+        self, data: bytes, *, idempotency_key: str | None = None, filename: str | None = None, review_quorum: int = 1
+    ):
         self._log("submit", filename or "")
+        self.quorums.append(review_quorum)
         if self.auth_fail:
             raise AuthError(401, "UNAUTHORIZED", "unknown token")
         if filename in self.reject:
@@ -306,6 +310,7 @@ def test_run_batch_submits_each_file_once_and_a_rerun_submits_nothing(tmp_path: 
     fake = FakeClient()
     s1 = run_batch(fake, [photos], concurrency=3, manifest=manifest, progress=False)
     assert s1.exit_code == 0 and len(s1.files) == 6 and fake.count("submit") == 6
+    assert fake.quorums == [1] * 6
     assert len({f.job_id for f in s1.files}) == 5  # dup.png replays p0's job
     assert {f.idempotency_key for f in s1.files} == {idempotency_key(p.read_bytes()) for p in photos.rglob("*.*")}
     lines = [json.loads(line) for line in manifest.read_text().splitlines()]
@@ -378,3 +383,9 @@ def test_run_batch_progress_shows_counts_by_state(tmp_path: Path, photos: Path):
     s = run_batch(FakeClient(), [photos], wait=True, manifest=tmp_path / "m.jsonl", progress=True, console=console)
     assert s.exit_code == 0
     assert "done 6" in buf.getvalue() and "6/6" in buf.getvalue()
+
+
+def test_run_batch_passes_the_review_quorum_with_every_file(tmp_path: Path, photos: Path):
+    fake = FakeClient()
+    s = run_batch(fake, [photos], manifest=tmp_path / "m.jsonl", progress=False, review_quorum=3)
+    assert s.exit_code == 0 and fake.quorums == [3] * 6  # hitl submit --quorum 3

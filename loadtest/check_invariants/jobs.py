@@ -21,7 +21,7 @@ WAITING_NAMES = {s.value for s in WAITING}
 AFTER_CANCEL_OK = {"JOB_FINISHED", "REPORT_IGNORED"}
 # Events that record something at the job's current version without a new write: a late report,
 # a claim taken over (docs/protocol.md § Claims).
-VERSIONLESS = {"REPORT_IGNORED", "CLAIM_TAKEN_OVER"}
+VERSIONLESS = {"REPORT_IGNORED", "CLAIM_TAKEN_OVER", "QUORUM_VOTE"}
 SLOW_COMMAND_S = 30.0
 
 

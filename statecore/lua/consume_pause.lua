@@ -9,6 +9,11 @@
 --          decided from the job at version ARGV[9]; for WORKFLOW_VERSION_INCOMPATIBLE, ARGV[10]
 --          is the re-offer (a new pause under the current workflow definition)
 -- ARGV[14] the snapshot_id the audit names: the one the reviewer echoed, else the active pause's
+-- ARGV[15] quorum (statecore.quorum): '' (one reviewer) | 'VOTE' (record the vote: the meta's `votes`
+--          becomes ARGV[17], a QUORUM_VOTE event with data ARGV[18]; no version, no pause change) |
+--          'DECIDE' (apply the plan: the pause consumed, or a reconciliation pause)
+-- ARGV[16] the votes the step was computed from: another vote since is STALE (plan again)
+-- ARGV[19] the audit outcome of an applied plan ('' = ACCEPTED)
 -- Every answer but JOB_NOT_FOUND and STALE (nothing was decided: the caller plans again) appends its
 -- audit entry: INTERVENE with ACCEPTED, REPLAYED or REFUSED:<code> (docs/protocol.md § Audit).
 -- Returns {'OK', version} | {'REPLAY', response} | {CODE, snapshot...} | {'INVALID_REQUEST', msg}
@@ -45,6 +50,17 @@ if ARGV[12] ~= '' then
   audit('INTERVENE', 'REFUSED:INVALID_REQUEST', BASE, SNAP)
   return {'INVALID_REQUEST', ARGV[12]}
 end
+if ARGV[15] ~= '' then
+  if (redis.call('HGET', K_META, 'votes') or '') ~= ARGV[16] then return {'STALE'} end
+  if ARGV[15] == 'VOTE' then
+    redis.call('HSET', K_META, 'votes', ARGV[17])
+    append_event('QUORUM_VOTE', m[1], ARGV[18], m[2])
+    redis.call('HSET', K_IDEM, ARGV[5], ARGV[6] .. '\n' .. ARGV[11])
+    if redis.call('HGET', K_CLAIM, 'reviewer') == ACTOR then redis.call('DEL', K_CLAIM) end
+    audit('INTERVENE', 'VOTED', BASE, SNAP)
+    return {'OK', m[2]}
+  end
+end
 if ARGV[10] == '' then return {'STALE'} end
 local version = apply_plan(ARGV[10])
 redis.call('HSET', K_IDEM, ARGV[5], ARGV[6] .. '\n' .. ARGV[11])
@@ -52,5 +68,5 @@ redis.call('HSET', K_IDEM, ARGV[5], ARGV[6] .. '\n' .. ARGV[11])
 -- apply_plan set the retention TTLs: give it the same TTL as the job's meta.
 keep_ttl_like_meta(K_IDEM)
 redis.call('DEL', K_CLAIM)
-audit('INTERVENE', 'ACCEPTED', BASE, SNAP)
+audit('INTERVENE', ARGV[19] ~= '' and ARGV[19] or 'ACCEPTED', BASE, SNAP)
 return {'OK', version}

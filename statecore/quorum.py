@@ -1,0 +1,176 @@
+"""Review quorum (docs/protocol.md § Quorum): a job created with ``review_quorum: N`` (N ≥ 2) needs
+N distinct reviewers to submit compatible box lists before its pause is consumed.
+
+Pure, like ``statecore.decide``. A submission before the Nth is a **vote**: kept in the job's meta
+(``votes``: reviewer → the list they submitted), never a change of the job (the version does not
+move, so the other reviewers' ``base_version`` stays good); a reviewer who votes again replaces
+their vote. The Nth distinct reviewer's submission decides: lists that agree (the same box ids
+kept; every box within IoU ≥ ``IOU_AGREE`` of its counterpart, manual boxes matched by position)
+consume the pause with the deciding list, as a single reviewer's would; lists that disagree
+supersede the pause with a **reconciliation pause** at the same stage over the same boxes, which
+carries the lists side by side and is decided by one reviewer. The store hands the verdict to
+consume_pause.lua, which applies it only while the votes are still those it was computed from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .ids import canonical_json
+from .jobstate import JobState
+from .models import InterventionRequest, InterventionResponse, QuorumProgress, Subject
+from .plan import Plan, dump, open_pause
+
+if TYPE_CHECKING:
+    from .decide import InterventionPlan
+
+IOU_AGREE = 0.9
+MAX_QUORUM = 10
+
+
+def quorum_of(state: JobState) -> int:
+    """How many distinct reviewers the active pause needs: the job's quorum, 1 for a
+    reconciliation pause (its lists were already compared)."""
+    pause = state.active_pause
+    if pause is not None and pause.reconciliation:
+        return 1
+    return int(state.policy.get("review_quorum") or 1)
+
+
+def votes_of(meta_votes: str) -> dict[str, dict[str, Any]]:
+    """The meta's ``votes`` field: reviewer → {"intervention_id", "at", "subjects"}."""
+    return orjson.loads(meta_votes) if meta_votes else {}
+
+
+def iou(a: Sequence[float], b: Sequence[float]) -> float:
+    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def _key(s: dict[str, Any]) -> str | None:
+    return s.get("box_id") or s.get("candidate_id")
+
+
+def disagreement(lists: Sequence[Sequence[dict[str, Any]]]) -> str | None:
+    """None when every list agrees with the first; else why not (for the event and the panel)."""
+    first = lists[0]
+    ids0 = {k for s in first if (k := _key(s))}
+    manual0 = [s for s in first if not _key(s)]
+    by_id0 = {_key(s): s for s in first if _key(s)}
+    for other in lists[1:]:
+        ids = {k for s in other if (k := _key(s))}
+        if ids != ids0:
+            return f"different boxes kept: {sorted(ids0 ^ ids)}"
+        for s in other:
+            k = _key(s)
+            if k and iou(s["bbox"], by_id0[k]["bbox"]) < IOU_AGREE:
+                return f"box {k} drawn differently (IoU < {IOU_AGREE})"
+        manual = [s for s in other if not _key(s)]
+        if len(manual) != len(manual0):
+            return f"{len(manual0)} and {len(manual)} boxes drawn by hand"
+        free = list(manual0)
+        for s in manual:
+            match = next((m for m in free if iou(s["bbox"], m["bbox"]) >= IOU_AGREE), None)
+            if match is None:
+                return f"a box drawn by hand at {list(s['bbox'])} has no counterpart (IoU < {IOU_AGREE})"
+            free.remove(match)
+    return None
+
+
+def subjects_json(subjects: Sequence[Subject]) -> list[dict[str, Any]]:
+    return [s.model_dump(mode="json", exclude_none=True) for s in subjects]
+
+
+def record_vote(
+    votes: dict[str, dict[str, Any]], req: InterventionRequest, reviewer: str, now: str
+) -> dict[str, dict[str, Any]]:
+    """The votes with ``reviewer``'s (a second vote of one reviewer replaces the first)."""
+    mine = {"intervention_id": req.intervention_id, "at": now, "subjects": subjects_json(req.subjects)}
+    return {**{r: v for r, v in votes.items() if r != reviewer}, reviewer: mine}
+
+
+def plan_reconciliation(
+    state: JobState, votes: dict[str, dict[str, Any]], why: str, now: str, now_ms: int, workflow: str
+) -> Plan:
+    """The reviewers disagreed: the pause is superseded (its token refused from now on) by one at the
+    same stage, round and boxes that shows every reviewer's list and needs one decision."""
+    pause = state.active_pause
+    assert pause is not None and pause.status == "WAITING"
+    plan = Plan(expect_version=state.version, status=state.status)
+    plan.pause_history[pause.pause_token] = dump(pause.model_copy(update={"status": "CANCELLED", "consumed_at": now}))
+    reviewers = sorted(votes)
+    plan.events.append(("QUORUM_DISAGREED", {"pause_token": pause.pause_token, "reviewers": reviewers, "reason": why}))
+    plan.events.append(
+        ("PAUSE_SUPERSEDED", {"pause_token": pause.pause_token, "reason": "QUORUM_DISAGREED", "reviewers": reviewers})
+    )
+    lists = {r: votes[r]["subjects"] for r in reviewers}
+    new = open_pause(
+        plan,
+        state,
+        pause.stage,
+        pause.round,
+        state.box_list,
+        list(pause.box_ids_to_revise),
+        now,
+        now_ms,
+        workflow,
+        reconciliation=lists,
+    )
+    assert new.reconciliation == lists
+    plan.meta["votes"] = None  # the reconciliation pause starts without votes
+    plan.waiting = None  # the job keeps its place in the review queue
+    return plan
+
+
+@dataclass(frozen=True)
+class QuorumStep:
+    """What consume_pause.lua does with a submission to a quorum pause: ``mode`` VOTE (record the
+    vote, nothing else) or DECIDE (apply ``plan``), only while the meta's votes are still ``seen``."""
+
+    mode: str
+    seen: str
+    votes_json: str
+    event: str  # the QUORUM_VOTE event's data (VOTE)
+    audit_outcome: str
+    plan: Plan | None
+    response: InterventionResponse
+
+
+def step(
+    state: JobState, req: InterventionRequest, reviewer: str, ip: InterventionPlan, now: str, now_ms: int, workflow: str
+) -> QuorumStep | None:
+    """None when the pause needs one reviewer, or when the submission will be refused anyway (the
+    script's gates, a 400): the normal path answers. Else the vote or the decision."""
+    needed = quorum_of(state)
+    if needed < 2 or ip.plan is None or ip.response is None or ip.invalid is not None:
+        return None
+    votes = record_vote(votes_of(state.votes), req, reviewer, now)
+    reviewers = sorted(votes)
+    if len(votes) < needed:
+        progress = QuorumProgress(needed=needed, received=len(votes), reviewers=reviewers, outcome="VOTE_RECORDED")
+        resp = ip.response.model_copy(
+            update={"status": state.status, "version": state.version, "next_node_type": None, "quorum": progress}
+        )
+        event = {"intervention_id": req.intervention_id, "reviewer": reviewer, "received": len(votes), "needed": needed}
+        return QuorumStep("VOTE", state.votes, canonical_json(votes), canonical_json(event), "VOTED", None, resp)
+    why = disagreement([votes[r]["subjects"] for r in reviewers])
+    if why is None:
+        plan = ip.plan
+        plan.meta["votes"] = None
+        plan.events.append(("QUORUM_REACHED", {"reviewers": reviewers, "needed": needed}))
+        progress = QuorumProgress(needed=needed, received=len(votes), reviewers=reviewers, outcome="QUORUM_REACHED")
+        resp = ip.response.model_copy(update={"quorum": progress})
+        return QuorumStep("DECIDE", state.votes, "", "", "ACCEPTED:QUORUM_REACHED", plan, resp)
+    plan = plan_reconciliation(state, votes, why, now, now_ms, workflow)
+    progress = QuorumProgress(needed=needed, received=len(votes), reviewers=reviewers, outcome="QUORUM_DISAGREED")
+    resp = ip.response.model_copy(
+        update={"status": state.status, "version": state.version + 1, "next_node_type": None, "quorum": progress}
+    )
+    return QuorumStep("DECIDE", state.votes, "", "", "ACCEPTED:QUORUM_DISAGREED", plan, resp)
