@@ -12,7 +12,7 @@ temporary directory:
    waiting job. redis-benchmark can only repeat one fixed command, and a consumed pause cannot
    be consumed again, so the ceiling runs the full check path: the idempotency lookup (a miss),
    the cancel, version, pause and token checks all pass, and the script returns at the last
-   check (ARGV[11], a 400 found while planning) just before it would write. It is therefore an
+   check (ARGV[12], a 400 found while planning) just before it would write. It is therefore an
    upper bound: the real call also pays the writes, which item 3 prices.
 3. ``server cost``: Redis's own CPU time per call during run 1 (INFO commandstats), i.e. the
    real consume including its writes, and the single-threaded rate that cost allows.
@@ -207,17 +207,17 @@ def commandstats(sync: redis.Redis) -> dict[str, dict[str, Any]]:
 
 
 async def ceiling_command(store: Store, job_id: str, req: InterventionRequest) -> tuple[list[str], str]:
-    """The exact KEYS/ARGV ``Store.intervene`` would send for this job, with ARGV[11] set so that the
-    script returns after its last check instead of writing. Returns (EVALSHA argv, sha)."""
+    """The exact KEYS/ARGV ``Store.intervene`` would send for this job, with ARGV[12] set so that the
+    script returns after its last check instead of applying the plan (it appends the refusal's audit
+    entry, as every answered submission does). Returns (EVALSHA argv, sha)."""
     state = await store.get(job_id)
     now = now_iso()
     ip = decide.plan_intervention(state, req, "bench-reviewer", now, int(time.time() * 1000))
     assert ip.plan is not None and ip.response is not None
     ks = keys.job(job_id).for_script()
+    pause = state.active_pause
     args = [
-        job_id,
-        now,
-        str(store.config.retention_s),
+        *(str(a) for a in store._args(job_id, now, "bench-reviewer")),  # job, now, retention, the audit's actor
         req.intervention_id,
         payload_hash(req.model_dump(mode="json"), "bench-reviewer"),
         str(req.base_version),
@@ -226,6 +226,9 @@ async def ceiling_command(store: Store, job_id: str, req: InterventionRequest) -
         ip.plan.to_json(now),
         ip.response.model_dump_json(),
         "ceiling: every check passed; stop before the writes",
+        "",  # no snapshot gate verdict
+        pause.snapshot_id if pause is not None else "",
+        *("", "", "", "", ""),  # no quorum
     ]
     sha = await store.r.script_load(scripts.source("consume_pause"))
     return ["EVALSHA", sha, str(len(ks)), *ks, *args], sha
@@ -271,7 +274,7 @@ async def memory_per_job(store: Store, sync: Any, n: int) -> dict[str, Any]:
     await prepare_dispatched(store, n)
     used = int(sync.info("memory")["used_memory"]) - base
 
-    job_bytes: dict[str, int] = {"meta": 0, "pauses": 0, "events": 0, "idem": 0, "reports": 0}
+    job_bytes: dict[str, int] = {"meta": 0, "pauses": 0, "events": 0, "idem": 0, "reports": 0, "audit": 0}
     pipe = sync.pipeline(transaction=False)
     order: list[str] = []
     job_ids = [j for p in range(keys.PARTITIONS) for j in sync.zrange(keys.jobs(p), 0, -1)]
@@ -384,7 +387,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         target_id, target_req = jobs.popleft() if jobs else (await prepare(store, 1, label="ceiling job"))[0]
         command, sha = await ceiling_command(store, target_id, target_req)
         check = sync.execute_command(*command)
-        assert check[0] == "INVALID_REQUEST", check  # every check passed, nothing written
+        assert check[0] == "INVALID_REQUEST", check  # every check passed; only the audit entry written
         version_before = (await store.get(target_id)).version
         outbox_before = sync.xlen(keys.job(target_id).outbox)
         log(f"redis-benchmark: EVALSHA consume_pause (full check path) with {args.clients} connections")
@@ -396,7 +399,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         rb["what"] = (
             f"EVALSHA of the real consume_pause script (sha {sha[:12]}) with the real KEYS and ARGV of a waiting "
             "job: idempotency miss, not cancelled, version ok, pause WAITING, token ok; returns at the "
-            "final check before apply_plan (no writes), so it is an upper bound"
+            "final check before apply_plan (only its audit entry written), so it is an upper bound"
         )
         log(f"  {rb['rps']:.0f} calls/s, p50 {rb['p50_ms']:.3f} ms, p99 {rb['p99_ms']:.3f} ms")
 

@@ -47,7 +47,7 @@ async def bulk_create(store: Store, n: int, batch: int = 2000) -> float:
                 now, now_ms = now_iso(), int(time.time() * 1000)
                 plan, _cmd = decide.plan_create(job_id, "bench", IMAGE, None, now, now_ms)
                 body = CreateJobResponse(job_id=job_id, status=plan.status, version=1).model_dump_json()
-                args = [job_id, now, store.config.retention_s, plan.to_json(now), IMAGE.sha256, body, now_ms]
+                args = [*store._args(job_id, now, "bench"), plan.to_json(now), IMAGE.sha256, body, now_ms]
                 await script(keys=keys.job(job_id).for_script(), args=args, client=pipe)
             res = await pipe.execute()
         assert all(r[0] == "OK" for r in res), res[:3]
