@@ -182,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="`hitl up --ingress` for the `hitl up` started here (default: its own default, direct)",
     )
+    ap.add_argument(
+        "--archive",
+        action="store_true",
+        help="keep archiving on in the `hitl up` started here (default off: each EMPTY_SELECTION would "
+        "queue an ARCHIVE_JOB that the Api replica's dispatcher copies to SQLite in the Ray door's own "
+        "process while it is being timed, and nothing is meant to follow the submission)",
+    )
     ap.add_argument("--out", default="benchmarks/out", help="folder for logs and JSON")
     ap.add_argument("--json", default=None, help="result JSON (default <out>/bench_interventions.json)")
     ap.add_argument("--docs", default=None, help="rewrite the 'Interventions under load' section of this file")
@@ -207,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 str(args.detector_delay_ms),
                 "--ingress",
                 args.ingress,
+                *(() if args.archive else ("--no-archive",)),
                 log_path=out / "bench-hitl-up.log",
             )
             hitl.start()
