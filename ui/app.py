@@ -61,10 +61,17 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
 
     def then_follow(event: Any) -> None:
         """Follow the job that ``event`` may have opened, once it has answered."""
-        event.then(cb.follow, inputs=st, outputs=panel_outputs, show_progress="hidden")
+        event.then(cb.follow_on_page, inputs=st, outputs=panel_outputs, show_progress="hidden")
+
+    def then_draw(event: Any) -> None:
+        """Opening a job is two steps: ``event`` lays the panel out with an empty canvas, ``after_open``
+        draws it. Drawn in the update that also showed it (the page after sign-in, another job's panel,
+        a column shown again), the annotator kept an image without size: an empty canvas, and after a
+        sign-in a blank stage line as well."""
+        then_follow(event.then(cb.after_open, inputs=st, outputs=panel_outputs, show_progress="hidden"))
 
     demo.load(None, js=KEYS_JS)
-    then_follow(
+    then_draw(
         demo.load(
             cb.on_load,
             inputs=st,
@@ -82,18 +89,12 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     c.timer.tick(cb.on_tick, inputs=st, outputs=tick_outputs, show_progress="hidden")
     c.current_job.change(None, inputs=[c.current_job], js=URL_JS)
 
-    # Opening another job empties the canvas first and draws it in a second step: the annotator did not
-    # lay out a new image that replaced another job's in one update (its canvas stayed without size).
-    for opened in (
-        c.queue_table.select(cb.on_queue_select, inputs=st, outputs=panel_outputs),
-        c.next_btn.click(cb.on_next, inputs=st, outputs=panel_outputs),
-    ):
-        then_follow(opened.then(cb.after_take_over, inputs=st, outputs=panel_outputs, show_progress="hidden"))
-    take = c.takeover_btn.click(cb.on_take_over, inputs=st, outputs=panel_outputs)
-    then_follow(take.then(cb.after_take_over, inputs=st, outputs=panel_outputs, show_progress="hidden"))
+    then_draw(c.queue_table.select(cb.on_queue_select, inputs=st, outputs=panel_outputs))
+    then_draw(c.next_btn.click(cb.on_next, inputs=st, outputs=panel_outputs))
+    then_draw(c.takeover_btn.click(cb.on_take_over, inputs=st, outputs=panel_outputs))
     login_outputs = [*panel_outputs, c.login_col, c.main_row, c.login_msg, c.login_token, c.queue_table, c.queue_note]
-    then_follow(c.login_btn.click(cb.on_login, inputs=[c.session, c.login_token], outputs=login_outputs))
-    then_follow(c.login_token.submit(cb.on_login, inputs=[c.session, c.login_token], outputs=login_outputs))
+    then_draw(c.login_btn.click(cb.on_login, inputs=[c.session, c.login_token], outputs=login_outputs))
+    then_draw(c.login_token.submit(cb.on_login, inputs=[c.session, c.login_token], outputs=login_outputs))
 
     # preprocess=False: the annotator's raw value (boxes in canvas units with their scale) is read by
     # ui.annotator without decoding the image on every click.

@@ -133,8 +133,9 @@ class Callbacks(EditorHandlers, ClaimHandlers):
             st.restart_history(panel)
             self.redraws += 1  # a new key each time: the browser looks for this review's draft again
             out[c.pause_key] = f"{panel.job_id}|{panel.pause_token}|{self.redraws}"
-            out[c.undo_btn] = gr.update(interactive=False)
-            out[c.redo_btn] = gr.update(interactive=False)
+            # with their text: a panel shown again remounts its buttons, and an update without it blanks them
+            out[c.undo_btn] = gr.update(interactive=False, value=c.undo_btn.value)
+            out[c.redo_btn] = gr.update(interactive=False, value=c.redo_btn.value)
             out[c.annotator] = value
             out[c.notes_md] = box_notes(panel)
             out[c.label_target] = gr.update(
@@ -168,11 +169,13 @@ class Callbacks(EditorHandlers, ClaimHandlers):
                 results = self.store.results(st, client)
         except Exception as exc:  # shown to the reviewer, the panel stays usable
             banner = ((banner + " ") if banner else "") + error_text(exc)
-        out = self.view(st, redraw=redraw, banner=banner, error=error, results=results)
-        pending = st.pending_rebase if redraw and st.panel is not None else None
-        if pending is not None:
-            st.pending_rebase = None
-            out.update(self.rebased(st, pending[0], pending[1], banner if banner is not None else (st.notice or "")))
+        with st.lock:  # the redraw and the edits laid over it are one state of the canvas
+            out = self.view(st, redraw=redraw, banner=banner, error=error, results=results)
+            pending = st.pending_rebase if redraw and st.panel is not None else None
+            if pending is not None:
+                st.pending_rebase = None
+                head = banner if banner is not None else (st.notice or "")
+                out.update(self.rebased(st, pending[0], pending[1], head))
         return out
 
     # ------------------------------------------------------------------ queue
@@ -261,12 +264,13 @@ class Callbacks(EditorHandlers, ClaimHandlers):
         job_id = row[col] if len(row) > col else (evt.value if job_column else None)
         if not job_id:
             return {self.c.banner_md: gr.skip()}
-        return self.emptied(self.open_job(st, str(job_id)))
+        return self.emptied(st, self.open_job(st, str(job_id)))
 
-    def emptied(self, out: Update) -> Update:
-        """``out`` with an empty canvas: ``after_take_over`` draws it next (see ``ui.app.wire``)."""
+    def emptied(self, st: ReviewerState, out: Update) -> Update:
+        """``out`` with an empty canvas when it opened a job: ``after_open`` draws it next (``ui.app.wire``)."""
         if self.c.annotator in out:
             out[self.c.annotator] = None
+            st.undrawn = True
         return out
 
     def on_next(self, st: ReviewerState) -> Update:
@@ -293,7 +297,7 @@ class Callbacks(EditorHandlers, ClaimHandlers):
             except Exception as exc:  # said in the banner
                 return {self.c.banner_md: error_text(exc)}
             if holder is None:
-                return self.emptied(self.open_job(st, found.job_id, claimed=True))
+                return self.emptied(st, self.open_job(st, found.job_id, claimed=True))
             exclude.append(found.job_id)
         return {self.c.banner_md: "Every other waiting job is being reviewed by someone else right now."}
 
@@ -304,12 +308,14 @@ class Callbacks(EditorHandlers, ClaimHandlers):
         except Exception:  # readiness details are optional
             out[self.c.backend_md] = ""
         job = request.query_params.get("job") if request is not None else None
-        if st.signed_in:
+        with st.lock:  # a sign-in under way reads the pending job under the same lock (``on_login``)
+            signed_in = st.signed_in
+            if job and not signed_in:
+                st.job_id = job  # opened after sign-in
+        if signed_in:
             out.update(self.queue_update(st))
             if job:
-                out.update(self.open_job(st, job))
-        elif job:
-            st.job_id = job  # opened after sign-in
+                out.update(self.emptied(st, self.open_job(st, job)))  # drawn by ``after_open``, the next step
         return out
 
     def on_login(self, st: ReviewerState, tok: str) -> Update:
@@ -321,8 +327,9 @@ class Callbacks(EditorHandlers, ClaimHandlers):
                 probe.list_jobs(status="WAITING", limit=1)
         except Exception as exc:  # said under the token field
             return {self.c.login_msg: error_text(exc)}
-        pending = st.job_id
-        st.token, st.signed_in, st.job_id = tok, True, None
+        with st.lock:
+            pending = st.job_id
+            st.token, st.signed_in, st.job_id = tok, True, None
         out: Update = {
             self.c.login_col: gr.update(visible=False),
             self.c.main_row: gr.update(visible=True),
@@ -331,7 +338,9 @@ class Callbacks(EditorHandlers, ClaimHandlers):
         }
         out.update(self.queue_update(st))
         if pending:
-            out.update(self.open_job(st, pending))
+            # The panel shows in this update; its canvas is drawn by ``after_open``, the next step: drawn in
+            # the update that first showed the page, the canvas stayed empty (and the stage line blank).
+            out.update(self.emptied(st, self.open_job(st, pending)))
         return out
 
     # ------------------------------------------------------------------ following the open job
@@ -353,12 +362,30 @@ class Callbacks(EditorHandlers, ClaimHandlers):
         finally:
             self.followers.discard(session, stop)
 
+    async def follow_on_page(self, st: ReviewerState, request: gr.Request) -> AsyncGenerator[Update, None]:
+        """``follow`` as the page runs it: one update that changes nothing first. Gradio answers a generator
+        that ends without yielding with None for every output, which emptied the panel just drawn (the
+        job, stage and status lines, the box notes, the canvas) whenever a follower ended having had
+        nothing to say: the one of the job left for another, a second one for the same opening."""
+        yield {self.c.banner_md: gr.skip()}
+        async for update in self.follow(st, request):
+            yield update
+
     def on_unload(self, request: gr.Request) -> None:
         self.followers.stop(request.session_hash)
         self.release_session(request.session_hash)
 
+    def after_open(self, st: ReviewerState) -> Update:
+        """The second step of opening a job (a sign-in, a load, a queue click, N, Take over): draw the
+        panel and its canvas, now that the first step has laid the panel out (see ``ui.app.wire``)."""
+        with st.lock:
+            if not st.undrawn or not st.job_id or st.snapshot is None:  # the first step opened nothing
+                return {self.c.banner_md: gr.skip()}
+            st.undrawn = False
+            return self.refresh_view(st, redraw=True, banner=st.notice, error="")
+
     def after_take_over(self, st: ReviewerState) -> Update:
-        return self.refresh_view(st, redraw=True, banner=st.notice, error="")
+        return self.after_open(st)
 
     # ------------------------------------------------------------------ editing
 
@@ -412,12 +439,21 @@ class Callbacks(EditorHandlers, ClaimHandlers):
         except ApiError as exc:
             if exc.status_code == 409:
                 rebase = exc.rebase if isinstance(exc, ConflictError) else None
-                outcome = st.record_conflict(
-                    exc.code, exc.snapshot, edits, exc.message, submitted=panel, rebased=rebase is not None
-                )
-                if rebase is not None and edits is not None and not edits.is_empty() and st.panel is not None:
-                    st.pending_rebase = (edits, rebase)  # laid over the redrawn panel by refresh_view
-                return self.refresh_view(st, redraw=outcome.redraw, banner=outcome.banner, error="")
+                # Under the lock until the answer is rendered: the follower applies and renders a newer
+                # snapshot under it too (``ui.pump``), so the new round is drawn once, with the edits on it.
+                with st.lock:
+                    outcome = st.record_conflict(
+                        exc.code, exc.snapshot, edits, exc.message, submitted=panel, rebased=rebase is not None
+                    )
+                    if (
+                        outcome.redraw
+                        and rebase is not None
+                        and edits is not None
+                        and not edits.is_empty()
+                        and st.panel is not None
+                    ):
+                        st.pending_rebase = (edits, rebase)  # laid over the redrawn panel by refresh_view
+                    return self.refresh_view(st, redraw=outcome.redraw, banner=outcome.banner, error="")
             return {self.c.review_error: f"The server refused the submission: {exc.message} ({exc.code})."}
         except Exception as exc:  # the same intervention id is kept for the retry
             return {
@@ -446,6 +482,7 @@ class Callbacks(EditorHandlers, ClaimHandlers):
             if panel is None or not st.image_path:
                 return {}
             res = rebase_edits(edits, rebase, [pb.box_id for pb in panel.boxes])
+            st.rebased_over = (panel.pause_token, edits)  # a 409 for these edits has nothing left to redraw
             out = self.show_edits(st, panel, res.applied) if not res.applied.is_empty() else {}
             st.carry = None
             st.offer = with_mine(res) if not res.mine.is_empty() else None

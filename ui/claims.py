@@ -176,7 +176,8 @@ class ClaimHandlers:
         # The canvas is drawn again from the job as it is now (``after_take_over``, the next step).
         out = self.presence_update(st)
         out.update({self.c.annotator: None, self.c.banner_md: st.notice})
+        st.undrawn = True
         return out
 
     def after_take_over(self, st: ReviewerState) -> Update:
-        raise NotImplementedError  # Callbacks: redraw the panel
+        raise NotImplementedError  # Callbacks: redraw the panel (``after_open``)

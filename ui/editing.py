@@ -83,8 +83,8 @@ class EditorHandlers:
         drawn = read_annotator(panel, value)
         out: Update = {
             c.notes_md: box_notes(panel, drawn, st.relabels),
-            c.undo_btn: gr.update(interactive=hist.can_undo),
-            c.redo_btn: gr.update(interactive=hist.can_redo),
+            c.undo_btn: gr.update(interactive=hist.can_undo, value=c.undo_btn.value),  # text resent: see Callbacks.view
+            c.redo_btn: gr.update(interactive=hist.can_redo, value=c.redo_btn.value),
         }
         if changed:
             out[c.draft_out] = draft_message(panel.job_id, panel.pause_token, hist.current)
@@ -128,7 +128,7 @@ class EditorHandlers:
             panel = self._open_panel(st)
             edits = st.history_for(panel).undo() if panel is not None else None
             if panel is None or edits is None:
-                return {self.c.undo_btn: gr.update(interactive=False)}
+                return {self.c.undo_btn: gr.update(interactive=False, value=self.c.undo_btn.value)}
             return self.show_edits(st, panel, edits)
 
     def on_redo(self, st: ReviewerState) -> Update:
@@ -136,7 +136,7 @@ class EditorHandlers:
             panel = self._open_panel(st)
             edits = st.history_for(panel).redo() if panel is not None else None
             if panel is None or edits is None:
-                return {self.c.redo_btn: gr.update(interactive=False)}
+                return {self.c.redo_btn: gr.update(interactive=False, value=self.c.redo_btn.value)}
             return self.show_edits(st, panel, edits)
 
     def on_reset(self, st: ReviewerState) -> Update:

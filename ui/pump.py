@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 from client import AsyncHitlClient
-from statecore.models import Event
+from statecore.models import Event, JobSnapshot
 
 from .panel import is_terminal
 from .session import ReviewerState
@@ -84,6 +84,22 @@ class Renderer(Protocol):
     ) -> dict[Any, Any]: ...
 
 
+def apply_and_render(
+    st: ReviewerState, snap: JobSnapshot, render: Renderer
+) -> tuple[dict[Any, Any] | None, tuple[str | None, int]]:
+    """``snap`` applied and its view rendered under the session's lock, as one step: a submission's 409
+    (``Callbacks.send``) is applied and rendered under it as well, so the two never interleave (the new
+    round drawn twice, the second time without the edits the first laid over it). Also the banner and
+    offer that the view tells. None when ``snap`` changed nothing."""
+    with st.lock:
+        change = st.apply_snapshot(snap)
+        telling = (st.notice, id(st.offer))
+        if not change.applied:
+            return None, telling
+        redraw = change.redraw
+        return render.refresh_view(st, redraw=redraw, banner=change.banner, error="" if redraw else None), telling
+
+
 async def follow_job(
     st: ReviewerState, job_id: str, gen: int, client: AsyncHitlClient, render: Renderer, stop: threading.Event
 ) -> AsyncGenerator[dict[Any, Any], None]:
@@ -121,20 +137,12 @@ async def follow_job(
                 continue
             if st.job_id != job_id or st.follow_gen != gen:
                 break
-            with st.lock:
-                change = st.apply_snapshot(snap)
-                telling = (st.notice, id(st.offer))
-            if not change.applied:
+            # refresh_view may download the image or the results: blocking I/O, off the loop.
+            update, telling = await asyncio.to_thread(apply_and_render, st, snap, render)
+            if update is None:
                 continue
             told = telling
-            # refresh_view may download the image or the results: blocking I/O, off the loop.
-            yield await asyncio.to_thread(
-                render.refresh_view,
-                st,
-                redraw=change.redraw,
-                banner=change.banner,
-                error="" if change.redraw else None,
-            )
+            yield update
             if is_terminal(snap):
                 break
     finally:

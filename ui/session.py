@@ -105,6 +105,8 @@ class ReviewerState:
         # The reviewer's edits and the box-level change under them, to lay over the next redraw (ui.rebase).
         self.pending_rebase: tuple[Edits, dict[str, Any]] | None = None
         self.carry_base: list[Box] | None = None  # the boxes ``carry`` was made over (rebased when a panel opens)
+        self.rebased_over: tuple[str, Edits] | None = None  # a pause drawn with these edits laid over it (ui.rebase)
+        self.undrawn = False  # a job was just opened with an empty canvas: the next step draws it
         self.follow_gen = 0  # bumped by every open; a follower of an older generation stops
         self.followed_gen = -1  # the generation a follower already serves
         self.lock = threading.RLock()
@@ -200,6 +202,7 @@ class ReviewerState:
             self.offer = None
             self.carry = None
             self.carry_base = None
+            self.rebased_over = None
             self.notice = None
             if not same_pause:
                 self.intervention_id = None
@@ -326,8 +329,21 @@ class ReviewerState:
             snap = JobSnapshot.model_validate(snapshot) if isinstance(snapshot, dict) else snapshot
             if snap is not None and snap.job_id != self.job_id:
                 snap = None
+            if snap is not None and self.snapshot is not None and snap.version < self.snapshot.version:
+                snap = self.snapshot  # the live updates already showed a newer state than the 409 carries
             new = panel_from_snapshot(snap) if snap is not None else None
             pause_gone = old is not None and (new is None or new.pause_token != old.pause_token)
+            if (
+                pause_gone
+                and new is not None
+                and self.panel is not None
+                and self.panel.pause_token == new.pause_token
+                and self.rebased_over == (new.pause_token, edits)
+            ):
+                # The live updates already drew the new round with these very edits laid over it
+                # (``apply_snapshot``): nothing to redraw, and the banner keeps what it says about them.
+                self.intervention_id = new_intervention_id()
+                return ConflictOutcome(banner=self.notice or "", redraw=False, offer=self.offer, dropped=[])
             banner = conflict_banner(code, already_ours=already, message=message)
             if code == "VERSION_CONFLICT" and pause_gone:
                 banner = banner.split(":")[0] + (
