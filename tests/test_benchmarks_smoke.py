@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_gpu_sam_benchmark_runs_on_cpu(tmp_path: Path):
     out = tmp_path / "gpu_sam.json"
@@ -21,3 +23,30 @@ def test_gpu_sam_benchmark_runs_on_cpu(tmp_path: Path):
     data = json.loads(out.read_text())
     assert data, "the benchmark wrote no results"
     assert "encoder" in proc.stdout.lower()
+
+
+@pytest.mark.browser
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_reviewer_benchmark_runs(tmp_path: Path):
+    """benchmarks/reviewer.py at its smallest: a real hitl up with the UI, one then two reviewers, one job each."""
+    from tests.browser_util import require_chromium
+
+    require_chromium()
+    out = tmp_path / "reviewer.json"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/reviewer.py", "--jobs", "1", "--reviewers", "1,2", "--warmup", "0"]
+        + ["--timeout-s", "90", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"1", "2"}
+    for r in results.values():
+        assert r["confirmed"] == r["submissions"] == 1 and r["conflicts_409"] == 0, r
+        assert 0 < r["pause_to_interactive_p50_ms"] < 60_000 and 0 < r["submit_to_banner_p50_ms"] < 60_000, r
+    assert "pause → interactive" in proc.stdout

@@ -1,0 +1,402 @@
+"""Reviewer-facing latency of the Gradio UI, in a real browser against a real ``hitl up``.
+
+Starts ``hitl up`` (embedded Redis, local Ray, Ray Serve, the Gradio UI) with one sign-in token per
+reviewer, and headless Chromium (Playwright) with one browser context per reviewer, each signed in.
+For each reviewer count in ``--reviewers`` (default ``1,4``), ``--jobs`` jobs go through the queue:
+
+- a feeder submits a job whenever fewer jobs than reviewers are in flight (submitted, not yet
+  answered), so reviewers mostly wait for a pause to open rather than work down a backlog;
+- every reviewer presses N (open the oldest waiting job nobody else claimed) as soon as the API lists
+  an unclaimed waiting job (one shared poll every 50 ms, counted only when it started after the
+  reviewer's last move, stands in for a reviewer watching the queue);
+  with several reviewers they race for the same jobs, and a press that finds nothing is a "miss";
+- once the panel is interactive the reviewer presses Enter (submit, every box kept) and waits for
+  the answer in the banner.
+
+Figures, p50/p95 over the jobs opened:
+
+- ``pause → interactive``: from the job's PAUSE_OPENED event (its ``at``, stamped by the server) to
+  the panel being interactive in the browser: the stage line names the job's pause, Submit is
+  enabled and the canvas shows the image (a pixel at its centre is drawn);
+- ``N → interactive``: from the key press to the same moment (the UI's own part of the above);
+- ``submit → banner``: from pressing Enter to the confirmation banner ("Submitted — …"), or to the
+  banner of a refusal;
+- the share of submissions that ended in a 409 (a conflict banner): 0 when claims are honoured.
+
+Both clocks are the same machine's (the server's ``at``, the browser's ``Date.now()``, Python's
+``time.time()``). A warm-up job (``--warmup``) goes first and is not counted.
+
+    .venv/bin/python benchmarks/reviewer.py --jobs 30 --reviewers 1,4 --json benchmarks/out/reviewer.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from harness.hitl_up import HitlUp
+from harness.sse import read_events
+from serve_app.samples import product_composite
+
+CHROMIUM = os.environ.get("HITL_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+ADMIN = "tok-bench-admin"
+POLL_S = 0.05  # the shared "is anything waiting?" poll
+MISS_WAIT_MS = 5_000  # an N press answered by the banner it already showed ("nothing waiting") changes nothing
+MISS_TEXT = re.compile(r"No other job is waiting|Every other waiting job")
+WAIT_MS = 60_000
+
+# Counts the banner's DOM changes, so a wait can tell a fresh answer from the one already shown.
+WATCH_JS = """() => {
+  window.__hitlBannerN = 0;
+  new MutationObserver(() => { window.__hitlBannerN += 1; }).observe(
+    document.querySelector('#banner [data-testid="markdown"]'),
+    { subtree: true, childList: true, characterData: true });
+}"""
+# After N: the new job's panel interactive (its pause on the stage line, Submit on, the image drawn),
+# or the banner's fresh answer that nothing could be opened.
+OPENED_JS = """([prev, mark]) => {
+  const MD = ' [data-testid="markdown"]';  // the text only: not the progress line Gradio lays over it
+  const text = (sel) => { const el = document.querySelector(sel + MD); return el ? el.innerText.trim() : ''; };
+  const banner = text('#banner');
+  if (window.__hitlBannerN > mark && /No other job is waiting|Every other waiting job/.test(banner)) {
+    return { kind: 'miss' };
+  }
+  const job = text('#job-id').match(/job_[0-9A-Za-z]+/);
+  const pause = text('#stage-text').match(/pause_[0-9A-Za-z]+/);
+  if (!job || job[0] === prev || !pause) { return false; }
+  const holder = document.querySelector('#submit-btn');
+  const button = holder && (holder.tagName === 'BUTTON' ? holder : holder.querySelector('button'));
+  if (!button || button.disabled || button.offsetParent === null) { return false; }
+  const canvas = document.querySelector('#annotator canvas');
+  if (!canvas || !canvas.width || !canvas.height || canvas.offsetParent === null) { return false; }
+  const ctx = canvas.getContext('2d');
+  if (ctx && ctx.getImageData(canvas.width >> 1, canvas.height >> 1, 1, 1).data[3] === 0) { return false; }
+  return { kind: 'open', job: job[0], pause: pause[0], t: Date.now() };
+}"""
+# After Enter: the confirmation, a refusal under the panel, or a fresh banner of a conflict (409).
+ANSWERED_JS = """([mark]) => {
+  const MD = ' [data-testid="markdown"]';
+  const text = (sel) => { const el = document.querySelector(sel + MD); return el ? el.innerText.trim() : ''; };
+  const banner = text('#banner'), error = text('#review-error');
+  if (banner.startsWith('Submitted')) { return { kind: 'ok', t: Date.now(), text: banner }; }
+  if (error) { return { kind: 'refused', t: Date.now(), text: error }; }
+  if (window.__hitlBannerN > mark && banner) { return { kind: 'conflict', t: Date.now(), text: banner }; }
+  return false;
+}"""
+BLUR_JS = "document.activeElement && document.activeElement.blur()"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
+
+
+def parse_at(at: str) -> float:
+    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+
+
+def reviewer_names(n: int) -> list[str]:
+    return [f"bench{i + 1}" for i in range(n)]
+
+
+def tokens_spec(n: int) -> str:
+    """HITL_TOKENS: an admin (the feeder) and ``n`` reviewers, each signing in with their own token."""
+    return ",".join([f"admin:admin:{ADMIN}", *(f"{name}:reviewer:tok-{name}" for name in reviewer_names(n))])
+
+
+@dataclass
+class Run:
+    """One scenario: ``reviewers`` pages racing on ``jobs`` jobs."""
+
+    reviewers: int
+    jobs: int
+    deadline: float
+    slots: asyncio.Semaphore
+    polled: asyncio.Condition = field(default_factory=asyncio.Condition)
+    polls_started: int = 0
+    fresh: tuple[int, bool] = (0, False)  # the latest poll answered: its number, and whether a job waits
+    submitted: list[str] = field(default_factory=list)
+    opened: list[dict[str, Any]] = field(default_factory=list)
+    answers: list[dict[str, Any]] = field(default_factory=list)
+    misses: int = 0
+
+    @property
+    def done(self) -> bool:
+        return len(self.answers) >= self.jobs or time.monotonic() > self.deadline
+
+    async def something_waits(self, after: int) -> bool:
+        """Until a poll started after poll ``after`` lists an unclaimed waiting job (False: the run is over)."""
+        async with self.polled:
+            await self.polled.wait_for(lambda: self.done or (self.fresh[0] > after and self.fresh[1]))
+        return not self.done
+
+
+async def feed(run: Run, api: httpx.AsyncClient, images: list[bytes]) -> None:
+    """Submit a job whenever a slot is free (fewer than ``reviewers`` jobs in flight)."""
+    for i in range(run.jobs):
+        await run.slots.acquire()
+        if run.done:
+            return
+        r = await api.post("/api/v1/jobs", files={"image": (f"{i}.png", images[i % len(images)], "image/png")})
+        r.raise_for_status()
+        run.submitted.append(r.json()["job_id"])
+
+
+async def poll(run: Run, api: httpx.AsyncClient) -> None:
+    """Tell the reviewers, every ``POLL_S``, whether the API lists a waiting job nobody has claimed."""
+    try:
+        while not run.done:
+            run.polls_started += 1
+            n = run.polls_started
+            try:
+                r = await api.get("/api/v1/jobs", params={"status": "WAITING", "unclaimed": "true", "limit": 1})
+                jobs = r.json().get("jobs", []) if r.status_code == 200 else []
+            except httpx.HTTPError:
+                jobs = []
+            async with run.polled:
+                run.fresh = (n, bool(jobs))
+                run.polled.notify_all()
+            await asyncio.sleep(POLL_S)  # the polling period, not a synchronisation
+    finally:
+        async with run.polled:
+            run.polled.notify_all()  # reviewers waiting for a job see that the run is over
+
+
+async def review(run: Run, page: Any, who: str) -> None:
+    """One reviewer: N as soon as something waits, then Enter once the panel is interactive."""
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+    prev = ""
+    after = run.polls_started  # a job counts as waiting once a poll started after this reviewer's last move says so
+    while await run.something_waits(after):
+        mark = await page.evaluate("window.__hitlBannerN")
+        await page.evaluate(BLUR_JS)
+        pressed = time.time()
+        await page.keyboard.press("n")
+        try:
+            handle = await page.wait_for_function(OPENED_JS, arg=[prev, mark], timeout=MISS_WAIT_MS)
+            got = await handle.json_value()
+        except PlaywrightTimeout:
+            banner = await page.inner_text('#banner [data-testid="markdown"]')
+            if MISS_TEXT.search(banner):  # the same "nothing" banner as before
+                got = {"kind": "miss"}
+            else:  # a slow opening
+                handle = await page.wait_for_function(OPENED_JS, arg=[prev, mark], timeout=WAIT_MS)
+                got = await handle.json_value()
+        if got["kind"] == "miss":
+            run.misses += 1
+            after = run.polls_started
+            continue
+        prev = got["job"]
+        run.opened.append(
+            {"reviewer": who, "job": got["job"], "pause": got["pause"], "pressed": pressed, "t": got["t"]}
+        )
+        mark = await page.evaluate("window.__hitlBannerN")
+        await page.evaluate(BLUR_JS)
+        sent = time.time()
+        await page.keyboard.press("Enter")
+        handle = await page.wait_for_function(ANSWERED_JS, arg=[mark], timeout=WAIT_MS)
+        ans = await handle.json_value()
+        run.answers.append({"reviewer": who, "job": got["job"], "sent": sent, **ans})
+        run.slots.release()
+        after = run.polls_started
+
+
+def pause_opened_at(api_url: str, job_id: str, pause: str) -> float | None:
+    """The ``at`` of the PAUSE_OPENED event that opened ``pause`` (from the job's event history)."""
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as c:
+        for ev in read_events(c, job_id, until="PAUSE_OPENED", timeout=httpx.Timeout(10, read=30)):
+            if (
+                ev["type"] == "PAUSE_OPENED"
+                and (ev.get("data") or {}).get("active_pause", {}).get("pause_token") == pause
+            ):
+                return parse_at(ev["at"])
+    return None
+
+
+async def cancel_waiting(api: httpx.AsyncClient) -> None:
+    """Leave no job waiting for the next scenario."""
+    r = await api.get("/api/v1/jobs", params={"status": "WAITING", "limit": 500})
+    for job in r.json().get("jobs", []) if r.status_code == 200 else []:
+        await api.post(f"/api/v1/jobs/{job['job_id']}/cancel")
+
+
+async def scenario(
+    pages: list[Any], api: httpx.AsyncClient, api_url: str, jobs: int, images: list[bytes], timeout_s: float
+) -> dict[str, Any]:
+    n = len(pages)
+    run = Run(reviewers=n, jobs=jobs, deadline=time.monotonic() + timeout_s, slots=asyncio.Semaphore(n))
+    t0 = time.perf_counter()
+    tasks = [asyncio.create_task(feed(run, api, images)), asyncio.create_task(poll(run, api))]
+    await asyncio.gather(*(review(run, page, f"bench{i + 1}") for i, page in enumerate(pages)))
+    wall = time.perf_counter() - t0
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await cancel_waiting(api)
+
+    pause_ms, press_ms = [], []
+    for o in run.opened:
+        at = await asyncio.to_thread(pause_opened_at, api_url, o["job"], o["pause"])
+        if at is not None:
+            pause_ms.append((o["t"] / 1000 - at) * 1000)
+        press_ms.append((o["t"] / 1000 - o["pressed"]) * 1000)
+    submit_ms = [(a["t"] / 1000 - a["sent"]) * 1000 for a in run.answers]
+    kinds = {k: sum(a["kind"] == k for a in run.answers) for k in ("ok", "conflict", "refused")}
+    answered = len(run.answers)
+    return {
+        "reviewers": n,
+        "jobs_submitted": len(run.submitted),
+        "jobs_opened": len(run.opened),
+        "submissions": answered,
+        "wall_s": round(wall, 2),
+        "pause_to_interactive_p50_ms": round(pct(pause_ms, 0.5), 1),
+        "pause_to_interactive_p95_ms": round(pct(pause_ms, 0.95), 1),
+        "n_to_interactive_p50_ms": round(pct(press_ms, 0.5), 1),
+        "n_to_interactive_p95_ms": round(pct(press_ms, 0.95), 1),
+        "submit_to_banner_p50_ms": round(pct(submit_ms, 0.5), 1),
+        "submit_to_banner_p95_ms": round(pct(submit_ms, 0.95), 1),
+        "confirmed": kinds["ok"],
+        "conflicts_409": kinds["conflict"],
+        "refused_other": kinds["refused"],
+        "share_409": round(kinds["conflict"] / answered, 4) if answered else None,
+        "n_misses": run.misses,
+        "other_answers": sorted({a["text"][:120] for a in run.answers if a["kind"] != "ok"}),
+        "timed_out": len(run.answers) < jobs,
+    }
+
+
+async def sign_in(browser: Any, ui_url: str, name: str) -> Any:
+    ctx = await browser.new_context(viewport={"width": 1400, "height": 1100})
+    ctx.set_default_timeout(WAIT_MS)
+    page = await ctx.new_page()
+    await page.goto(ui_url)
+    await page.locator("#login-token input, #login-token textarea").first.fill(f"tok-{name}")
+    await page.locator("#login-btn").click()
+    await page.locator("#main-panel").wait_for(state="visible")
+    await page.evaluate(WATCH_JS)
+    return page
+
+
+async def measure(up: HitlUp, args: argparse.Namespace, counts: list[int]) -> dict[str, Any]:
+    from playwright.async_api import async_playwright
+
+    images = [product_composite(seed=700 + i, width=640, height=480, n=2)[0] for i in range(8)]
+    results: dict[str, Any] = {}
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    async with (
+        async_playwright() as pw,
+        httpx.AsyncClient(base_url=up.api_url, headers=headers, timeout=60) as api,
+    ):
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            pages = [await sign_in(browser, up.ui_url or "", name) for name in reviewer_names(max(counts))]
+            if args.warmup:
+                log(f"warm-up: {args.warmup} job(s), 1 reviewer")
+                await scenario(pages[:1], api, up.api_url, args.warmup, images, args.timeout_s)
+            for n in counts:
+                log(f"{n} reviewer(s): {args.jobs} jobs")
+                res = await scenario(pages[:n], api, up.api_url, args.jobs, images, args.timeout_s)
+                log(
+                    f"{n} reviewer(s): pause→interactive p50 {res['pause_to_interactive_p50_ms']} ms, "
+                    f"submit→banner p50 {res['submit_to_banner_p50_ms']} ms, 409s {res['conflicts_409']}"
+                )
+                results[str(n)] = res
+        finally:
+            await browser.close()
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    rows = [
+        ("jobs opened / submissions", lambda r: f"{r['jobs_opened']} / {r['submissions']}"),
+        ("pause → interactive p50 (ms)", lambda r: r["pause_to_interactive_p50_ms"]),
+        ("pause → interactive p95 (ms)", lambda r: r["pause_to_interactive_p95_ms"]),
+        ("N → interactive p50 (ms)", lambda r: r["n_to_interactive_p50_ms"]),
+        ("N → interactive p95 (ms)", lambda r: r["n_to_interactive_p95_ms"]),
+        ("submit → banner p50 (ms)", lambda r: r["submit_to_banner_p50_ms"]),
+        ("submit → banner p95 (ms)", lambda r: r["submit_to_banner_p95_ms"]),
+        ("submissions ending in 409", lambda r: f"{r['conflicts_409']} ({(r['share_409'] or 0):.1%})"),
+        ("N presses finding nothing", lambda r: r["n_misses"]),
+        ("wall (s)", lambda r: r["wall_s"]),
+    ]
+    keys = list(results)
+    out = [f"{'reviewers':<32}" + "".join(f"{k:>14}" for k in keys), "-" * (32 + 14 * len(keys))]
+    for label, get in rows:
+        out.append(f"{label:<32}" + "".join(f"{get(results[k])!s:>14}" for k in keys))
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=30, help="jobs per reviewer count (default 30)")
+    ap.add_argument(
+        "--reviewers", default="1,4", help="comma-separated reviewer counts, one scenario each (default 1,4)"
+    )
+    ap.add_argument("--warmup", type=int, default=1, help="uncounted jobs before the first scenario (default 1)")
+    ap.add_argument("--timeout-s", type=float, default=600, help="give up on a scenario after this long")
+    ap.add_argument("--json", default="benchmarks/out/reviewer.json", help="where the figures go")
+    args = ap.parse_args()
+    counts = [int(v) for v in args.reviewers.split(",") if v.strip()]
+    if not counts or min(counts) < 1 or args.jobs < 1:
+        ap.error("--jobs and every --reviewers count must be at least 1")
+    if not os.access(CHROMIUM, os.X_OK):
+        print(f"Chromium not found at {CHROMIUM} (set HITL_CHROMIUM)", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="hitl-reviewer-bench-"))
+    log(f"starting hitl up (UI, {max(counts)} reviewer tokens) in {tmp}")
+    started = time.perf_counter()
+    env = {"HITL_TOKENS": tokens_spec(max(counts))}
+    up = HitlUp(tmp / "data", ui=True, env=env, log_path=tmp / "hitl-up.log").start()
+    log(f"hitl up ready in {time.perf_counter() - started:.1f} s")
+    try:
+        results = asyncio.run(measure(up, args, counts))
+    finally:
+        try:
+            up.stop(timeout=60)
+        except Exception:  # a stuck shutdown must not hide the figures
+            up.kill()
+    out = {
+        "config": vars(args),
+        "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version()},
+        "results": results,
+    }
+    print()
+    print(table(results))
+    print(
+        f"\n{args.jobs} jobs per scenario, classical backends, 640x480 images with 2 objects; "
+        "N pressed as soon as an unclaimed job waits (50 ms poll); every box kept on submit"
+    )
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=2))
+    print(f"wrote {args.json}")
+    failed = [k for k, r in results.items() if r["timed_out"] or r["jobs_opened"] == 0]
+    if failed:
+        print(f"scenario(s) {', '.join(failed)} did not finish their jobs", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
