@@ -23,6 +23,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from statecore import deadletters
+from statecore.durable import reraise_if_cancelled
 from statecore.errors import NodeExecutionError
 from statecore.heartbeat import Heartbeat, HeartbeatSpec
 from statecore.models import NodeCommand, NodeReport
@@ -120,11 +121,13 @@ class Dispatcher:
                 await self.store.ensure_groups()
                 break
             except (RedisConnectionError, RedisTimeoutError) as e:  # started while Redis is away: wait
+                reraise_if_cancelled(e)
                 log.warning("dispatcher: Redis unavailable at start (%s); retrying in 1s", e)
                 await asyncio.sleep(1)
         log.info("dispatcher %s started", self.consumer)
         last_reclaim = last_inspect = 0.0
         while True:
+            reraise_if_cancelled(None)  # a cancel a library swallowed on the way (statecore.durable)
             try:
                 if time.monotonic() - last_inspect > self.inspect_every_s:
                     last_inspect = time.monotonic()
@@ -156,9 +159,11 @@ class Dispatcher:
                     t.cancel()
                 raise
             except (RedisConnectionError, RedisTimeoutError) as e:  # Redis down or hung: wait for it
+                reraise_if_cancelled(e)
                 log.warning("dispatcher: Redis unavailable (%s); retrying in 1s", e)
                 await asyncio.sleep(1)
             except ResponseError as e:
+                reraise_if_cancelled(e)
                 if "NOGROUP" not in str(e):
                     log.exception("dispatcher loop error (retrying): %s", e)
                     await asyncio.sleep(1)
@@ -169,9 +174,11 @@ class Dispatcher:
                 try:
                     await self.store.ensure_groups()
                 except Exception as again:
+                    reraise_if_cancelled(again)
                     log.warning("dispatcher: re-creating the consumer groups failed (%s); retrying", again)
                     await asyncio.sleep(1)
             except Exception as e:
+                reraise_if_cancelled(e)
                 log.exception("dispatcher loop error (retrying): %s", e)
                 await asyncio.sleep(1)
 

@@ -29,6 +29,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 
 from statecore import counters, deadletters, errors
+from statecore.durable import reraise_if_cancelled
 from statecore.models import NodeReport
 from statecore.outbox import OutboxEntry
 from statecore.store import Store
@@ -133,6 +134,7 @@ class WriteBack:
                 try:  # at once after spooling (or resuming), then after each gap
                     return await self._settle(rec, await self.store.apply_report(report))
                 except UNAVAILABLE as e:
+                    reraise_if_cancelled(e)
                     rec.error = f"{type(e).__name__}: {e}"
                 rec.attempts += 1
                 if time.time() - rec.first_failed_at >= max_s:
@@ -152,7 +154,8 @@ class WriteBack:
                         payload=rec.report,
                     )
                     return await self._settle(rec, "DEAD_LETTER")
-                except UNAVAILABLE:
+                except UNAVAILABLE as e:
+                    reraise_if_cancelled(e)
                     await self._until_next(min(max(gap, self.first_gap_s), max_s))
         finally:
             self._active.discard(nid)

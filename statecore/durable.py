@@ -13,6 +13,7 @@ after-write sync of ``--durability strict`` (serve_app.durability chooses the co
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -46,3 +47,16 @@ def synced(store: Any, script: Any) -> Callable[..., Awaitable[Any]]:
         return res
 
     return run
+
+
+def reraise_if_cancelled(exc: BaseException | None) -> None:
+    """Re-raise a cancellation that a store error hides. A task cancelled while redis-py waits on a
+    timeout (a Redis that is down: connect attempts time out) can get the TimeoutError or
+    ConnectionError instead of its CancelledError (the timeout fires as the cancel arrives), and a
+    loop that retries on store errors would then never stop: the task is still marked as being
+    cancelled (``Task.cancelling()``), so every such handler calls this first, and a loop calls it
+    once a round for a cancel swallowed without an error at all (seen under CPU load: a dispatcher
+    cancelled during ``XREADGROUP BLOCK`` kept reading the outbox)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc

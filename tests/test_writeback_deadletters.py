@@ -58,7 +58,7 @@ def _dispatcher(store: Store, model: Any, data_dir: Path | None, consumer: str, 
 async def _until(check: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while True:
-        got = await check()
+        got = await asyncio.wait_for(check(), timeout)
         if got:
             return got
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -66,8 +66,11 @@ async def _until(check: Any, timeout: float, what: str) -> Any:
 
 
 async def _stop(task: asyncio.Task[None]) -> None:
+    """Cancel a dispatcher and wait for it: it must stop (a cancel swallowed inside redis-py once kept
+    one reading the outbox for ever under CPU load: statecore.durable.reraise_if_cancelled)."""
     task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    done, _ = await asyncio.wait({task}, timeout=30)
+    assert done, "the dispatcher did not stop within 30 s of its cancel"
 
 
 @pytest.fixture
