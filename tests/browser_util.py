@@ -77,8 +77,9 @@ class Api:
     def __init__(self, base_url: str, token: str) -> None:
         self.c = httpx.Client(base_url=base_url, timeout=60, headers={"Authorization": f"Bearer {token}"})
 
-    def submit(self, data: bytes) -> str:
-        r = self.c.post("/api/v1/jobs", files={"image": ("product.png", data, "image/png")})
+    def submit(self, data: bytes, review_quorum: int = 1) -> str:
+        params = {"review_quorum": review_quorum} if review_quorum > 1 else None
+        r = self.c.post("/api/v1/jobs", params=params, files={"image": ("product.png", data, "image/png")})
         assert r.status_code == 202, r.text
         return str(r.json()["job_id"])
 

@@ -11,6 +11,8 @@ real `hitl up` (embedded Redis, local Ray, Ray Serve, the Gradio UI) started wit
    marked for a decision, nothing is retyped. rev1's own submission of round 1 gets a 409 when the page
    still shows round 1 as it clicks; the live updater may draw round 2 first (then there is nothing to
    submit): the new round is drawn once, with the edits on it, either way.
+4. A quorum of two (docs/protocol.md § Quorum): rev1's submission is recorded as a vote (the job still
+   waits, rev2's page says who has submitted), rev2's agreeing submission moves the job on.
 
 The module prints its wall time. HITL_SCREENSHOTS=1 saves docs/screenshots/{queue-presence,
 conflict-rebase}.png. Under CI=true a missing Chromium fails the module; locally it skips.
@@ -47,8 +49,8 @@ class Stack:
         self.api = Api(up.api_url, TOKENS["admin"])
         self.created: list[str] = []
 
-    def waiting(self, seed: int) -> dict[str, Any]:
-        job = self.api.submit(product_composite(seed, 640, 480, n=2)[0])
+    def waiting(self, seed: int, review_quorum: int = 1) -> dict[str, Any]:
+        job = self.api.submit(product_composite(seed, 640, 480, n=2)[0], review_quorum)
         self.created.append(job)
         return self.api.wait_round(job, 1)
 
@@ -257,3 +259,31 @@ def test_conflicting_submission_rebases_the_reviewers_edits(
     rev1.page.locator("#reapply-btn").click()  # decide for "bag"
     rev1.expect_text("#box-notes", "deleted 1, relabelled 1, drew 1 new")
     stack.api.cancel(job)
+
+
+@pytest.mark.timeout(240)
+def test_a_quorum_of_two_needs_both_reviewers(stack: Stack, reviewer: Callable[[str, str | None], Reviewer]) -> None:
+    snap = stack.waiting(55, review_quorum=2)
+    job, token = snap["job_id"], snap["active_pause"]["pause_token"]
+    assert snap["quorum"] == {"needed": 2, "votes": []}
+    rev1 = reviewer("rev1", job)
+    rev1.wait_panel(ROUND1_TEXT, token)
+    rev1.expect_text("#stage-text", "Needs 2 reviewers whose boxes agree — 0 of 2 submitted")
+    rev1.ready_to_submit()
+    rev1.click_submit_now()
+    rev1.expect_text("#banner", "Your boxes are recorded — 1 of 2 reviewers")
+    after = stack.api.get(job)
+    assert after["status"] == "WAITING_USER_SELECTION" and after["version"] == snap["version"]  # a vote only
+    assert [v["reviewer"] for v in after["quorum"]["votes"]] == ["rev1"] and after["claim"] is None
+
+    rev2 = reviewer("rev2", job)
+    rev2.wait_panel(ROUND1_TEXT, token)
+    rev2.expect_text("#stage-text", "1 of 2 submitted (rev1)")
+    rev2.ready_to_submit()
+    rev2.click_submit_now()
+    rev2.expect_text("#banner", "2 reviewers agreed (rev1, rev2)")
+    done = stack.api.wait(job, lambda s: s["status"] in ("SUCCEEDED", "PARTIAL_SUCCEEDED"), "the job's end")
+    assert done["quorum"]["votes"] == []
+    types = [e["type"] for e in stack.api.events(job)]
+    assert types.count("QUORUM_VOTE") == 1 and types.count("QUORUM_REACHED") == 1
+    assert types.count("INTERVENTION_ACCEPTED") == 1  # the pause consumed once, by the second reviewer

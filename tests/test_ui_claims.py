@@ -12,7 +12,8 @@ from typing import Any
 from client import HitlClient
 from harness.tokens import TOKENS
 from tests.test_ui_callbacks import make_callbacks, visible, waiting_job
-from ui.claims import claim_text, short_snapshot
+from ui.claims import claim_text
+from ui.panel import short_snapshot
 from ui.session import ReviewerState
 
 

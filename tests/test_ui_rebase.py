@@ -119,3 +119,20 @@ def test_a_409_while_nothing_waits_rebases_onto_the_next_round_when_it_opens() -
     edits, body = st.pending_rebase
     res = rebase_edits(edits, body, [pb.box_id for pb in shown(st.panel).boxes])
     assert res.clean and res.applied == Edits(added=[((5.0, 5.0, 60.0, 60.0), "cap")])  # box_2 is gone: agreed
+
+
+def test_edits_survive_the_moment_between_two_rounds_when_nothing_waits() -> None:
+    """Another reviewer submits while this one edits: the follower first sees the job in model work
+    (no pause: the panel closes), then round 2. The edits are carried across and rebased onto it."""
+    st = opened(round1())
+    mine = Edits(deleted=["box_3"], relabelled={"box_1": "boot"}, added=[((5.0, 5.0, 60.0, 60.0), "cap")])
+    st.canvas_changed(shown(st.panel), mine)
+    validating = snapshot(status="VALIDATING_MANUAL_BOXES", boxes=round1().box_list, actions=(), version=5)
+    gone = st.apply_snapshot(validating)
+    assert st.panel is None and gone.banner == "Another reviewer submitted first." and st.pending_rebase is None
+    change = st.apply_snapshot(round2())
+    assert change.redraw and st.pending_rebase is not None and st.carry is None
+    edits, body = st.pending_rebase
+    assert edits == mine and {b["box_id"] for b in body["removed"]} == {"box_2", "box_3"}
+    res = rebase_edits(edits, body, [pb.box_id for pb in shown(st.panel).boxes])
+    assert res.clean and res.applied == Edits(relabelled={"box_1": "boot"}, added=[((5.0, 5.0, 60.0, 60.0), "cap")])

@@ -29,7 +29,7 @@ from .annotator import (
     reapplied_value,
     subjects_from_annotator,
 )
-from .claims import NEXT_TRIES, ClaimHandlers, short_snapshot
+from .claims import NEXT_TRIES, ClaimHandlers
 from .editing import EditorHandlers
 from .editor import ALL_STAGES, draft_message
 from .images import ImageStore
@@ -37,6 +37,7 @@ from .layout import Components
 from .panel import annotator_value, backends_text, is_terminal, status_text
 from .pump import Followers, follow_job
 from .queue import TABLE_HEADERS, queue_rows, thumb_cell, waiting_jobs
+from .quorum import stage_markdown
 from .rebase import rebase_edits, rebase_text, with_mine
 from .results import ResultsView
 from .session import ReviewerState, conflict_banner
@@ -108,12 +109,7 @@ class Callbacks(EditorHandlers, ClaimHandlers):
         out: Update = {
             c.job_md: f"**Job** `{st.job_id}`" if st.job_id else "No job open — pick one in the queue.",
             c.status_md: status_text(snap) if snap else "",
-            c.stage_md: (
-                f"### {panel.stage_text}\nround {panel.round} · `{panel.stage}` · pause `{panel.pause_token}`"
-                f" · snapshot `{short_snapshot(panel.snapshot_id)}`"
-                if panel
-                else ""
-            ),
+            c.stage_md: stage_markdown(panel, snap),  # with the quorum, when the job has one (ui.quorum)
             # A button built hidden may come back without its text when an update only shows it: resend the text.
             c.reapply_btn: gr.update(visible=st.offer is not None and panel is not None, value=c.reapply_btn.value),
             c.cancel_btn: gr.update(visible=snap is not None and not terminal, value=c.cancel_btn.value),
@@ -468,6 +464,7 @@ class Callbacks(EditorHandlers, ClaimHandlers):
             len(res.diff.kept),
             len(res.diff.added),
             len(res.diff.deleted),
+            res.quorum.model_dump() if res.quorum else None,
         )
         st.claimed = None  # an accepted submission ends the claim (docs/protocol.md § Claims)
         out = self.view(st, banner=msg + " Press N for the next job.", error="")

@@ -34,12 +34,6 @@ class _Clients(Protocol):
     def get(self, token: str | None) -> HitlClient: ...
 
 
-def short_snapshot(snapshot_id: str) -> str:
-    """The snapshot id as the panel shows it: ``snap_`` and 8 characters."""
-    head, _, rest = snapshot_id.partition("_")
-    return f"{head}_{rest[:8]}" if rest else snapshot_id[:13]
-
-
 def claim_text(st: ReviewerState) -> str:
     """The presence line above the panel."""
     holder = st.held_by

@@ -141,6 +141,12 @@ def pause_of_value(value: Any) -> str | None:
     return stem.split("__", 1)[1] if "__" in stem else None
 
 
+def short_snapshot(snapshot_id: str) -> str:
+    """The snapshot id as the panel shows it: ``snap_`` and 8 characters."""
+    head, _, rest = snapshot_id.partition("_")
+    return f"{head}_{rest[:8]}" if rest else snapshot_id[:13]
+
+
 def stage_text(panel: Panel | None) -> str:
     return panel.stage_text if panel else ""
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from statecore.models import JobSnapshot
 
+from .panel import Panel, short_snapshot
+
 
 def quorum_line(snap: JobSnapshot | None) -> str:
     """One line under the stage: '' for a job reviewed by one reviewer."""
@@ -75,3 +77,16 @@ def reconciliation_md(snap: JobSnapshot | None) -> str:
                 cells = [drew if x == r else "" for x in names]
                 rows.append("| drawn by hand | " + " | ".join(cells) + " |")
     return "\n".join([header, *rows])
+
+
+def stage_markdown(panel: Panel | None, snap: JobSnapshot | None) -> str:
+    """The stage block over the canvas: what to do, the pause's identity, and, for a quorum job, who
+    has submitted and, on a reconciliation pause, the reviewers' lists."""
+    if panel is None:
+        return ""
+    text = (
+        f"### {panel.stage_text}\nround {panel.round} · `{panel.stage}` · pause `{panel.pause_token}`"
+        f" · snapshot `{short_snapshot(panel.snapshot_id)}`"
+    )
+    line, lists = quorum_line(snap), reconciliation_md(snap)
+    return "\n\n".join(part for part in (text, line, lists) if part)

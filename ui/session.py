@@ -19,6 +19,7 @@ from statecore.states import JobStatus
 from .annotator import Edits, applicable_edits
 from .editor import ALL_STAGES, EditHistory, copy_edits
 from .panel import Panel, is_terminal, panel_from_snapshot, pause_of_value
+from .quorum import vote_banner
 from .rebase import changes_between
 
 NEXT_NODE_WORDS = {
@@ -46,7 +47,12 @@ def conflict_banner(code: str, *, already_ours: bool = False, message: str = "")
     return message or f"The server refused the request ({code})."
 
 
-def submitted_message(status: str, next_node_type: str | None, kept: int, added: int, deleted: int) -> str:
+def submitted_message(
+    status: str, next_node_type: str | None, kept: int, added: int, deleted: int, quorum: dict[str, Any] | None = None
+) -> str:
+    voted = vote_banner({"quorum": quorum}) if quorum else None  # docs/protocol.md § Quorum
+    if voted is not None:
+        return f"Submitted — kept {kept}, added {added}, deleted {deleted}. {voted}"
     nxt = NEXT_NODE_WORDS.get(next_node_type or "", "nothing more: the job has ended")
     return f"Submitted — kept {kept}, added {added}, deleted {deleted}. The job is now {status}; next: {nxt}."
 
@@ -264,6 +270,10 @@ class ReviewerState:
                     if snap.status == JobStatus.CANCELLED
                     else "Another reviewer submitted first."
                 )
+                if hist is not None and hist.pause_token == old.pause_token and not hist.current.is_empty():
+                    # No pause now (the job is in model work): keep the edits for the next round's panel,
+                    # laid over its boxes when it opens, as when the new round arrives at once (above).
+                    self.carry, self.carry_base = copy_edits(hist.current), [pb.box for pb in old.boxes]
             else:
                 banner = None
             if banner is not None:
@@ -285,12 +295,14 @@ class ReviewerState:
         kept: int,
         added: int,
         deleted: int,
+        quorum: dict[str, Any] | None = None,
     ) -> str:
-        """The pause is consumed: close the panel. A second answer for it shows the same one result."""
+        """The pause is consumed (or, on a quorum pause, this reviewer's vote recorded): close the panel.
+        A second answer for it shows the same one result."""
         with self.lock:
             if pause_token in self.results:
                 return self.results[pause_token]
-            msg = submitted_message(status, next_node_type, kept, added, deleted)
+            msg = submitted_message(status, next_node_type, kept, added, deleted, quorum)
             self.results[pause_token] = msg
             self.notice = msg
             self.intervention_id = None
