@@ -340,3 +340,22 @@ def test_each_tick_makes_the_next_missing_thumbnails_wherever_they_are_in_the_qu
         cells = [cb.thumb(st, j, budget) for j in queue]
         assert sum(c is not None for c in cells) == min(len(queue), THUMBS_PER_TICK * (tick + 1))
     assert made == queue  # each made once, in queue order; the last rows on the third tick
+
+
+def test_the_queue_filters_by_batch_and_stage() -> None:
+    from statecore.models import JobSummary
+    from ui.queue import queue_rows
+
+    def job(i: int, batch: str | None, stage: str) -> JobSummary:
+        at = f"2026-12-01T10:00:0{i}Z"
+        return JobSummary(
+            job_id=f"job_{i}", status=stage, version=2, created_at=at, updated_at=at, submitter="s",
+            stage=stage, pause_created_at=at, batch=batch,
+        )  # fmt: skip
+
+    jobs = [job(1, "spring", "WAITING_USER_SELECTION"), job(2, "autumn", "WAITING_USER_SELECTION"),
+            job(3, None, "WAITING_BOX_BATCH_REVISION"), job(4, "spring", "WAITING_BOX_BATCH_REVISION")]  # fmt: skip
+    assert [r[0] for r in queue_rows(jobs)] == ["job_1", "job_2", "job_3", "job_4"]
+    assert [r[0] for r in queue_rows(jobs, batch="spring")] == ["job_1", "job_4"]
+    assert [r[0] for r in queue_rows(jobs, batch="spring", stage="WAITING_BOX_BATCH_REVISION")] == ["job_4"]
+    assert queue_rows(jobs, batch="winter") == []

@@ -80,7 +80,8 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
         )
     )
     demo.unload(cb.on_unload)
-    c.stage_filter.change(cb.on_stage_filter, inputs=[c.session, c.stage_filter], outputs=[c.queue_table, c.queue_note])
+    for listen in (c.stage_filter.change, c.batch_filter.submit, c.batch_filter.blur):  # the queue's filters
+        listen(cb.on_filters, inputs=[c.session, c.stage_filter, c.batch_filter], outputs=[c.queue_table, c.queue_note])
     c.stats_btn.click(cb.on_stats, inputs=st, outputs=[c.stats_md])
     c.stats_acc.expand(cb.on_stats, inputs=st, outputs=[c.stats_md])
     # The tick also renews the open job's claim and notices a takeover (ui.claims).

@@ -193,7 +193,7 @@ class Callbacks(EditorHandlers, ClaimHandlers):
             jobs = self.fetch_queue(st)
         except Exception as exc:  # shown under the queue; the next tick tries again
             return {self.c.queue_note: "Queue unavailable — " + error_text(exc)}
-        rows = queue_rows(jobs, stage=st.queue_stage, me=st.reviewer)
+        rows = queue_rows(jobs, stage=st.queue_stage, me=st.reviewer, batch=st.queue_batch)
         budget = [THUMBS_PER_TICK]  # new thumbnails this tick; rows further down get theirs on later ticks
         rows = [[thumb_cell(self.thumb(st, str(r[0]), budget), str(r[0])), *r] for r in rows]
         n, total = len(rows), len(waiting_jobs(jobs))
@@ -221,8 +221,8 @@ class Callbacks(EditorHandlers, ClaimHandlers):
         except Exception as exc:  # said in the panel; the button tries again
             return {self.c.stats_md: "Stats unavailable — " + error_text(exc)}
 
-    def on_stage_filter(self, st: ReviewerState, stage: str | None) -> Update:
-        st.queue_stage = stage or ALL_STAGES
+    def on_filters(self, st: ReviewerState, stage: str | None, batch: str | None = "") -> Update:
+        st.queue_stage, st.queue_batch = stage or ALL_STAGES, (batch or "").strip()
         if not st.signed_in:
             return {self.c.queue_note: gr.skip()}
         return self.queue_update(st)

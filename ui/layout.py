@@ -76,6 +76,7 @@ class Components:
     pause_key: gr.Textbox  # job and pause of a freshly drawn panel: the browser looks for a draft
     draft_in: gr.Textbox  # the draft the browser kept for that review
     stage_filter: gr.Dropdown
+    batch_filter: gr.Textbox
     stats_md: gr.Markdown
     stats_btn: gr.Button
     stats_acc: gr.Accordion
@@ -145,6 +146,12 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
                 label="Stage",
                 elem_id="stage-filter",
                 interactive=True,
+            )
+            batch_filter = gr.Textbox(
+                label="Batch",
+                placeholder="every batch — or a name from hitl submit --batch, then Enter",
+                elem_id="batch-filter",
+                max_lines=1,
             )
             queue_table = gr.Dataframe(
                 value=pd.DataFrame(columns=TABLE_HEADERS),
@@ -304,6 +311,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         pause_key=pause_key,
         draft_in=draft_in,
         stage_filter=stage_filter,
+        batch_filter=batch_filter,
         stats_md=stats_md,
         stats_btn=stats_btn,
         stats_acc=stats_acc,

@@ -54,14 +54,20 @@ def presence_text(claim: ClaimView | None, me: str | None = None, now: datetime 
 
 
 def queue_rows(
-    jobs: Iterable[JobSummary], now: datetime | None = None, stage: str | None = None, me: str | None = None
+    jobs: Iterable[JobSummary],
+    now: datetime | None = None,
+    stage: str | None = None,
+    me: str | None = None,
+    batch: str | None = None,
 ) -> list[list[Any]]:
     """Rows of the queue table, the stage in words and who is reviewing each job (``me``: "you");
-    ``stage`` (a raw stage name) filters."""
+    ``stage`` (a raw stage name) and ``batch`` (as ``hitl submit --batch`` named it) filter."""
     now = now or datetime.now(UTC)
     rows = []
     for j in waiting_jobs(jobs):
         if stage and stage != ALL_STAGES and j.stage != stage:
+            continue
+        if batch and j.batch != batch:
             continue
         since = parse_time(j.pause_created_at) or parse_time(j.updated_at)
         age = format_age((now - since).total_seconds()) if since else "?"

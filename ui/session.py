@@ -101,6 +101,7 @@ class ReviewerState:
         self.image_path: str | None = None
         self.notice: str | None = None  # the last thing the banner said about this job's review
         self.queue_stage = ALL_STAGES  # the queue's stage filter
+        self.queue_batch = ""  # the queue's batch filter ("": every batch)
         self.history: EditHistory | None = None  # undo/redo of the open review's box edits
         self.server_set: list[Edits] = []  # states the app put on the canvas since the reviewer's last edit
         self.reviewer: str | None = None  # this reviewer's name, as their own claims spell it
