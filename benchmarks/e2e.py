@@ -26,7 +26,6 @@ import platform
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,26 +33,12 @@ import httpx
 import psutil
 from httpx_sse import aconnect_sse
 
+from harness.bench import log, parse_at, pct
 from harness.hitl_up import HitlUp
 from harness.uvicorn import UvicornServer
 from serve_app.samples import product_composite
 
 CONTROL_PLANE = ("ServeReplica:hitl:Api", "ServeReplica:hitl:Events", "ProxyActor")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
-
-
-def parse_at(at: str) -> float:
-    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
 
 
 def cpu_seconds(procs: list[psutil.Process]) -> float:

@@ -41,13 +41,13 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 
+from harness.bench import log, parse_at, pct
 from harness.hitl_up import HitlUp
 from harness.sse import read_events
 from serve_app.samples import product_composite
@@ -99,21 +99,6 @@ ANSWERED_JS = """([mark]) => {
   return false;
 }"""
 BLUR_JS = "document.activeElement && document.activeElement.blur()"
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
-
-
-def parse_at(at: str) -> float:
-    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
 
 
 def reviewer_names(n: int) -> list[str]:
