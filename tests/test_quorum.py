@@ -137,3 +137,19 @@ def test_quorum_over_http(api_server: Any) -> None:
         )
         assert d.status_code == 200 and d.json()["quorum"]["outcome"] == "QUORUM_REACHED"
         assert wait_status(c, job_id)["status"] == "SUCCEEDED"
+
+
+@pytest.mark.cluster
+async def test_a_quorum_and_its_audit_on_a_redis_cluster(cluster_store: Store, image: Any) -> None:
+    """The vote, the decision and the audit chain touch only the job's hash slot: on a 3-master Redis
+    Cluster as on one server."""
+    from statecore import audit
+
+    job_id = await quorum_job(cluster_store, image, 2)
+    st = await cluster_store.get(job_id)
+    assert '"VOTE_RECORDED"' in (await cluster_store.intervene(job_id, iv(st, keep(st, 0), iid="iv_c1"), "rev1")).body
+    done = await cluster_store.intervene(job_id, iv(st, nudged(st, 0), iid="iv_c2"), "rev2")
+    assert '"QUORUM_REACHED"' in done.body
+    log = await cluster_store.audit(job_id)
+    assert log is not None and audit.verify(log["entries"], log["head"], log["head_seq"]) is None
+    assert [e["outcome"] for e in log["entries"]][-2:] == ["VOTED", "ACCEPTED:QUORUM_REACHED"]
