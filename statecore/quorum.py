@@ -138,7 +138,7 @@ class QuorumStep:
     seen: str
     votes_json: str
     event: str  # the QUORUM_VOTE event's data (VOTE)
-    audit_outcome: str
+    audit_action: str  # the audit entry's action; its outcome is ACCEPTED, as for any accepted submission
     plan: Plan | None
     response: InterventionResponse
 
@@ -159,7 +159,7 @@ def step(
             update={"status": state.status, "version": state.version, "next_node_type": None, "quorum": progress}
         )
         event = {"intervention_id": req.intervention_id, "reviewer": reviewer, "received": len(votes), "needed": needed}
-        return QuorumStep("VOTE", state.votes, canonical_json(votes), canonical_json(event), "VOTED", None, resp)
+        return QuorumStep("VOTE", state.votes, canonical_json(votes), canonical_json(event), "QUORUM_VOTE", None, resp)
     why = disagreement([votes[r]["subjects"] for r in reviewers])
     if why is None:
         plan = ip.plan
@@ -167,10 +167,10 @@ def step(
         plan.events.append(("QUORUM_REACHED", {"reviewers": reviewers, "needed": needed}))
         progress = QuorumProgress(needed=needed, received=len(votes), reviewers=reviewers, outcome="QUORUM_REACHED")
         resp = ip.response.model_copy(update={"quorum": progress})
-        return QuorumStep("DECIDE", state.votes, "", "", "ACCEPTED:QUORUM_REACHED", plan, resp)
+        return QuorumStep("DECIDE", state.votes, "", "", "INTERVENE", plan, resp)
     plan = plan_reconciliation(state, votes, why, now, now_ms, workflow)
     progress = QuorumProgress(needed=needed, received=len(votes), reviewers=reviewers, outcome="QUORUM_DISAGREED")
     resp = ip.response.model_copy(
         update={"status": state.status, "version": state.version + 1, "next_node_type": None, "quorum": progress}
     )
-    return QuorumStep("DECIDE", state.votes, "", "", "ACCEPTED:QUORUM_DISAGREED", plan, resp)
+    return QuorumStep("DECIDE", state.votes, "", "", "QUORUM_DISAGREED", plan, resp)

@@ -270,7 +270,7 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
                     ip.invalid.message if ip.invalid else "",
                     gate,
                     snap_id,
-                    *((q.mode, q.seen, q.votes_json, q.event, q.audit_outcome) if q else ("", "", "", "", "")),
+                    *((q.mode, q.seen, q.votes_json, q.event, q.audit_action) if q else ("", "", "", "", "")),
                 ],
             )
             if res[0] == "OK":

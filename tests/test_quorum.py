@@ -60,10 +60,10 @@ async def test_agreeing_reviewers_consume_the_pause_once(store: Store, image: An
     assert types.count("QUORUM_VOTE") == 2 and types.count("QUORUM_REACHED") == 1
     assert types.count("INTERVENTION_ACCEPTED") == 1
     assert await audit_tail(store, job_id, 4) == [
-        ("rev1", "INTERVENE", "VOTED"),
-        ("rev1", "INTERVENE", "VOTED"),
+        ("rev1", "QUORUM_VOTE", "ACCEPTED"),
+        ("rev1", "QUORUM_VOTE", "ACCEPTED"),
         ("rev1", "INTERVENE", "REPLAYED"),
-        ("rev2", "INTERVENE", "ACCEPTED:QUORUM_REACHED"),
+        ("rev2", "INTERVENE", "ACCEPTED"),
     ]
 
 
@@ -152,4 +152,7 @@ async def test_a_quorum_and_its_audit_on_a_redis_cluster(cluster_store: Store, i
     assert '"QUORUM_REACHED"' in done.body
     log = await cluster_store.audit(job_id)
     assert log is not None and audit.verify(log["entries"], log["head"], log["head_seq"]) is None
-    assert [e["outcome"] for e in log["entries"]][-2:] == ["VOTED", "ACCEPTED:QUORUM_REACHED"]
+    assert [(e["action"], e["outcome"]) for e in log["entries"]][-2:] == [
+        ("QUORUM_VOTE", "ACCEPTED"),
+        ("INTERVENE", "ACCEPTED"),
+    ]

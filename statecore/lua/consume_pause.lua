@@ -13,7 +13,8 @@
 --          becomes ARGV[17], a QUORUM_VOTE event with data ARGV[18]; no version, no pause change) |
 --          'DECIDE' (apply the plan: the pause consumed, or a reconciliation pause)
 -- ARGV[16] the votes the step was computed from: another vote since is STALE (plan again)
--- ARGV[19] the audit outcome of an applied plan ('' = ACCEPTED)
+-- ARGV[19] the audit entry's action ('' = INTERVENE; QUORUM_VOTE, QUORUM_DISAGREED): the outcome stays
+--          ACCEPTED, REPLAYED or REFUSED:<code> as for every intervention (docs/protocol.md § Audit)
 -- Every answer but JOB_NOT_FOUND and STALE (nothing was decided: the caller plans again) appends its
 -- audit entry: INTERVENE with ACCEPTED, REPLAYED or REFUSED:<code> (docs/protocol.md § Audit).
 -- Returns {'OK', version} | {'REPLAY', response} | {CODE, snapshot...} | {'INVALID_REQUEST', msg}
@@ -57,7 +58,7 @@ if ARGV[15] ~= '' then
     append_event('QUORUM_VOTE', m[1], ARGV[18], m[2])
     redis.call('HSET', K_IDEM, ARGV[5], ARGV[6] .. '\n' .. ARGV[11])
     if redis.call('HGET', K_CLAIM, 'reviewer') == ACTOR then redis.call('DEL', K_CLAIM) end
-    audit('INTERVENE', 'VOTED', BASE, SNAP)
+    audit(ARGV[19], 'ACCEPTED', BASE, SNAP)
     return {'OK', m[2]}
   end
 end
@@ -68,5 +69,5 @@ redis.call('HSET', K_IDEM, ARGV[5], ARGV[6] .. '\n' .. ARGV[11])
 -- apply_plan set the retention TTLs: give it the same TTL as the job's meta.
 keep_ttl_like_meta(K_IDEM)
 redis.call('DEL', K_CLAIM)
-audit('INTERVENE', ARGV[19] ~= '' and ARGV[19] or 'ACCEPTED', BASE, SNAP)
+audit(ARGV[19] ~= '' and ARGV[19] or 'INTERVENE', 'ACCEPTED', BASE, SNAP)
 return {'OK', version}
