@@ -281,7 +281,8 @@ def test_a_quorum_of_two_needs_both_reviewers(stack: Stack, reviewer: Callable[[
     rev2.expect_text("#stage-text", "1 of 2 submitted (rev1)")
     rev2.ready_to_submit()
     rev2.click_submit_now()
-    rev2.expect_text("#banner", "2 reviewers agreed (rev1, rev2)")
+    # The agreement's banner, or already the job's end that replaces it (classical models finish in well under a second)
+    rev2.expect_text("#banner", re.compile(r"2 reviewers agreed \(rev1, rev2\)|The job ended: SUCCEEDED"))
     done = stack.api.wait(job, lambda s: s["status"] in ("SUCCEEDED", "PARTIAL_SUCCEEDED"), "the job's end")
     assert done["quorum"]["votes"] == []
     types = [e["type"] for e in stack.api.events(job)]

@@ -34,4 +34,6 @@ async def test_progress_banner_and_lists_side_by_side(store: Store, image: Any) 
     assert table[2].startswith("| #1 ") and table[2].endswith(f"| kept | moved to [{x1}, {y1}, {x2}, {y2}] |")
     assert table[3].endswith("| kept | deleted |") and table[4].endswith("| deleted | deleted |")
     assert table[5] == "| drawn by hand |  | drew [500, 300, 600, 400] “bag” |"
+    reached = {"quorum": {"needed": 2, "received": 2, "reviewers": ["rev1", "rev2"], "outcome": "QUORUM_REACHED"}}
+    assert vote_banner(reached) == "2 reviewers agreed (rev1, rev2): the job moves on."
     assert vote_banner({"job_id": job_id}) is None and reconciliation_md(None) == "" and quorum_line(None) == ""
