@@ -287,7 +287,10 @@ def test_events_from_others_close_the_panel_with_a_banner_but_own_submission_doe
     change = st.apply_snapshot(after)
     assert change.applied and change.banner is None
     change = st.apply_snapshot(round2())  # the round-2 pause opens
-    assert change.redraw and change.banner == "" and shown(st.panel).round == 2  # clears the old message
+    # the banner no longer says "now VALIDATING…": it says the review counted and why a panel is back
+    assert change.redraw and shown(st.panel).round == 2
+    assert change.banner == "Your review was accepted; 1 box did not pass naming — round 2 is open below."
+    assert st.notice == change.banner
 
 
 def test_the_end_of_the_job_replaces_the_submission_message() -> None:

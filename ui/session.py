@@ -57,6 +57,16 @@ def submitted_message(
     return f"Submitted — kept {kept}, added {added}, deleted {deleted}. The job is now {status}; next: {nxt}."
 
 
+def own_round_banner(panel: Panel) -> str:
+    """The banner when this reviewer's own submission leads to a new review round (the validator sent
+    boxes back): a reviewer who just pressed Submit is told their review counted and why a panel is back."""
+    problems = sum(1 for pb in panel.boxes if pb.problem)
+    if problems:
+        boxes = "1 box" if problems == 1 else f"{problems} boxes"
+        return f"Your review was accepted; {boxes} did not pass naming — round {panel.round} is open below."
+    return f"Your review was accepted. A new review round ({panel.round}) is open below."
+
+
 @dataclass
 class SnapshotChange:
     applied: bool
@@ -255,11 +265,10 @@ class ReviewerState:
                 self.pending_rebase = (copy_edits(hist.current), changes_between(base, [pb.box for pb in new.boxes]))
             if new is not None:
                 self.seen_token = new_token
-                banner = (
-                    "Another reviewer submitted the previous round. A new review round is open below."
-                    if by_other
-                    else ""
-                )  # "" clears what the banner said about the last round
+                if by_other:
+                    banner = "Another reviewer submitted the previous round. A new review round is open below."
+                else:  # says what came of this reviewer's own submission instead of what it said while in flight
+                    banner = own_round_banner(new)
                 if self.carry is not None and self.carry_base is not None:
                     self.pending_rebase = (self.carry, changes_between(self.carry_base, [pb.box for pb in new.boxes]))
                     self.carry = self.carry_base = None
