@@ -183,11 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         help="`hitl up --ingress` for the `hitl up` started here (default: its own default, direct)",
     )
     ap.add_argument(
-        "--archive",
-        action="store_true",
-        help="keep archiving on in the `hitl up` started here (default off: each EMPTY_SELECTION would "
-        "queue an ARCHIVE_JOB that the Api replica's dispatcher copies to SQLite in the Ray door's own "
-        "process while it is being timed, and nothing is meant to follow the submission)",
+        "--no-archive",
+        dest="archive",
+        action="store_false",
+        help="turn archiving off in the `hitl up` started here (default on, as `hitl up` runs: each "
+        "EMPTY_SELECTION queues an ARCHIVE_JOB, copied by the Archiver deployment in its own process)",
     )
     ap.add_argument("--out", default="benchmarks/out", help="folder for logs and JSON")
     ap.add_argument("--json", default=None, help="result JSON (default <out>/bench_interventions.json)")

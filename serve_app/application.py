@@ -8,6 +8,9 @@
   (one blocking XREAD per partition, not one per stream); sized for thousands.
 - ``Detector`` / ``BoxValidator`` / ``Segmenter``: ``deployments.serve``,
   autoscaled, on GPUs when present.
+- ``Archiver`` (with archiving on): copies finished jobs into the archive for
+  the dispatchers, off the Api replicas' interpreters
+  (``serve_app.archiver_deployment``).
 
 The ingress builds its FastAPI app on the replica (``__serve_build_asgi_app__``)
 so the app's lifespan can use the replica's own handles.
@@ -45,6 +48,7 @@ from statecore.models import NodeCommand
 
 from . import durability
 from .api import Runtime, create_app, store_for
+from .archiver_deployment import Archiver, ServeArchiveWorker
 from .archiving import open_archive
 from .auth import Authenticator
 from .config import Settings
@@ -140,9 +144,12 @@ class ServeRunner:
 class Api:
     """Ingress: the HTTP API, plus this replica's outbox dispatcher."""
 
-    def __init__(self, settings_json: str, events: Any, detector: Any, validator: Any, segmenter: Any) -> None:
+    def __init__(
+        self, settings_json: str, events: Any, detector: Any, validator: Any, segmenter: Any, archiver: Any = None
+    ) -> None:
         self.settings = Settings.model_validate_json(settings_json)
         self.events_handle = events
+        self.archiver = ServeArchiveWorker(archiver) if archiver is not None else None  # None: --no-archive
         self.runner = ServeRunner({"Detector": detector, "BoxValidator": validator, "Segmenter": segmenter})
 
     def __serve_build_asgi_app__(self) -> FastAPI:
@@ -188,7 +195,7 @@ class Api:
             archive=await open_archive(settings),
         )
         confirm = functools.partial(confirm_replica, background_store)
-        dispatcher = make_dispatcher(settings, background_store, self.runner, confirm, archive=rt.archive)
+        dispatcher = make_dispatcher(settings, background_store, self.runner, confirm, archiver=self.archiver)
         rt.background.append(asyncio.create_task(dispatcher.run_forever()))
         return rt
 
@@ -224,8 +231,12 @@ def build_application(settings: Settings, gpu: bool | None = None) -> Any:
     events_d: Any = Events  # a serve Deployment at run time; mypy sees the undecorated class
     api_d: Any = Api
     events = events_d.options(num_replicas=settings.events_replicas, ray_actor_options={"num_cpus": 0}).bind(cfg)
+    archiver = None
+    if settings.archive:
+        archiver_d: Any = Archiver
+        archiver = archiver_d.options(num_replicas=1, ray_actor_options={"num_cpus": 0}).bind(cfg)
     return api_d.options(num_replicas=settings.api_replicas, ray_actor_options={"num_cpus": 0}).bind(
-        cfg, events, models["Detector"], models["BoxValidator"], models["Segmenter"]
+        cfg, events, models["Detector"], models["BoxValidator"], models["Segmenter"], archiver
     )
 
 

@@ -16,7 +16,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -32,14 +32,10 @@ from statecore.outbox import OutboxEntry
 from statecore.store import Store
 
 from . import metrics
-from .archiving import ARCHIVE_JOB, COPIES, archive_job
+from .archiving import ARCHIVE_JOB, COPIES, ArchiveWorker, LocalArchiveWorker
 from .inspector import Confirm, Inspector
 from .store_reset import ResetWatch
 from .writeback import WriteBack
-
-if TYPE_CHECKING:
-    from archive.db import Archive
-    from archive.mirror import Mirror
 
 log = logging.getLogger("hitl.dispatcher")
 
@@ -73,7 +69,7 @@ class Dispatcher:
         confirm: Confirm | None = None,
         data_dir: Path | None = None,
         max_deliveries: int = 10,
-        archive: Archive | None = None,
+        archiver: ArchiveWorker | None = None,
     ) -> None:
         self.store = store
         self.runner = runner
@@ -101,12 +97,9 @@ class Dispatcher:
         # A Redis that came back empty is reported, with what it held (docs/protocol.md § Redis outages).
         self.resets = ResetWatch(store, data_dir, self.consumer)
         self.max_deliveries = max_deliveries  # a command delivered more often becomes a dead letter
-        self.archive = archive  # where ARCHIVE_JOB copies finished jobs (None: archiving is off)
-        self.mirror: Mirror | None = None  # live jobs mirrored to the archive (docs/protocol.md § Reconcile)
-        if archive is not None:
-            from archive.mirror import Mirror
-
-            self.mirror = Mirror(store, archive)
+        # Runs ARCHIVE_JOB and the live mirror (docs/protocol.md § Archive, § Reconcile); the default one
+        # has no archive: a finished job's retention starts without a copy (--no-archive).
+        self.archiver: ArchiveWorker = archiver or LocalArchiveWorker(store, None)
 
     async def run_forever(self) -> None:
         resume = asyncio.create_task(self.writeback.resume())  # a spool an earlier process left
@@ -134,8 +127,7 @@ class Dispatcher:
                     await self.inspector.sweep()
                     await self.inspector.housekeeping()
                     await self.resets.check()
-                    if self.mirror is not None:
-                        await self.mirror.sync(self.inspector.held())
+                    await self.archiver.mirror(self.inspector.held())
                 if time.monotonic() - last_reclaim > self.reclaim_every_s:
                     last_reclaim = time.monotonic()
                     for entry in await self.store.outbox_reclaim(self.consumer, self.reclaim_idle_ms):
@@ -222,7 +214,7 @@ class Dispatcher:
             log.error("dead letter: %s node=%s job=%s", cmd.node_type, cmd.node_instance_id, cmd.job_id)
             return
         if cmd.node_type == ARCHIVE_JOB:
-            result = await archive_job(self.store, self.archive, cmd.job_id)
+            result = await self.archiver.copy(cmd.job_id)
             if result == "STALE":  # the job kept moving while copied: left pending, copied again later
                 log.warning("archive of job=%s fell behind %d times; will retry", cmd.job_id, COPIES)
                 return

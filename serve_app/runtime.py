@@ -19,7 +19,7 @@ from statecore.artifacts import ArtifactStore
 
 from . import durability
 from .api import Runtime, create_app, store_for
-from .archiving import open_archive
+from .archiving import ArchiveWorker, LocalArchiveWorker, open_archive
 from .auth import Authenticator
 from .config import Settings
 from .dispatcher import Dispatcher, LocalRunner, NodeRunner
@@ -30,7 +30,11 @@ log = logging.getLogger("hitl.runtime")
 
 
 def make_dispatcher(
-    settings: Settings, store: Any, runner: NodeRunner, confirm: Confirm | None = None, archive: Any = None
+    settings: Settings,
+    store: Any,
+    runner: NodeRunner,
+    confirm: Confirm | None = None,
+    archiver: ArchiveWorker | None = None,
 ) -> Dispatcher:
     return Dispatcher(
         store,
@@ -44,7 +48,7 @@ def make_dispatcher(
         data_dir=settings.data_dir,  # its spool/ keeps results Redis could not take yet
         max_deliveries=settings.max_deliveries,
         confirm=confirm,
-        archive=archive,
+        archiver=archiver,
     )
 
 
@@ -93,7 +97,9 @@ async def local_runtime(
         archive=await open_archive(settings),
     )
     for _ in range(dispatchers):
-        d = make_dispatcher(settings, background_store, runner, archive=rt.archive)
+        # Archiving in this process: it is the one process of plain uvicorn (Ray Serve: the Archiver deployment).
+        archiver = LocalArchiveWorker(background_store, rt.archive)
+        d = make_dispatcher(settings, background_store, runner, archiver=archiver)
         rt.background.append(asyncio.create_task(d.run_forever()))
     return rt
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import httpx
@@ -299,6 +300,62 @@ async def test_a_finished_job_that_gains_an_entry_is_archived_again(
         assert await archive_job(store, archive, job_id) == "OK"
         kept = await asyncio.to_thread(_archived_trail, archive, job_id)
         assert kept[-1] == ("rev2", "INTERVENE", "REFUSED:JOB_CANCELLED")
+        assert await verify_job(store, archive, job_id) == (2, [])
+    finally:
+        archive.close()
+        await store.close()
+
+
+async def test_a_burst_of_refusals_on_a_finished_job_queues_one_copy(
+    tmp_path: Any, redis_server: Any, image: Any
+) -> None:
+    """Replays and refusals on a finished job (a double-click, a stale tab retrying) each add an audit
+    entry, but while a copy is queued they ride on it: one ARCHIVE_JOB, not one per refusal. A copy
+    made before the last of them is STALE; the next copy holds them all. A queued copy that never
+    came (a dead letter) blocks nothing: after a minute an entry queues a new one."""
+    from archive import migrate
+    from serve_app.archiving import archive_job
+    from statecore.store import StoreConfig
+
+    store = Store.from_url(redis_server.url, StoreConfig(retention_s=3600, archive=True))
+    url = f"sqlite:///{tmp_path / 'archive.sqlite3'}"
+    migrate.upgrade(url)
+    archive = Archive(url)
+    try:
+        job_id = await waiting_job(store, image)
+        jk = keys.job(job_id)
+        st = await store.get(job_id)
+        await store.cancel(job_id, "rev1")
+
+        async def queued() -> int:
+            return sum(c.node_type == "ARCHIVE_JOB" for c in await store.outbox_commands(job_id))
+
+        async def refuse(n: int) -> None:
+            for i in range(n):
+                with pytest.raises(errors.JobCancelled):
+                    await store.intervene(job_id, iv(st, keep(st, 0), iid=f"iv_late_{n}_{i}"), "rev2")
+
+        await refuse(4)
+        assert await queued() == 1  # the terminal write's command carries the 4 refusals too
+        assert await store.r.hget(jk.meta, "archive_queued") is not None
+        seq = int(await store.r.hget(jk.meta, "audit_seq"))
+        version, last = int(await store.r.hget(jk.meta, "version")), int(await store.r.hget(jk.meta, "event_seq"))
+        assert await store.archive_ack(job_id, version, last, seq - 1) == "STALE"  # a copy from before the last
+        assert await store.r.hget(jk.meta, "archive_queued") is not None  # ... still on its way
+        assert await archive_job(store, archive, job_id) == "OK"
+        assert await store.r.hget(jk.meta, "archive_queued") is None
+        kept = await asyncio.to_thread(_archived_trail, archive, job_id)
+        assert [k[2] for k in kept].count("REFUSED:JOB_CANCELLED") == 4
+
+        await refuse(3)
+        assert await queued() == 2  # one new command for the next three
+        # That command was lost (dead-lettered, say) a minute ago: the next entry queues another.
+        await store.r.hset(jk.meta, "archive_queued", int(time.time() * 1000) - 61_000)
+        await refuse(1)
+        assert await queued() == 3
+        assert await archive_job(store, archive, job_id) == "OK"
+        kept = await asyncio.to_thread(_archived_trail, archive, job_id)
+        assert [k[2] for k in kept].count("REFUSED:JOB_CANCELLED") == 8
         assert await verify_job(store, archive, job_id) == (2, [])
     finally:
         archive.close()

@@ -89,7 +89,7 @@ def test_serve_config_is_what_the_builder_makes(node_tokens):
     assert app["import_path"] == "serve_app.application:build_app"
     written = {d["name"]: as_written(d) for d in app["deployments"]}
     built = built_deployments(app["import_path"], app["args"])
-    assert sorted(written) == sorted(built) == sorted(["Api", "Events", *MODEL_DEPLOYMENTS])
+    assert sorted(written) == sorted(built) == sorted(["Api", "Archiver", "Events", *MODEL_DEPLOYMENTS])
     for name in built:
         assert written[name] == built[name], f"deploy/serve-config.yaml's {name} is not what the builder makes"
     # What the file must state for each deployment (docs/scaling.md § Deploying on an existing Ray
@@ -143,7 +143,7 @@ def test_env_fallback_and_app_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert (args.redis_url, args.artifacts, args.api_replicas) == ("redis://from-env:6380/2", f"file://{tmp_path}/a", 2)
     assert AppArgs.model_validate({"redis_url": "redis://given"}).redis_url == "redis://given"  # args win
     app = import_attr("serve_app.application:app")
-    assert {d.name for d in build_app(app, name="x").deployments} == {"Api", "Events", *MODEL_DEPLOYMENTS}
+    assert {d.name for d in build_app(app, name="x").deployments} == {"Api", "Archiver", "Events", *MODEL_DEPLOYMENTS}
     monkeypatch.setenv("HITL_APP_ARGS", "[1]")
     with pytest.raises(ValueError, match="HITL_APP_ARGS must be a JSON object"):
         AppArgs.from_environment()

@@ -11,6 +11,7 @@ The HTTP contract in detail is in test_api_protocol.py (same app, under uvicorn)
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 import uuid
@@ -201,6 +202,19 @@ def test_whole_flow_through_ray_serve(data_dir):
         snap = api.wait(other, {"WAITING_USER_SELECTION"})
         assert api.intervene(snap, []).json()["status"] == "EMPTY_SELECTION"
         assert "hitl_interventions_total" in api.c.get("/metrics").text
+
+        # Finished jobs are copied into the archive by the Archiver deployment, a replica of its own
+        # (serve_app.archiver_deployment), not by the Api replica that answers reviewers.
+        names = set()
+        for proc in up2.child.tree():
+            with contextlib.suppress(psutil.Error):  # a worker that exited meanwhile
+                names.add(proc.name())
+        assert "ray::ServeReplica:hitl:Archiver" in names, sorted(n for n in names if n.startswith("ray::"))
+        deadline = time.monotonic() + 30
+        while (verified := api.c.get("/api/v1/admin/audit/verify", params={"job_id": job}).json())["copies"] < 2:
+            assert time.monotonic() < deadline, f"{job} was never archived: {verified}"
+            time.sleep(0.3)
+        assert verified["broken"] == [], verified  # Redis's chain and the archive's copy agree
     finally:
         api.close()
         assert up2.stop() == 0  # SIGTERM: a clean exit

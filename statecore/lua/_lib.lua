@@ -39,12 +39,24 @@ local function version_value(v)
   return v
 end
 
--- The job's ARCHIVE_JOB command (docs/protocol.md § Archive), into its partition's outbox.
+-- Server time in ms.
+local function now_ms()
+  local t = redis.call('TIME')
+  return t[1] * 1000 + math.floor(t[2] / 1000)
+end
+
+-- The job's ARCHIVE_JOB command (docs/protocol.md § Archive), into its partition's outbox. The meta's
+-- 'archive_queued' (ms) says one is on its way until archive_ack.lua acknowledges a copy: entries
+-- gained meanwhile ride on it (a copy that missed them is STALE and made again), so a finished job
+-- refusing a burst of replays is copied once, not once per refusal. A command lost on the way (a dead
+-- letter) blocks nothing: after ARCHIVE_REQUEUE_MS an entry queues a new one.
+local ARCHIVE_REQUEUE_MS = 60000
 local ARCHIVE_QUEUED = false
 local function queue_archive(version)
   redis.call('XADD', K_OUTBOX, '*', 'job', JOB_ID, 'cmd', cjson.encode({
     node_instance_id = 'archive_' .. JOB_ID .. '_v' .. version, node_type = 'ARCHIVE_JOB',
     job_id = JOB_ID, attempt = 0, enqueued_at = NOW}))
+  redis.call('HSET', K_META, 'archive_queued', now_ms())
   ARCHIVE_QUEUED = true
 end
 
@@ -64,8 +76,10 @@ local function audit(action, outcome, base_version, snapshot_id)
   -- A finished job that gains an entry (a refused action, a late report) is copied again, so the
   -- archive holds everything before its Redis records expire.
   if not ARCHIVE_QUEUED then
-    local f = redis.call('HMGET', K_META, 'terminal', 'archive', 'version')
-    if f[1] == '1' and f[2] == '1' then queue_archive(f[3]) end
+    local f = redis.call('HMGET', K_META, 'terminal', 'archive', 'version', 'archive_queued')
+    if f[1] == '1' and f[2] == '1' and (not f[4] or now_ms() - tonumber(f[4]) >= ARCHIVE_REQUEUE_MS) then
+      queue_archive(f[3])
+    end
   end
   return seq
 end
@@ -96,8 +110,7 @@ local function start_retention()
     redis.call('EXPIRE', k, RETENTION)
   end
   if K_CREATE then redis.call('EXPIRE', K_CREATE, RETENTION) end
-  local t = redis.call('TIME')
-  redis.call('ZADD', K_EXPIRING, t[1] * 1000 + math.floor(t[2] / 1000) + RETENTION * 1000, JOB_ID)
+  redis.call('ZADD', K_EXPIRING, now_ms() + RETENTION * 1000, JOB_ID)
 end
 
 local function index(key, op)
