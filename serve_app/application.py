@@ -54,6 +54,7 @@ from .auth import Authenticator
 from .config import Settings
 from .events import EventHub, sse_lines
 from .runtime import make_dispatcher
+from .serve_options import CONTROL_PLANE
 
 log = logging.getLogger("hitl.application")
 
@@ -130,16 +131,7 @@ class ServeRunner:
         return {name: await h.describe.remote() for name, h in self.handles.items()}
 
 
-# Api and Events: Serve's own health-check defaults, spelled out so that the config file states them;
-# a stop checks every 0.5 s (Serve's default: 2 s) whether the replica's requests are done.
-@serve.deployment(
-    name="Api",
-    max_ongoing_requests=4096,
-    health_check_period_s=10.0,
-    health_check_timeout_s=30.0,
-    graceful_shutdown_wait_loop_s=0.5,
-    graceful_shutdown_timeout_s=5.0,
-)
+@serve.deployment(name="Api", max_ongoing_requests=4096, **CONTROL_PLANE)
 @serve.ingress()
 class Api:
     """Ingress: the HTTP API, plus this replica's outbox dispatcher."""
@@ -200,14 +192,7 @@ class Api:
         return rt
 
 
-@serve.deployment(
-    name="Events",
-    max_ongoing_requests=20000,
-    health_check_period_s=10.0,
-    health_check_timeout_s=30.0,
-    graceful_shutdown_wait_loop_s=0.5,
-    graceful_shutdown_timeout_s=5.0,
-)
+@serve.deployment(name="Events", max_ongoing_requests=20000, **CONTROL_PLANE)
 class Events:
     """Every open SSE stream of this replica shares one EventHub."""
 

@@ -24,20 +24,14 @@ from . import durability
 from .api import store_for
 from .archiving import LocalArchiveWorker, open_archive
 from .config import Settings
+from .serve_options import CONTROL_PLANE
 
 log = logging.getLogger("hitl.archiver")
 
 FAILED = "FAILED:"  # copy_many's answer for a job whose copy raised
 
 
-@serve.deployment(
-    name="Archiver",
-    max_ongoing_requests=32,
-    health_check_period_s=10.0,
-    health_check_timeout_s=30.0,
-    graceful_shutdown_wait_loop_s=0.5,
-    graceful_shutdown_timeout_s=5.0,
-)
+@serve.deployment(name="Archiver", max_ongoing_requests=32, **CONTROL_PLANE)
 class Archiver:
     """``LocalArchiveWorker`` in a replica of its own, opened on the first call (the schema is
     migrated by whichever process opens the archive first; Alembic's upgrade at head is a no-op)."""

@@ -24,6 +24,7 @@ from archive.db import Archive
 from archive.schema import AuditEntry
 from harness.tokens import auth
 from serve_app import cli
+from serve_app.archiving import archive_job
 from serve_app.audit_routes import verify_job
 from statecore import audit, errors, keys
 from statecore.models import NodeReport
@@ -269,19 +270,22 @@ def test_audit_route_and_verify_audit_command(api_server: Any, capsys: pytest.Ca
     assert job_id in {b["job_id"] for b in found["broken"]} and found["checked"] >= 1
 
 
+async def _archiving_store(redis_server: Any, tmp_path: Any) -> tuple[Store, Archive]:
+    """A store with archiving on, and an SQLite archive at head."""
+    from archive import migrate
+    from statecore.store import StoreConfig
+
+    url = f"sqlite:///{tmp_path / 'archive.sqlite3'}"
+    await asyncio.to_thread(migrate.upgrade, url)
+    return Store.from_url(redis_server.url, StoreConfig(retention_s=3600, archive=True)), Archive(url)
+
+
 async def test_a_finished_job_that_gains_an_entry_is_archived_again(
     tmp_path: Any, redis_server: Any, image: Any
 ) -> None:
     """After its copy, a finished job gains audit entries (a refused intervention, a late report):
     each queues ARCHIVE_JOB again, so the archive holds them before the Redis records expire."""
-    from archive import migrate
-    from serve_app.archiving import archive_job
-    from statecore.store import StoreConfig
-
-    store = Store.from_url(redis_server.url, StoreConfig(retention_s=3600, archive=True))
-    url = f"sqlite:///{tmp_path / 'archive.sqlite3'}"
-    migrate.upgrade(url)
-    archive = Archive(url)
+    store, archive = await _archiving_store(redis_server, tmp_path)
     try:
         job_id = await waiting_job(store, image)
         st = await store.get(job_id)
@@ -313,14 +317,7 @@ async def test_a_burst_of_refusals_on_a_finished_job_queues_one_copy(
     entry, but while a copy is queued they ride on it: one ARCHIVE_JOB, not one per refusal. A copy
     made before the last of them is STALE; the next copy holds them all. A queued copy that never
     came (a dead letter) blocks nothing: after a minute an entry queues a new one."""
-    from archive import migrate
-    from serve_app.archiving import archive_job
-    from statecore.store import StoreConfig
-
-    store = Store.from_url(redis_server.url, StoreConfig(retention_s=3600, archive=True))
-    url = f"sqlite:///{tmp_path / 'archive.sqlite3'}"
-    migrate.upgrade(url)
-    archive = Archive(url)
+    store, archive = await _archiving_store(redis_server, tmp_path)
     try:
         job_id = await waiting_job(store, image)
         jk = keys.job(job_id)
