@@ -11,7 +11,8 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,32 @@ SHOT_DIR = ROOT / "docs" / "screenshots"
 VIEWPORT = {"width": 1400, "height": 1100}
 
 WAIT_MS = 60_000  # one UI wait: generous for a loaded 2-core machine, short enough to fail fast
+
+
+@contextmanager
+def launched_chromium(executable: str | None = None) -> Iterator[Any]:
+    """Playwright and one headless Debian Chromium for a module's tests, both stopped afterwards."""
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    try:
+        b = pw.chromium.launch(executable_path=executable or require_chromium(), headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+    finally:
+        pw.stop()
+
+
+def print_past_capture(request: Any, line: str) -> None:
+    """``line`` on the terminal even when the test passes (pytest's capture set aside for it)."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        print(line)
+        return
+    with capture.global_and_fixture_disabled():
+        print("\n" + line)
 
 
 def require_chromium() -> str:

@@ -29,12 +29,13 @@ from serve_app.samples import product_composite
 from ui.panel import ROUND1_TEXT
 
 from .browser_util import (
-    CHROMIUM_ARGS,
     VIEWPORT,
     WAIT_MS,
     Api,
     Reviewer,
     contrast,
+    launched_chromium,
+    print_past_capture,
     require_chromium,
     screenshot,
 )
@@ -73,25 +74,13 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         except Exception:  # a stuck shutdown must not hide the test result
             up.kill()
         line = f"tests/test_editor_browser.py: wall time {time.monotonic() - began:.1f} s (hitl up included)"
-        capture = request.config.pluginmanager.getplugin("capturemanager")
-        if capture is not None:
-            with capture.global_and_fixture_disabled():  # shown even when the test passes
-                print("\n" + line)
-        else:
-            print(line)
+        print_past_capture(request, line)
 
 
 @pytest.fixture(scope="module")
 def browser(stack: Stack) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    pw = sync_playwright().start()
-    b = pw.chromium.launch(executable_path=require_chromium(), headless=True, args=CHROMIUM_ARGS)
-    try:
+    with launched_chromium() as b:
         yield b
-    finally:
-        b.close()
-        pw.stop()
 
 
 @pytest.fixture
@@ -180,6 +169,7 @@ def test_a_reload_mid_edit_keeps_the_edits(stack: Stack, reviewer: Callable[...,
     job, snap, size = open_review(rv, stack, "reload")
     token, boxes = snap["active_pause"]["pause_token"], snap["box_list"]
     rv.remove_box(boxes[-1]["bbox"], size)
+    notes(rv, "deleted 1")  # each edit seen by the server before the next one starts
     rv.draw_box(GHOST, size)
     rv.page.keyboard.press("1")
     notes(rv, "deleted 1, drew 1 new")
@@ -207,6 +197,7 @@ def test_reset_to_model_boxes(stack: Stack, reviewer: Callable[..., Reviewer]) -
     job, snap, size = open_review(rv, stack, "reset")
     boxes = snap["box_list"]
     rv.remove_box(boxes[0]["bbox"], size)
+    notes(rv, "deleted 1")
     rv.draw_box(GHOST, size)
     notes(rv, "deleted 1, drew 1 new")
     rv.page.click("#reset-btn")

@@ -33,7 +33,16 @@ from harness.tokens import TOKENS, TOKENS_SPEC
 from serve_app.samples import product_composite
 from ui.panel import ROUND1_TEXT, ROUND2_TEXT
 
-from .browser_util import CHROMIUM_ARGS, VIEWPORT, WAIT_MS, Api, Reviewer, require_chromium, screenshot
+from .browser_util import (
+    VIEWPORT,
+    WAIT_MS,
+    Api,
+    Reviewer,
+    launched_chromium,
+    print_past_capture,
+    require_chromium,
+    screenshot,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
 
@@ -77,25 +86,13 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         line = (
             f"tests/test_review_coordination_browser.py: wall time {time.monotonic() - began:.1f} s (hitl up included)"
         )
-        capture = request.config.pluginmanager.getplugin("capturemanager")
-        if capture is not None:
-            with capture.global_and_fixture_disabled():  # shown even when the test passes
-                print("\n" + line)
-        else:
-            print(line)
+        print_past_capture(request, line)
 
 
 @pytest.fixture(scope="module")
 def browser(stack: Stack) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    pw = sync_playwright().start()
-    b = pw.chromium.launch(executable_path=require_chromium(), headless=True, args=CHROMIUM_ARGS)
-    try:
+    with launched_chromium() as b:
         yield b
-    finally:
-        b.close()
-        pw.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -30,11 +30,11 @@ from statecore import keys
 from ui.panel import ROUND1_TEXT, ROUND2_TEXT
 
 from .browser_util import (
-    CHROMIUM_ARGS,
     VIEWPORT,
     WAIT_MS,
     Api,
     Reviewer,
+    launched_chromium,
     require_chromium,
     screenshot,
 )
@@ -104,15 +104,8 @@ def stack(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
 
 @pytest.fixture(scope="module")
 def browser(chromium: str, stack: Stack) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    pw = sync_playwright().start()
-    b = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
-    try:
+    with launched_chromium(chromium) as b:
         yield b
-    finally:
-        b.close()
-        pw.stop()
 
 
 @pytest.fixture
