@@ -139,6 +139,45 @@ def enqueue(plan: Plan, cmd: NodeCommand, now_ms: int) -> None:
     plan.heartbeats = ("del", 0)
 
 
+def requeue(
+    plan: Plan,
+    state: JobState,
+    node: CurrentNode,
+    *,
+    reason: str,
+    now: str,
+    now_ms: int,
+    not_before_ms: int | None = None,
+) -> NodeCommand:
+    """Run ``node`` again as a new instance (same type and attempt count, the input the job keeps for
+    it), announced by NODE_RETRY_SCHEDULED: a failed attempt's retry (``reports.plan_node_failed``)
+    and a restored job's lost node (``restore.plan_restore``) alike. ``not_before_ms``: its backoff."""
+    cmd = NodeCommand(
+        node_instance_id=new_id("node"),
+        node_type=node.node_type.value,
+        job_id=state.job_id,
+        attempt=node.attempt,
+        enqueued_at=now,
+        not_before_ms=not_before_ms,
+        input=state.node_input or {},  # validated when first queued; passed on as it is
+    )
+    enqueue(plan, cmd, now_ms)
+    plan.events.append(
+        (
+            "NODE_RETRY_SCHEDULED",
+            {
+                "node_instance_id": cmd.node_instance_id,
+                "replaces": node.node_instance_id,
+                "node_type": node.node_type.value,
+                "attempt": node.attempt + 1,
+                "reason": reason,
+                "not_before": ms_to_iso(not_before_ms) if not_before_ms is not None else now,
+            },
+        )
+    )
+    return cmd
+
+
 def open_pause(
     plan: Plan,
     state: JobState,

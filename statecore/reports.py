@@ -14,7 +14,7 @@ from typing import Any
 from .errors import NodeExecutionError
 from .ids import new_id
 from .jobstate import JobState
-from .models import Box, NodeCommand, NodeReport, SubjectResult, Validation
+from .models import Box, NodeReport, SubjectResult, Validation
 from .nodes import DetectOutput, FinalizeInput, FinalizeOutput, NodeOutput, ProcessOutput, ValidateOutput, parse_output
 from .plan import (
     WORKFLOW_VERSION,
@@ -29,6 +29,7 @@ from .plan import (
     ms_to_iso,
     open_pause,
     process_input,
+    requeue,
 )
 from .states import JobStatus, NodeType
 
@@ -116,29 +117,7 @@ def plan_node_lost(state: JobState, now: str, now_ms: int, *, reason: str, max_a
         finish(plan, reason)
         return plan
     not_before_ms = now_ms + int(backoff_s * 2 ** (node.attempt - 1) * 1000)
-    cmd = NodeCommand(
-        node_instance_id=new_id("node"),
-        node_type=node.node_type.value,
-        job_id=state.job_id,
-        attempt=node.attempt,
-        enqueued_at=now,
-        not_before_ms=not_before_ms,
-        input=state.node_input or {},  # validated when first queued; passed on as it is
-    )
-    enqueue(plan, cmd, now_ms)
-    plan.events.append(
-        (
-            "NODE_RETRY_SCHEDULED",
-            {
-                "node_instance_id": cmd.node_instance_id,
-                "replaces": node.node_instance_id,
-                "node_type": node.node_type.value,
-                "attempt": node.attempt + 1,
-                "reason": reason,
-                "not_before": ms_to_iso(not_before_ms),
-            },
-        )
-    )
+    requeue(plan, state, node, reason=reason, now=now, now_ms=now_ms, not_before_ms=not_before_ms)
     return plan
 
 

@@ -21,10 +21,9 @@ from typing import Any
 
 from . import keys
 from .gates import plan_reoffer
-from .ids import new_id, now_iso
+from .ids import now_iso
 from .jobstate import JobState
-from .models import NodeCommand
-from .plan import Plan, enqueue
+from .plan import Plan, requeue
 from .states import is_terminal
 
 REASON = "STORE_RESTORED"
@@ -45,29 +44,8 @@ def plan_restore(state: JobState, now: str, now_ms: int, workflow: str) -> Plan 
         if node is None or state.node_input is None:
             return None  # nothing that can run again (the mirror predates the node's input)
         plan = Plan(expect_version=state.version, status=state.status)
-        cmd = NodeCommand(
-            node_instance_id=new_id("node"),
-            node_type=node.node_type.value,
-            job_id=state.job_id,
-            attempt=node.attempt,
-            enqueued_at=now,
-            input=state.node_input,
-        )
-        enqueue(plan, cmd, now_ms)
+        requeue(plan, state, node, reason=REASON, now=now, now_ms=now_ms)
         plan.heartbeats = ("del", 0)
-        plan.events.append(
-            (
-                "NODE_RETRY_SCHEDULED",
-                {
-                    "node_instance_id": cmd.node_instance_id,
-                    "replaces": node.node_instance_id,
-                    "node_type": node.node_type.value,
-                    "attempt": node.attempt + 1,
-                    "reason": REASON,
-                    "not_before": now,
-                },
-            )
-        )
     restored = {"from_version": state.version, "status": state.status.value, "reason": REASON}
     plan.events.insert(0, ("JOB_RESTORED", restored))
     return plan
