@@ -327,7 +327,8 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         cursor: str | None = Query(default=None, max_length=200),
         unclaimed: bool = Query(
             default=False,
-            description="leave out jobs another reviewer has claimed (status=WAITING: the next job to review first)",
+            description="leave out jobs another reviewer has claimed, and quorum jobs the caller already voted on "
+            "(status=WAITING: the next job to review first)",
         ),
     ) -> JobList:
         if status is not None and status != "WAITING" and status not in JobStatus.__members__:

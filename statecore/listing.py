@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from . import decide, errors, keys
 from .models import ClaimView, JobSummary
+from .quorum import votes_of
 
 CURSOR_RE = re.compile(r"^([0-9]{1,16}):([A-Za-z0-9_]{1,64})$")
 
@@ -126,7 +127,8 @@ async def list_jobs(
     returned, ``<score>:<job_id>``) is a position in that order, valid for every partition.
 
     ``read_claims`` gives each summary its review claim (docs/protocol.md § Claims); with
-    ``unclaimed_for``, a job claimed by another reviewer than that one does not match.
+    ``unclaimed_for`` (the next job for that reviewer), a job claimed by another reviewer does not
+    match, nor a quorum job whose pause already has that reviewer's vote (docs/protocol.md § Quorum).
     """
     waiting_queue = status in ("WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION", "WAITING")
     after = parse_cursor(cursor) if cursor else None
@@ -164,6 +166,8 @@ async def list_jobs(
                 continue
             if unclaimed_for is not None and claim is not None and claim.reviewer != unclaimed_for:
                 continue
+            if unclaimed_for is not None and st.votes and unclaimed_for in votes_of(st.votes):
+                continue  # this reviewer's vote is in: the quorum waits for other reviewers
             summary = st.summary()
             summary.claim = claim
             out.append((row, summary))

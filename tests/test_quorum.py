@@ -67,6 +67,24 @@ async def test_agreeing_reviewers_consume_the_pause_once(store: Store, image: An
     ]
 
 
+async def test_the_next_job_for_a_reviewer_leaves_out_the_quorum_jobs_they_voted_on(store: Store, image: Any) -> None:
+    """N asks for the next job with ``unclaimed_for``: a quorum job this reviewer voted on waits for the
+    others, so it is not offered to them again (a second vote would only replace their first)."""
+    job_id = await quorum_job(store, image, 2)
+    st = await store.get(job_id)
+
+    async def next_for(reviewer: str) -> list[str]:
+        jobs, _ = await store.list_jobs(status="WAITING", limit=50, unclaimed_for=reviewer)
+        return [j.job_id for j in jobs]
+
+    assert job_id in await next_for("rev1") and job_id in await next_for("rev2")
+    await store.intervene(job_id, iv(st, keep(st, 2), iid="iv_n1"), "rev1")
+    assert job_id not in await next_for("rev1")
+    assert job_id in await next_for("rev2")
+    everyone, _ = await store.list_jobs(status="WAITING", limit=50)  # the queue itself still lists it
+    assert job_id in [j.job_id for j in everyone]
+
+
 async def test_disagreeing_reviewers_open_a_reconciliation_pause(store: Store, image: Any) -> None:
     job_id = await quorum_job(store, image, 2)
     st = await store.get(job_id)
