@@ -23,6 +23,12 @@ Figures, p50/p95 over the jobs opened:
   banner of a refusal;
 - the share of submissions that ended in a 409 (a conflict banner): 0 when claims are honoured.
 
+With ``--quorum Q`` every job is submitted with ``review_quorum=Q`` (docs/protocol.md § Quorum): Q
+distinct reviewers must submit agreeing lists, so each job is opened and answered Q times (the first
+Q-1 answers are votes, the Qth decides). N leaves out the jobs a reviewer already voted on, so each
+reviewer watches the queue through their own token. Added figure: ``pause → decided``, from the
+PAUSE_OPENED event to the answer of the reviewer whose submission decided the job.
+
 Both clocks are the same machine's (the server's ``at``, the browser's ``Date.now()``, Python's
 ``time.time()``). A warm-up job (``--warmup``) goes first and is not counted.
 
@@ -112,29 +118,46 @@ def tokens_spec(n: int) -> str:
 
 @dataclass
 class Run:
-    """One scenario: ``reviewers`` pages racing on ``jobs`` jobs."""
+    """One scenario: ``reviewers`` pages racing on ``jobs`` jobs, each needing ``quorum`` answers."""
 
     reviewers: int
     jobs: int
     deadline: float
     slots: asyncio.Semaphore
+    quorum: int = 1
     polled: asyncio.Condition = field(default_factory=asyncio.Condition)
     polls_started: int = 0
-    fresh: tuple[int, bool] = (0, False)  # the latest poll answered: its number, and whether a job waits
+    # per reviewer, the latest poll answered: its number, and whether a job waits for that reviewer
+    fresh: dict[str, tuple[int, bool]] = field(default_factory=dict)
     submitted: list[str] = field(default_factory=list)
     opened: list[dict[str, Any]] = field(default_factory=list)
     answers: list[dict[str, Any]] = field(default_factory=list)
+    decided: dict[str, dict[str, Any]] = field(default_factory=dict)  # job → the answer that decided it
     misses: int = 0
 
     @property
     def done(self) -> bool:
-        return len(self.answers) >= self.jobs or time.monotonic() > self.deadline
+        return len(self.decided) >= self.jobs or time.monotonic() > self.deadline
 
-    async def something_waits(self, after: int) -> bool:
-        """Until a poll started after poll ``after`` lists an unclaimed waiting job (False: the run is over)."""
+    async def something_waits(self, who: str, after: int) -> bool:
+        """Until a poll started after poll ``after`` lists a job waiting for ``who`` (False: the run is over)."""
+
+        def ready() -> bool:
+            n, waits = self.fresh.get(who, (0, False))
+            return self.done or (n > after and waits)
+
         async with self.polled:
-            await self.polled.wait_for(lambda: self.done or (self.fresh[0] > after and self.fresh[1]))
+            await self.polled.wait_for(ready)
         return not self.done
+
+    def answered(self, answer: dict[str, Any]) -> None:
+        """One answer; the job's ``quorum``-th confirmed one decides it and frees its feeder slot."""
+        self.answers.append(answer)
+        job = answer["job"]
+        confirmed = sum(a["job"] == job and a["kind"] == "ok" for a in self.answers)
+        if job not in self.decided and (answer["kind"] != "ok" or confirmed >= self.quorum):
+            self.decided[job] = answer  # a refusal or conflict ends the job's turn too: it is not re-fed
+            self.slots.release()
 
 
 async def feed(run: Run, api: httpx.AsyncClient, images: list[bytes]) -> None:
@@ -143,24 +166,36 @@ async def feed(run: Run, api: httpx.AsyncClient, images: list[bytes]) -> None:
         await run.slots.acquire()
         if run.done:
             return
-        r = await api.post("/api/v1/jobs", files={"image": (f"{i}.png", images[i % len(images)], "image/png")})
+        params = {"review_quorum": run.quorum} if run.quorum > 1 else {}
+        r = await api.post(
+            "/api/v1/jobs", params=params, files={"image": (f"{i}.png", images[i % len(images)], "image/png")}
+        )
         r.raise_for_status()
         run.submitted.append(r.json()["job_id"])
 
 
-async def poll(run: Run, api: httpx.AsyncClient) -> None:
-    """Tell the reviewers, every ``POLL_S``, whether the API lists a waiting job nobody has claimed."""
+async def poll(run: Run, api: httpx.AsyncClient, who: list[str]) -> None:
+    """Tell each reviewer, every ``POLL_S``, whether the API lists a waiting job for them: unclaimed by
+    others and, on a quorum, without their vote (asked with each reviewer's own token)."""
+
+    async def waits_for(name: str) -> bool:
+        try:
+            r = await api.get(
+                "/api/v1/jobs",
+                params={"status": "WAITING", "unclaimed": "true", "limit": 1},
+                headers={"Authorization": f"Bearer tok-{name}"},
+            )
+            return r.status_code == 200 and bool(r.json().get("jobs"))
+        except httpx.HTTPError:
+            return False
+
     try:
         while not run.done:
             run.polls_started += 1
             n = run.polls_started
-            try:
-                r = await api.get("/api/v1/jobs", params={"status": "WAITING", "unclaimed": "true", "limit": 1})
-                jobs = r.json().get("jobs", []) if r.status_code == 200 else []
-            except httpx.HTTPError:
-                jobs = []
+            found = await asyncio.gather(*(waits_for(name) for name in who))
             async with run.polled:
-                run.fresh = (n, bool(jobs))
+                run.fresh = {name: (n, waits) for name, waits in zip(who, found, strict=True)}
                 run.polled.notify_all()
             await asyncio.sleep(POLL_S)  # the polling period, not a synchronisation
     finally:
@@ -174,7 +209,7 @@ async def review(run: Run, page: Any, who: str) -> None:
 
     prev = ""
     after = run.polls_started  # a job counts as waiting once a poll started after this reviewer's last move says so
-    while await run.something_waits(after):
+    while await run.something_waits(who, after):
         mark = await page.evaluate("window.__hitlBannerN")
         await page.evaluate(BLUR_JS)
         pressed = time.time()
@@ -203,8 +238,7 @@ async def review(run: Run, page: Any, who: str) -> None:
         await page.keyboard.press("Enter")
         handle = await page.wait_for_function(ANSWERED_JS, arg=[mark], timeout=WAIT_MS)
         ans = await handle.json_value()
-        run.answers.append({"reviewer": who, "job": got["job"], "sent": sent, **ans})
-        run.slots.release()
+        run.answered({"reviewer": who, "job": got["job"], "pause": got["pause"], "sent": sent, **ans})
         after = run.polls_started
 
 
@@ -228,12 +262,21 @@ async def cancel_waiting(api: httpx.AsyncClient) -> None:
 
 
 async def scenario(
-    pages: list[Any], api: httpx.AsyncClient, api_url: str, jobs: int, images: list[bytes], timeout_s: float
+    pages: list[Any],
+    api: httpx.AsyncClient,
+    api_url: str,
+    jobs: int,
+    images: list[bytes],
+    timeout_s: float,
+    quorum: int = 1,
 ) -> dict[str, Any]:
     n = len(pages)
-    run = Run(reviewers=n, jobs=jobs, deadline=time.monotonic() + timeout_s, slots=asyncio.Semaphore(n))
+    names = reviewer_names(n)
+    # Jobs in flight: enough for every reviewer to have one to look at (a quorum job takes `quorum` of them).
+    slots = asyncio.Semaphore(max(1, n // quorum))
+    run = Run(reviewers=n, jobs=jobs, deadline=time.monotonic() + timeout_s, slots=slots, quorum=quorum)
     t0 = time.perf_counter()
-    tasks = [asyncio.create_task(feed(run, api, images)), asyncio.create_task(poll(run, api))]
+    tasks = [asyncio.create_task(feed(run, api, images)), asyncio.create_task(poll(run, api, names))]
     await asyncio.gather(*(review(run, page, f"bench{i + 1}") for i, page in enumerate(pages)))
     wall = time.perf_counter() - t0
     for t in tasks:
@@ -241,18 +284,28 @@ async def scenario(
     await asyncio.gather(*tasks, return_exceptions=True)
     await cancel_waiting(api)
 
-    pause_ms, press_ms = [], []
+    pause_ms, press_ms, decided_ms = [], [], []
+    opened_at: dict[tuple[str, str], float | None] = {}
     for o in run.opened:
-        at = await asyncio.to_thread(pause_opened_at, api_url, o["job"], o["pause"])
+        key = (o["job"], o["pause"])
+        if key not in opened_at:
+            opened_at[key] = await asyncio.to_thread(pause_opened_at, api_url, *key)
+        at = opened_at[key]
         if at is not None:
             pause_ms.append((o["t"] / 1000 - at) * 1000)
         press_ms.append((o["t"] / 1000 - o["pressed"]) * 1000)
+    for a in run.decided.values():
+        at = opened_at.get((a["job"], a["pause"]))
+        if at is not None and a["kind"] == "ok":
+            decided_ms.append((a["t"] / 1000 - at) * 1000)
     submit_ms = [(a["t"] / 1000 - a["sent"]) * 1000 for a in run.answers]
     kinds = {k: sum(a["kind"] == k for a in run.answers) for k in ("ok", "conflict", "refused")}
     answered = len(run.answers)
     return {
         "reviewers": n,
+        "quorum": quorum,
         "jobs_submitted": len(run.submitted),
+        "jobs_decided": len(run.decided),
         "jobs_opened": len(run.opened),
         "submissions": answered,
         "wall_s": round(wall, 2),
@@ -262,24 +315,39 @@ async def scenario(
         "n_to_interactive_p95_ms": round(pct(press_ms, 0.95), 1),
         "submit_to_banner_p50_ms": round(pct(submit_ms, 0.5), 1),
         "submit_to_banner_p95_ms": round(pct(submit_ms, 0.95), 1),
+        "pause_to_decided_p50_ms": round(pct(decided_ms, 0.5), 1),
+        "pause_to_decided_p95_ms": round(pct(decided_ms, 0.95), 1),
         "confirmed": kinds["ok"],
         "conflicts_409": kinds["conflict"],
         "refused_other": kinds["refused"],
         "share_409": round(kinds["conflict"] / answered, 4) if answered else None,
         "n_misses": run.misses,
         "other_answers": sorted({a["text"][:120] for a in run.answers if a["kind"] != "ok"}),
-        "timed_out": len(run.answers) < jobs,
+        "timed_out": len(run.decided) < jobs,
     }
 
 
-async def sign_in(browser: Any, ui_url: str, name: str) -> Any:
+async def sign_in(browser: Any, ui_url: str, name: str, tries: int = 3) -> Any:
+    """A signed-in page for reviewer ``name``. On a loaded machine the first click can reach a page whose
+    Gradio app is not connected yet: without the panel after a while, sign in again (it is idempotent)
+    and say what the sign-in form showed."""
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
     ctx = await browser.new_context(viewport={"width": 1400, "height": 1100})
     ctx.set_default_timeout(WAIT_MS)
     page = await ctx.new_page()
     await page.goto(ui_url)
-    await page.locator("#login-token input, #login-token textarea").first.fill(f"tok-{name}")
-    await page.locator("#login-btn").click()
-    await page.locator("#main-panel").wait_for(state="visible")
+    for attempt in range(1, tries + 1):
+        await page.locator("#login-token input, #login-token textarea").first.fill(f"tok-{name}")
+        await page.locator("#login-btn").click()
+        try:
+            await page.locator("#main-panel").wait_for(state="visible", timeout=WAIT_MS // tries)
+            break
+        except PlaywrightTimeout:
+            said = (await page.inner_text("#login-message")).strip()
+            log(f"sign-in of {name}: no panel after {WAIT_MS // tries // 1000} s (form says {said!r}), try {attempt}")
+            if attempt == tries:
+                raise
     await page.evaluate(WATCH_JS)
     return page
 
@@ -301,8 +369,8 @@ async def measure(up: HitlUp, args: argparse.Namespace, counts: list[int]) -> di
                 log(f"warm-up: {args.warmup} job(s), 1 reviewer")
                 await scenario(pages[:1], api, up.api_url, args.warmup, images, args.timeout_s)
             for n in counts:
-                log(f"{n} reviewer(s): {args.jobs} jobs")
-                res = await scenario(pages[:n], api, up.api_url, args.jobs, images, args.timeout_s)
+                log(f"{n} reviewer(s): {args.jobs} jobs, quorum {args.quorum}")
+                res = await scenario(pages[:n], api, up.api_url, args.jobs, images, args.timeout_s, args.quorum)
                 log(
                     f"{n} reviewer(s): pause→interactive p50 {res['pause_to_interactive_p50_ms']} ms, "
                     f"submit→banner p50 {res['submit_to_banner_p50_ms']} ms, 409s {res['conflicts_409']}"
@@ -315,13 +383,15 @@ async def measure(up: HitlUp, args: argparse.Namespace, counts: list[int]) -> di
 
 def table(results: dict[str, Any]) -> str:
     rows = [
-        ("jobs opened / submissions", lambda r: f"{r['jobs_opened']} / {r['submissions']}"),
+        ("jobs decided / opened / answers", lambda r: f"{r['jobs_decided']} / {r['jobs_opened']} / {r['submissions']}"),
         ("pause → interactive p50 (ms)", lambda r: r["pause_to_interactive_p50_ms"]),
         ("pause → interactive p95 (ms)", lambda r: r["pause_to_interactive_p95_ms"]),
         ("N → interactive p50 (ms)", lambda r: r["n_to_interactive_p50_ms"]),
         ("N → interactive p95 (ms)", lambda r: r["n_to_interactive_p95_ms"]),
         ("submit → banner p50 (ms)", lambda r: r["submit_to_banner_p50_ms"]),
         ("submit → banner p95 (ms)", lambda r: r["submit_to_banner_p95_ms"]),
+        ("pause → decided p50 (ms)", lambda r: r["pause_to_decided_p50_ms"]),
+        ("pause → decided p95 (ms)", lambda r: r["pause_to_decided_p95_ms"]),
         ("submissions ending in 409", lambda r: f"{r['conflicts_409']} ({(r['share_409'] or 0):.1%})"),
         ("N presses finding nothing", lambda r: r["n_misses"]),
         ("wall (s)", lambda r: r["wall_s"]),
@@ -340,12 +410,21 @@ def main() -> int:
         "--reviewers", default="1,4", help="comma-separated reviewer counts, one scenario each (default 1,4)"
     )
     ap.add_argument("--warmup", type=int, default=1, help="uncounted jobs before the first scenario (default 1)")
+    ap.add_argument(
+        "--quorum",
+        type=int,
+        default=1,
+        help="review_quorum of every job: distinct reviewers whose agreeing answers decide it (default 1; "
+        "every --reviewers count must be at least this)",
+    )
     ap.add_argument("--timeout-s", type=float, default=600, help="give up on a scenario after this long")
     ap.add_argument("--json", default="benchmarks/out/reviewer.json", help="where the figures go")
     args = ap.parse_args()
     counts = [int(v) for v in args.reviewers.split(",") if v.strip()]
     if not counts or min(counts) < 1 or args.jobs < 1:
         ap.error("--jobs and every --reviewers count must be at least 1")
+    if not 1 <= args.quorum <= min(counts):
+        ap.error(f"--quorum {args.quorum} needs every --reviewers count to be at least that (and it must be ≥ 1)")
     if not os.access(CHROMIUM, os.X_OK):
         print(f"Chromium not found at {CHROMIUM} (set HITL_CHROMIUM)", file=sys.stderr)
         return 2
@@ -370,8 +449,8 @@ def main() -> int:
     print()
     print(table(results))
     print(
-        f"\n{args.jobs} jobs per scenario, classical backends, 640x480 images with 2 objects; "
-        "N pressed as soon as an unclaimed job waits (50 ms poll); every box kept on submit"
+        f"\n{args.jobs} jobs per scenario (review_quorum {args.quorum}), classical backends, 640x480 images "
+        "with 2 objects; N pressed as soon as a job waits for the reviewer (50 ms poll); every box kept on submit"
     )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2))

@@ -185,10 +185,19 @@ class Reviewer:
     def sign_in(self, token: str, job_id: str | None = None) -> None:
         """The sign-in form of a UI that requires login (``hitl up`` with HITL_TOKENS), at ``?job=``."""
         self.page.goto(f"{self.ui_url}/?job={job_id}" if job_id else self.ui_url)
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
         field = self.page.locator("#login-token input, #login-token textarea").first
-        field.fill(token)
-        self.page.locator("#login-btn").click()
-        self.page.locator("#main-panel").wait_for(state="visible", timeout=WAIT_MS)
+        for attempt in range(3):  # a click that reached a page whose Gradio app was not connected yet: again
+            field.fill(token)
+            self.page.locator("#login-btn").click()
+            try:
+                self.page.locator("#main-panel").wait_for(state="visible", timeout=WAIT_MS // 3)
+                break
+            except PlaywrightTimeout:
+                if attempt == 2:
+                    said = self.page.inner_text("#login-message").strip()
+                    raise AssertionError(f"no review panel after 3 sign-ins; the form says {said!r}") from None
         if job_id:
             self.expect_text("#job-id", job_id)
 

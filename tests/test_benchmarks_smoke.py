@@ -29,15 +29,17 @@ def test_gpu_sam_benchmark_runs_on_cpu(tmp_path: Path):
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_reviewer_benchmark_runs(tmp_path: Path):
-    """benchmarks/reviewer.py at its smallest: a real hitl up with the UI, one then two reviewers, one job each."""
+@pytest.mark.parametrize(("reviewers", "quorum"), [("1,2", 1), ("2", 2)])
+def test_reviewer_benchmark_runs(tmp_path: Path, reviewers: str, quorum: int):
+    """benchmarks/reviewer.py at its smallest: a real hitl up with the UI, one job per scenario: one then
+    two reviewers; then a quorum of two, the job answered by both reviewers (a vote, then the decision)."""
     from tests.browser_util import require_chromium
 
     require_chromium()
     out = tmp_path / "reviewer.json"
     proc = subprocess.run(
-        [sys.executable, "benchmarks/reviewer.py", "--jobs", "1", "--reviewers", "1,2", "--warmup", "0"]
-        + ["--timeout-s", "90", "--json", str(out)],
+        [sys.executable, "benchmarks/reviewer.py", "--jobs", "1", "--reviewers", reviewers, "--warmup", "0"]
+        + ["--quorum", str(quorum), "--timeout-s", "90", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=170,
@@ -45,8 +47,10 @@ def test_reviewer_benchmark_runs(tmp_path: Path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     results = json.loads(out.read_text())["results"]
-    assert set(results) == {"1", "2"}
+    assert set(results) == set(reviewers.split(","))
     for r in results.values():
-        assert r["confirmed"] == r["submissions"] == 1 and r["conflicts_409"] == 0, r
+        assert r["jobs_decided"] == 1 and r["quorum"] == quorum, r
+        assert r["confirmed"] == r["submissions"] == quorum and r["conflicts_409"] == 0, r
         assert 0 < r["pause_to_interactive_p50_ms"] < 60_000 and 0 < r["submit_to_banner_p50_ms"] < 60_000, r
+        assert 0 < r["pause_to_decided_p50_ms"] < 120_000, r
     assert "pause → interactive" in proc.stdout
