@@ -105,6 +105,9 @@ ANSWERED_JS = """([mark]) => {
   return false;
 }"""
 BLUR_JS = "document.activeElement && document.activeElement.blur()"
+# What the page says where a reviewer looks (for an error message).
+SHOWN_JS = """() => Object.fromEntries(['#banner', '#job-id', '#stage-text', '#review-error', '#queue-note'].map(
+  (sel) => { const el = document.querySelector(sel); return [sel, el ? el.innerText.trim() : null]; }))"""
 
 
 def reviewer_names(n: int) -> list[str]:
@@ -174,6 +177,12 @@ async def feed(run: Run, api: httpx.AsyncClient, images: list[bytes]) -> None:
         run.submitted.append(r.json()["job_id"])
 
 
+async def wake(run: Run) -> None:
+    """Let every reviewer waiting for a job look at ``run.done`` again."""
+    async with run.polled:
+        run.polled.notify_all()
+
+
 async def poll(run: Run, api: httpx.AsyncClient, who: list[str]) -> None:
     """Tell each reviewer, every ``POLL_S``, whether the API lists a waiting job for them: unclaimed by
     others and, on a quorum, without their vote (asked with each reviewer's own token)."""
@@ -211,6 +220,7 @@ async def review(run: Run, page: Any, who: str) -> None:
     after = run.polls_started  # a job counts as waiting once a poll started after this reviewer's last move says so
     while await run.something_waits(who, after):
         mark = await page.evaluate("window.__hitlBannerN")
+        shown_before = (await page.evaluate(SHOWN_JS))["#job-id"]
         await page.evaluate(BLUR_JS)
         pressed = time.time()
         await page.keyboard.press("n")
@@ -219,10 +229,16 @@ async def review(run: Run, page: Any, who: str) -> None:
             got = await handle.json_value()
         except PlaywrightTimeout:
             banner = await page.inner_text('#banner [data-testid="markdown"]')
-            if MISS_TEXT.search(banner):  # the same "nothing" banner as before
+            if MISS_TEXT.search(banner) or (await page.evaluate(SHOWN_JS))["#job-id"] == shown_before:
+                # The same "nothing" banner as before, or one the last job's end replaced at once
+                # ("The job ended: …"): N opened no other job.
                 got = {"kind": "miss"}
             else:  # a slow opening
-                handle = await page.wait_for_function(OPENED_JS, arg=[prev, mark], timeout=WAIT_MS)
+                try:
+                    handle = await page.wait_for_function(OPENED_JS, arg=[prev, mark], timeout=WAIT_MS)
+                except PlaywrightTimeout:
+                    shown = await page.evaluate(SHOWN_JS)
+                    raise RuntimeError(f"{who}: N opened nothing in {WAIT_MS // 1000} s; the page: {shown}") from None
                 got = await handle.json_value()
         if got["kind"] == "miss":
             run.misses += 1
@@ -277,11 +293,22 @@ async def scenario(
     run = Run(reviewers=n, jobs=jobs, deadline=time.monotonic() + timeout_s, slots=slots, quorum=quorum)
     t0 = time.perf_counter()
     tasks = [asyncio.create_task(feed(run, api, images)), asyncio.create_task(poll(run, api, names))]
+
+    def ended(task: asyncio.Task[None]) -> None:  # a feeder or poller that fails ends the run at once
+        if not task.cancelled() and task.exception() is not None:
+            log(f"{task.get_coro().__name__} failed: {task.exception()!r}")  # type: ignore[union-attr]  # a coroutine
+            run.deadline = 0.0
+            asyncio.get_running_loop().create_task(wake(run))
+
+    for t in tasks:
+        t.add_done_callback(ended)
     await asyncio.gather(*(review(run, page, f"bench{i + 1}") for i, page in enumerate(pages)))
     wall = time.perf_counter() - t0
     for t in tasks:
         t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    failures = [r for r in await asyncio.gather(*tasks, return_exceptions=True) if isinstance(r, Exception)]
+    if failures:
+        raise RuntimeError(f"the scenario's feeder or poller failed: {failures[0]!r}") from failures[0]
     await cancel_waiting(api)
 
     pause_ms, press_ms, decided_ms = [], [], []
