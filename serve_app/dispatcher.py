@@ -39,6 +39,8 @@ from .writeback import WriteBack
 
 log = logging.getLogger("hitl.dispatcher")
 
+ARCHIVE_CALL_S = 60.0  # the longest one archive call may take (copy or mirror) before it counts as failed
+
 
 @dataclass(frozen=True)
 class _Retry:
@@ -100,6 +102,13 @@ class Dispatcher:
         # Runs ARCHIVE_JOB and the live mirror (docs/protocol.md § Archive, § Reconcile); the default one
         # has no archive: a finished job's retention starts without a copy (--no-archive).
         self.archiver: ArchiveWorker = archiver or LocalArchiveWorker(store, None)
+        # Archive work never takes the slots node commands need, nor the loop: at most a quarter of the
+        # slots copy at once (more stay pending, reclaimed later), each call is bounded, and the live
+        # mirror runs beside the loop, one at a time. A hung Archiver delays the archive, not the jobs.
+        self.archive_slots = max(1, concurrency // 4)
+        self._archiving = 0
+        self._mirroring: asyncio.Task[None] | None = None
+        self.archive_call_s = ARCHIVE_CALL_S
 
     async def run_forever(self) -> None:
         resume = asyncio.create_task(self.writeback.resume())  # a spool an earlier process left
@@ -127,7 +136,8 @@ class Dispatcher:
                     await self.inspector.sweep()
                     await self.inspector.housekeeping()
                     await self.resets.check()
-                    await self.archiver.mirror(self.inspector.held())
+                    if self._mirroring is None or self._mirroring.done():
+                        self._mirroring = asyncio.create_task(self._mirror(self.inspector.held()))
                 if time.monotonic() - last_reclaim > self.reclaim_every_s:
                     last_reclaim = time.monotonic()
                     for entry in await self.store.outbox_reclaim(self.consumer, self.reclaim_idle_ms):
@@ -149,6 +159,8 @@ class Dispatcher:
             except asyncio.CancelledError:
                 for t in list(self._tasks):
                     t.cancel()
+                if self._mirroring is not None:
+                    self._mirroring.cancel()
                 raise
             except (RedisConnectionError, RedisTimeoutError) as e:  # Redis down or hung: wait for it
                 reraise_if_cancelled(e)
@@ -173,6 +185,14 @@ class Dispatcher:
                 reraise_if_cancelled(e)
                 log.exception("dispatcher loop error (retrying): %s", e)
                 await asyncio.sleep(1)
+
+    async def _mirror(self, partitions: list[int]) -> None:
+        try:
+            await asyncio.wait_for(self.archiver.mirror(partitions), self.archive_call_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the next period mirrors again
+            log.warning("live mirror of partitions %s failed: %s: %s", partitions, type(e).__name__, e)
 
     def _spawn(self, entry: OutboxEntry) -> None:
         key = (entry.stream, entry.entry_id)
@@ -214,7 +234,13 @@ class Dispatcher:
             log.error("dead letter: %s node=%s job=%s", cmd.node_type, cmd.node_instance_id, cmd.job_id)
             return
         if cmd.node_type == ARCHIVE_JOB:
-            result = await self.archiver.copy(cmd.job_id)
+            if self._archiving >= self.archive_slots:
+                return  # left pending, reclaimed later: the other slots stay for node commands
+            self._archiving += 1
+            try:
+                result = await asyncio.wait_for(self.archiver.copy(cmd.job_id), self.archive_call_s)
+            finally:
+                self._archiving -= 1
             if result == "STALE":  # the job kept moving while copied: left pending, copied again later
                 log.warning("archive of job=%s fell behind %d times; will retry", cmd.job_id, COPIES)
                 return
