@@ -65,6 +65,7 @@ POLL_S = 0.05  # the shared "is anything waiting?" poll
 MISS_WAIT_MS = 5_000  # an N press answered by the banner it already showed ("nothing waiting") changes nothing
 MISS_TEXT = re.compile(r"No other job is waiting|Every other waiting job")
 WAIT_MS = 60_000
+RETRIES = 20  # a job submission answered 429/503 is sent again this often
 
 # Counts the banner's DOM changes, so a wait can tell a fresh answer from the one already shown.
 WATCH_JS = """() => {
@@ -137,6 +138,8 @@ class Run:
     answers: list[dict[str, Any]] = field(default_factory=list)
     decided: dict[str, dict[str, Any]] = field(default_factory=dict)  # job → the answer that decided it
     misses: int = 0
+    ended_on_open: int = 0  # N presses answered by "The job ended" (counted in misses too)
+    retried: int = 0  # submissions answered 429/503 and sent again
 
     @property
     def done(self) -> bool:
@@ -170,9 +173,14 @@ async def feed(run: Run, api: httpx.AsyncClient, images: list[bytes]) -> None:
         if run.done:
             return
         params = {"review_quorum": run.quorum} if run.quorum > 1 else {}
-        r = await api.post(
-            "/api/v1/jobs", params=params, files={"image": (f"{i}.png", images[i % len(images)], "image/png")}
-        )
+        for _ in range(RETRIES):  # 429/503 say "later" (docs/protocol.md § Error codes): a client waits and retries
+            r = await api.post(
+                "/api/v1/jobs", params=params, files={"image": (f"{i}.png", images[i % len(images)], "image/png")}
+            )
+            if r.status_code not in (429, 503):
+                break
+            run.retried += 1
+            await asyncio.sleep(float(r.headers.get("Retry-After") or 0.5))
         r.raise_for_status()
         run.submitted.append(r.json()["job_id"])
 
@@ -229,10 +237,12 @@ async def review(run: Run, page: Any, who: str) -> None:
             got = await handle.json_value()
         except PlaywrightTimeout:
             banner = await page.inner_text('#banner [data-testid="markdown"]')
-            if MISS_TEXT.search(banner) or (await page.evaluate(SHOWN_JS))["#job-id"] == shown_before:
-                # The same "nothing" banner as before, or one the last job's end replaced at once
-                # ("The job ended: …"): N opened no other job.
+            ended = banner.startswith("The job ended")
+            if MISS_TEXT.search(banner) or ended or (await page.evaluate(SHOWN_JS))["#job-id"] == shown_before:
+                # The same "nothing" banner as before, one the last job's end replaced at once, or a job
+                # that ended as it was opened (its quorum decided by others): nothing to review.
                 got = {"kind": "miss"}
+                run.ended_on_open += int(ended)
             else:  # a slow opening
                 try:
                     handle = await page.wait_for_function(OPENED_JS, arg=[prev, mark], timeout=WAIT_MS)
@@ -349,6 +359,8 @@ async def scenario(
         "refused_other": kinds["refused"],
         "share_409": round(kinds["conflict"] / answered, 4) if answered else None,
         "n_misses": run.misses,
+        "n_ended_on_open": run.ended_on_open,
+        "submissions_retried_429_503": run.retried,
         "other_answers": sorted({a["text"][:120] for a in run.answers if a["kind"] != "ok"}),
         "timed_out": len(run.decided) < jobs,
     }
