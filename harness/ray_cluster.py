@@ -43,8 +43,9 @@ def ray_cli(name: str) -> str:
     return str(path) if path.exists() else name
 
 
-def _node_ports() -> list[str]:
-    """Every port a node opens, free on loopback (the defaults would collide between nodes)."""
+def _node_ports(port: Any) -> list[str]:
+    """Every port a node opens, free on loopback (the defaults would collide between nodes); ``port``
+    gives a free port no other component of the cluster was given."""
     flags = (
         "--node-manager-port",
         "--object-manager-port",
@@ -55,15 +56,16 @@ def _node_ports() -> list[str]:
     )
     out: list[str] = []
     for flag in flags:
-        out += [flag, str(free_port())]
+        out += [flag, str(port())]
     return out
 
 
 class RayCluster:
     def __init__(self, *, head_cpus: int = 4, log_dir: Path | None = None) -> None:
         self.temp_dir = Path(tempfile.mkdtemp(prefix="hitl-rc-", dir="/tmp"))
-        self.gcs_port = free_port()
-        self.dashboard_port = free_port()
+        self._taken: set[int] = set()  # two free_port() calls may return one port: never hand it out twice
+        self.gcs_port = self.port()
+        self.dashboard_port = self.port()
         self.address = f"127.0.0.1:{self.gcs_port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.log_dir = log_dir
@@ -75,6 +77,13 @@ class RayCluster:
         self.nodes: list[Child] = []
         self.head_cpus = head_cpus
 
+    def port(self) -> int:
+        """A free loopback port not yet given to this cluster."""
+        while (p := free_port()) in self._taken:
+            continue
+        self._taken.add(p)
+        return p
+
     def _start_node(self, args: list[str], name: str, timeout: float) -> Child:
         cmd = [
             ray_cli("ray"),
@@ -84,7 +93,7 @@ class RayCluster:
             "127.0.0.1",
             "--disable-usage-stats",
             *args,
-            *_node_ports(),
+            *_node_ports(self.port),
         ]
         log = self.log_dir / f"ray-{name}.log" if self.log_dir else None
         child = Child(cmd, env=self.env, log_path=log).start()
@@ -112,7 +121,7 @@ class RayCluster:
                     "--dashboard-port",
                     str(self.dashboard_port),
                     "--ray-client-server-port",
-                    str(free_port()),
+                    str(self.port()),
                     "--object-store-memory",
                     str(150 * 1024 * 1024),
                 ],
