@@ -86,17 +86,32 @@ def ingress_logged(up: HitlUp) -> str:
     return next(line for line in up.lines if "hitl.up: ingress: " in line)
 
 
-def model_figures(up: HitlUp, timeout: float = 60) -> str:
+def detections_counted(text: str) -> float:
+    """DETECT_SUBJECTS calls that ended ``ok``, summed over the Detector replicas' series."""
+    return sum(
+        float(ln.rsplit(" ", 1)[1])
+        for ln in text.splitlines()
+        if ln.startswith("ray_hitl_model_node_seconds_count{")
+        and "DETECT_SUBJECTS" in ln
+        and 'deployment="Detector"' in ln
+        and 'outcome="ok"' in ln
+    )
+
+
+def model_figures(up: HitlUp, detections: int, timeout: float = 60) -> str:
     """Ray's Prometheus endpoint of ``up``'s own cluster (named in its startup log), once the model
-    replicas' node timings are in it (Ray's metrics reach the endpoint every few seconds)."""
+    replicas' node timings count ``detections`` finished detections. Ray's metrics reach the endpoint
+    every few seconds, so the first scrape that has the series may not have the last call yet."""
     line = next(line for line in up.lines if "Ray's metrics for Prometheus" in line)
     url = line.rsplit(" ", 1)[1]
     deadline = time.monotonic() + timeout
     while True:
         text = httpx.get(url, timeout=10).text
-        if "ray_hitl_model_node_seconds_count{" in text:
+        if detections_counted(text) >= detections:
             return text
-        assert time.monotonic() < deadline, f"no ray_hitl_model_* series at {url}"
+        assert time.monotonic() < deadline, (
+            f"{detections_counted(text):g} of {detections} detections in ray_hitl_model_* at {url}"
+        )
         time.sleep(2)
 
 
@@ -147,15 +162,11 @@ def test_whole_flow_through_ray_serve(data_dir):
         assert api.get(doomed)["status"] == "CANCELLED"
 
         # The model replicas' own figures (deployments.metrics) next to Serve's, on Ray's endpoint.
-        text = model_figures(up)
+        # Both detections ran (the cancelled job's too); model_figures waits until both are counted.
+        text = model_figures(up, detections=2)
         assert "ray_serve_" in text
-        detect = [
-            ln
-            for ln in text.splitlines()
-            if ln.startswith("ray_hitl_model_node_seconds_count{") and "DETECT_SUBJECTS" in ln
-        ]
-        assert detect and 'deployment="Detector"' in detect[0] and 'outcome="ok"' in detect[0], detect
-        assert float(detect[0].rsplit(" ", 1)[1]) >= 2  # both detections ran (the cancelled job's too)
+        detect = [ln for ln in text.splitlines() if ln.startswith("ray_hitl_model_node_seconds_count{")]
+        assert any('deployment="Detector"' in ln and "DETECT_SUBJECTS" in ln for ln in detect), detect
         assert "ray_hitl_model_ongoing_requests{" in text
     finally:
         api.close()
