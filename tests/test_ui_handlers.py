@@ -293,6 +293,19 @@ def test_events_from_others_close_the_panel_with_a_banner_but_own_submission_doe
     assert st.notice == change.banner
 
 
+def test_a_quorum_vote_keeps_the_panel_closed_while_the_pause_waits_for_others() -> None:
+    st = opened(round1())
+    vote = {"needed": 2, "received": 1, "reviewers": ["rev1"], "outcome": "VOTE_RECORDED"}
+    st.record_success("pause_1", "WAITING_USER_SELECTION", 3, None, 3, 0, 0, vote)
+    assert st.panel is None
+    # The vote's event brings the job back: same pause, same version (a vote does not move it).
+    change = st.apply_snapshot(round1())
+    assert change.applied and not change.redraw and st.panel is None  # nothing to claim or renew
+    # The quorum disagreed: the reconciliation pause is a new one, and it opens.
+    change = st.apply_snapshot(round2())
+    assert change.redraw and shown(st.panel).round == 2
+
+
 def test_the_end_of_the_job_replaces_the_submission_message() -> None:
     st = opened(round1())
     st.record_success("pause_1", "PROCESSING_APPROVED_SUBJECTS", 4, "PROCESS_APPROVED_BOX_LIST", 3, 0, 0)

@@ -233,6 +233,10 @@ class ReviewerState:
             old = self.panel
             self.snapshot = snap
             new = panel_from_snapshot(snap)
+            if new is not None and new.pause_token in self.results:
+                # This reviewer answered that pause (a quorum vote: it waits for others): it stays
+                # closed here, so the page does not claim it again and hold it from the others.
+                new = None
             old_token = old.pause_token if old else None
             new_token = new.pause_token if new else None
             if old_token == new_token:
