@@ -138,7 +138,7 @@ class Run:
     answers: list[dict[str, Any]] = field(default_factory=list)
     decided: dict[str, dict[str, Any]] = field(default_factory=dict)  # job → the answer that decided it
     misses: int = 0
-    ended_on_open: int = 0  # N presses answered by "The job ended" (counted in misses too)
+    ended_on_open: int = 0  # N presses that opened another job which had ended ("The job ended"; in misses too)
     retried: int = 0  # submissions answered 429/503 and sent again
 
     @property
@@ -238,11 +238,13 @@ async def review(run: Run, page: Any, who: str) -> None:
         except PlaywrightTimeout:
             banner = await page.inner_text('#banner [data-testid="markdown"]')
             ended = banner.startswith("The job ended")
-            if MISS_TEXT.search(banner) or ended or (await page.evaluate(SHOWN_JS))["#job-id"] == shown_before:
-                # The same "nothing" banner as before, one the last job's end replaced at once, or a job
-                # that ended as it was opened (its quorum decided by others): nothing to review.
+            moved = (await page.evaluate(SHOWN_JS))["#job-id"] != shown_before
+            if MISS_TEXT.search(banner) or ended or not moved:
+                # The same "nothing" banner as before, one the end of the job still on screen (e.g. one this
+                # reviewer voted on) replaced at once, or a job that ended as it was opened (its quorum
+                # decided by others; only this last case is counted apart): nothing to review.
                 got = {"kind": "miss"}
-                run.ended_on_open += int(ended)
+                run.ended_on_open += int(ended and moved)
             else:  # a slow opening
                 try:
                     handle = await page.wait_for_function(OPENED_JS, arg=[prev, mark], timeout=WAIT_MS)
