@@ -223,7 +223,25 @@ class Reviewer:
         self.expect_text("#stage-text", stage_text)
         if pause_token:
             self.expect_text("#stage-text", pause_token)
-        self.page.locator("#annotator canvas").wait_for(state="visible", timeout=WAIT_MS)
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            self.page.locator("#annotator canvas").wait_for(state="visible", timeout=WAIT_MS)
+        except PlaywrightTimeout:
+            said = self.shown()
+            raise AssertionError(f"the panel is laid out but its canvas never showed; the page: {said}") from None
+
+    def shown(self) -> dict[str, Any]:
+        """What the page says where a reviewer looks, and what the annotator holds (for a failure's message)."""
+        return dict(
+            self.page.evaluate(
+                """() => Object.fromEntries(['#banner', '#job-id', '#stage-text', '#claim-note', '#review-error',
+                     '#annotator'].map((sel) => { const el = document.querySelector(sel);
+                     const n = el ? el.querySelectorAll('canvas, img').length : 0;
+                     return [sel, el ? `${el.innerText.trim().slice(0, 200)} (${n} canvas/img, `
+                       + `shown: ${el.offsetParent !== null})` : null]; }))"""
+            )
+        )
 
     # -- the canvas
 

@@ -31,6 +31,7 @@ from client import HitlClient, new_intervention_id
 from harness.hitl_up import HitlUp
 from harness.tokens import TOKENS, TOKENS_SPEC
 from serve_app.samples import product_composite
+from ui.claims import CLAIM_RENEW_S
 from ui.panel import ROUND1_TEXT, ROUND2_TEXT
 
 from .browser_util import (
@@ -272,6 +273,13 @@ def test_a_quorum_of_two_needs_both_reviewers(stack: Stack, reviewer: Callable[[
     after = stack.api.get(job)
     assert after["status"] == "WAITING_USER_SELECTION" and after["version"] == snap["version"]  # a vote only
     assert [v["reviewer"] for v in after["quorum"]["votes"]] == ["rev1"] and after["claim"] is None
+    # rev1's page keeps the job closed to them, so its timer does not claim it again (it did, once the
+    # vote's event came back): past two renewal periods the job is still free for the second reviewer.
+    until = time.monotonic() + 2 * CLAIM_RENEW_S + 3
+    while time.monotonic() < until:
+        assert stack.api.get(job)["claim"] is None, "rev1's page claimed the job it voted on again"
+        time.sleep(0.5)
+    assert not rev1.page.locator("#submit-btn").is_visible()  # no panel on rev1's page: their part is done
 
     rev2 = reviewer("rev2", job)
     rev2.wait_panel(ROUND1_TEXT, token)
