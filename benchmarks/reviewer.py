@@ -21,7 +21,11 @@ Figures, p50/p95 over the jobs opened:
 - ``N → interactive``: from the key press to the same moment (the UI's own part of the above);
 - ``submit → banner``: from pressing Enter to the confirmation banner ("Submitted — …"), or to the
   banner of a refusal;
-- the share of submissions that ended in a 409 (a conflict banner): 0 when claims are honoured.
+- the share of submissions that ended in a 409, 0 when claims are honoured: counted from the jobs'
+  audit trails (the server's word), since the banner a page shows can be replaced before it is read
+  (by the job's end right after the deciding answer, or a late answer to an earlier key press); the
+  answers whose banner was not a confirmation are counted apart, and each of them, like each N press
+  that opened a job which had ended, comes with its job's audit trail in the JSON (``odd``).
 
 With ``--quorum Q`` every job is submitted with ``review_quorum=Q`` (docs/protocol.md § Quorum): Q
 distinct reviewers must submit agreeing lists, so each job is opened and answered Q times (the first
@@ -46,6 +50,7 @@ import re
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +66,7 @@ from serve_app.samples import product_composite
 CHROMIUM = os.environ.get("HITL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 ADMIN = "tok-bench-admin"
+JOB_ID = re.compile(r"job_[0-9A-Za-z]+")
 POLL_S = 0.05  # the shared "is anything waiting?" poll
 MISS_WAIT_MS = 5_000  # an N press answered by the banner it already showed ("nothing waiting") changes nothing
 MISS_TEXT = re.compile(r"No other job is waiting|Every other waiting job")
@@ -111,6 +117,12 @@ SHOWN_JS = """() => Object.fromEntries(['#banner', '#job-id', '#stage-text', '#r
   (sel) => { const el = document.querySelector(sel); return [sel, el ? el.innerText.trim() : null]; }))"""
 
 
+def shown_job(shown: dict[str, str | None]) -> str:
+    """The job id on the page's job line (which also carries Gradio's progress text while it updates)."""
+    found = JOB_ID.search(shown.get("#job-id") or "")
+    return found.group(0) if found else ""
+
+
 def reviewer_names(n: int) -> list[str]:
     return [f"bench{i + 1}" for i in range(n)]
 
@@ -138,8 +150,10 @@ class Run:
     answers: list[dict[str, Any]] = field(default_factory=list)
     decided: dict[str, dict[str, Any]] = field(default_factory=dict)  # job → the answer that decided it
     misses: int = 0
+    odd: list[dict[str, Any]] = field(default_factory=list)  # answers not confirmed, N presses onto ended jobs
     ended_on_open: int = 0  # N presses that opened another job which had ended ("The job ended"; in misses too)
     retried: int = 0  # submissions answered 429/503 and sent again
+    retry_answers: Counter[str] = field(default_factory=Counter)  # "503 STORE_UNAVAILABLE" → how often
 
     @property
     def done(self) -> bool:
@@ -159,6 +173,8 @@ class Run:
     def answered(self, answer: dict[str, Any]) -> None:
         """One answer; the job's ``quorum``-th confirmed one decides it and frees its feeder slot."""
         self.answers.append(answer)
+        if answer["kind"] != "ok":
+            self.odd.append({"what": f"answer: {answer['kind']}", **answer})
         job = answer["job"]
         confirmed = sum(a["job"] == job and a["kind"] == "ok" for a in self.answers)
         if job not in self.decided and (answer["kind"] != "ok" or confirmed >= self.quorum):
@@ -180,6 +196,8 @@ async def feed(run: Run, api: httpx.AsyncClient, images: list[bytes]) -> None:
             if r.status_code not in (429, 503):
                 break
             run.retried += 1
+            code = r.json().get("code", "?") if "json" in r.headers.get("content-type", "") else r.text[:80]
+            run.retry_answers[f"{r.status_code} {code}"] += 1
             await asyncio.sleep(float(r.headers.get("Retry-After") or 0.5))
         r.raise_for_status()
         run.submitted.append(r.json()["job_id"])
@@ -228,7 +246,7 @@ async def review(run: Run, page: Any, who: str) -> None:
     after = run.polls_started  # a job counts as waiting once a poll started after this reviewer's last move says so
     while await run.something_waits(who, after):
         mark = await page.evaluate("window.__hitlBannerN")
-        shown_before = (await page.evaluate(SHOWN_JS))["#job-id"]
+        shown_before = shown_job(await page.evaluate(SHOWN_JS))
         await page.evaluate(BLUR_JS)
         pressed = time.time()
         await page.keyboard.press("n")
@@ -238,13 +256,16 @@ async def review(run: Run, page: Any, who: str) -> None:
         except PlaywrightTimeout:
             banner = await page.inner_text('#banner [data-testid="markdown"]')
             ended = banner.startswith("The job ended")
-            moved = (await page.evaluate(SHOWN_JS))["#job-id"] != shown_before
+            moved = shown_job(await page.evaluate(SHOWN_JS)) != shown_before
             if MISS_TEXT.search(banner) or ended or not moved:
                 # The same "nothing" banner as before, one the end of the job still on screen (e.g. one this
                 # reviewer voted on) replaced at once, or a job that ended as it was opened (its quorum
                 # decided by others; only this last case is counted apart): nothing to review.
                 got = {"kind": "miss"}
-                run.ended_on_open += int(ended and moved)
+                if ended and moved:
+                    run.ended_on_open += 1
+                    shown = shown_job(await page.evaluate(SHOWN_JS))
+                    run.odd.append({"what": "N opened an ended job", "reviewer": who, "job": shown})
             else:  # a slow opening
                 try:
                     handle = await page.wait_for_function(OPENED_JS, arg=[prev, mark], timeout=WAIT_MS)
@@ -322,6 +343,25 @@ async def scenario(
     if failures:
         raise RuntimeError(f"the scenario's feeder or poller failed: {failures[0]!r}") from failures[0]
     await cancel_waiting(api)
+    # The server's own word on every answer (docs/protocol.md § Audit): a page's banner can be replaced
+    # before it is read (the job's end right after the deciding answer), so refusals are counted here.
+    audits: dict[str, list[dict[str, Any]]] = {}
+    for job in {a["job"] for a in run.answers} | {m.group(0) for o in run.odd if (m := JOB_ID.search(o["job"]))}:
+        r = await api.get(f"/api/v1/jobs/{job}/audit")
+        r.raise_for_status()
+        audits[job] = r.json()["entries"]
+    refusals = [
+        f"{job} {e['actor']} {e['action']} {e['outcome']}"
+        for job, entries in audits.items()
+        for e in entries
+        if e["action"] in ("INTERVENE", "QUORUM_VOTE") and e["outcome"].startswith("REFUSED")
+    ]
+    for odd in run.odd:  # who did what to the job, from its audit trail
+        found = JOB_ID.search(odd["job"])
+        odd["audit"] = [
+            f"{e['at']} {e['actor']} {e['action']} v{e['base_version']} {e['outcome']}"
+            for e in audits.get(found.group(0) if found else "", [])
+        ]
 
     pause_ms, press_ms, decided_ms = [], [], []
     opened_at: dict[tuple[str, str], float | None] = {}
@@ -357,12 +397,16 @@ async def scenario(
         "pause_to_decided_p50_ms": round(pct(decided_ms, 0.5), 1),
         "pause_to_decided_p95_ms": round(pct(decided_ms, 0.95), 1),
         "confirmed": kinds["ok"],
-        "conflicts_409": kinds["conflict"],
+        "conflicts_409": len(refusals),  # the server's word (the audit), not the page's banner
+        "banner_not_confirmed": kinds["conflict"] + kinds["refused"],
         "refused_other": kinds["refused"],
-        "share_409": round(kinds["conflict"] / answered, 4) if answered else None,
+        "share_409": round(len(refusals) / answered, 4) if answered else None,
         "n_misses": run.misses,
         "n_ended_on_open": run.ended_on_open,
+        "odd": run.odd,
+        "server_refusals": refusals,
         "submissions_retried_429_503": run.retried,
+        "retry_answers": dict(run.retry_answers),
         "other_answers": sorted({a["text"][:120] for a in run.answers if a["kind"] != "ok"}),
         "timed_out": len(run.decided) < jobs,
     }
@@ -416,6 +460,8 @@ async def measure(up: HitlUp, args: argparse.Namespace, counts: list[int]) -> di
                     f"{n} reviewer(s): pause→interactive p50 {res['pause_to_interactive_p50_ms']} ms, "
                     f"submit→banner p50 {res['submit_to_banner_p50_ms']} ms, 409s {res['conflicts_409']}"
                 )
+                if res["retry_answers"]:
+                    log(f"{n} reviewer(s): job submissions sent again after {res['retry_answers']}")
                 results[str(n)] = res
         finally:
             await browser.close()
@@ -434,6 +480,7 @@ def table(results: dict[str, Any]) -> str:
         ("pause → decided p50 (ms)", lambda r: r["pause_to_decided_p50_ms"]),
         ("pause → decided p95 (ms)", lambda r: r["pause_to_decided_p95_ms"]),
         ("submissions ending in 409", lambda r: f"{r['conflicts_409']} ({(r['share_409'] or 0):.1%})"),
+        ("answers whose banner was not a confirmation", lambda r: r["banner_not_confirmed"]),
         ("N presses finding nothing", lambda r: r["n_misses"]),
         ("wall (s)", lambda r: r["wall_s"]),
     ]
