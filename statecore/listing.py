@@ -9,7 +9,6 @@ valid for every partition, however unevenly the partitions fill.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import heapq
 import re
@@ -85,31 +84,52 @@ class _IndexReader:
         head = self.rows[0]
         return (head.score, head.job_id) if self.ascending else (-head.score, _Desc(head.job_id))
 
+    def command(self, target: Any) -> Any:
+        """The next batch's read, sent to ``target``: the client (a coroutine) or a pipeline (queued)."""
+        num = self.BATCH + self.ties
+        if self.ascending:
+            lo = self.last.score if self.last else "-inf"
+            return target.zrangebyscore(self.key, lo, "+inf", start=0, num=num, withscores=True)
+        hi = self.last.score if self.last else "+inf"
+        return target.zrevrangebyscore(self.key, hi, "-inf", start=0, num=num, withscores=True)
+
+    def take(self, raw: list[tuple[str, float]]) -> bool:
+        """Keep a batch's new rows; False when every row lay at or before the cursor (look further)."""
+        num = self.BATCH + self.ties
+        self.exhausted = len(raw) < num
+        fresh = [row for row in (_Row(int(s), j) for j, s in raw) if self._after_last(row)]
+        for row in fresh:
+            self.ties = self.ties + 1 if self.last is not None and row.score == self.last.score else 1
+            self.last = row
+        self.rows.extend(fresh)
+        if fresh or self.exhausted:
+            return True
+        # Every fetched row shares the cursor's score and lies before it: look further.
+        self.ties += self.BATCH
+        return False
+
     async def fill(self) -> None:
         """Fetch until at least one new row arrives or the index is exhausted."""
-        while True:
-            num = self.BATCH + self.ties
-            if self.ascending:
-                lo = self.last.score if self.last else "-inf"
-                raw = await self.r.zrangebyscore(self.key, lo, "+inf", start=0, num=num, withscores=True)
-            else:
-                hi = self.last.score if self.last else "+inf"
-                raw = await self.r.zrevrangebyscore(self.key, hi, "-inf", start=0, num=num, withscores=True)
-            self.exhausted = len(raw) < num
-            fresh = [row for row in (_Row(int(s), j) for j, s in raw) if self._after_last(row)]
-            for row in fresh:
-                self.ties = self.ties + 1 if self.last is not None and row.score == self.last.score else 1
-                self.last = row
-            self.rows.extend(fresh)
-            if fresh or self.exhausted:
-                return
-            # Every fetched row shares the cursor's score and lies before it: look further.
-            self.ties += self.BATCH
+        while not self.take(await self.command(self.r)):
+            pass
+
+
+async def fill_all(r: Any, readers: list[_IndexReader]) -> None:
+    """Every partition's first batch in one pipeline: one pooled connection and one round trip per
+    listing (per node on a cluster). One read per partition at once took 64 connections per listing,
+    and a few listings at once (reviewers' queues polling) ran the pool out: 503 STORE_UNAVAILABLE."""
+    async with r.pipeline(transaction=False) as pipe:
+        for rd in readers:
+            rd.command(pipe)
+        raws = await pipe.execute()
+    for rd, raw in zip(readers, raws, strict=True):
+        if not rd.take(raw):
+            await rd.fill()
 
 
 async def list_jobs(
     r: Any,
-    read_meta: Callable[[str], Awaitable[dict[str, str]]],
+    read_metas: Callable[[list[str]], Awaitable[list[dict[str, str]]]],
     *,
     submitter: str | None,
     status: str | None,
@@ -134,7 +154,7 @@ async def list_jobs(
     after = parse_cursor(cursor) if cursor else None
     index = keys.waiting if waiting_queue else keys.jobs
     readers = [_IndexReader(r, index(p), waiting_queue, after) for p in range(keys.PARTITIONS)]
-    await asyncio.gather(*(rd.fill() for rd in readers))
+    await fill_all(r, readers)
     heap: list[tuple[Any, int]] = [(rd.order_key(), i) for i, rd in enumerate(readers) if rd.rows]
     heapq.heapify(heap)
     filtered = submitter is not None or (status is not None and status != "WAITING") or unclaimed_for is not None
@@ -151,8 +171,8 @@ async def list_jobs(
                 await rd.fill()
             if rd.rows:
                 heapq.heappush(heap, (rd.order_key(), i))
-        metas = await asyncio.gather(*(read_meta(row.job_id) for row in chunk))
         ids = [row.job_id for row in chunk]
+        metas = await read_metas(ids)
         claims = await read_claims(ids) if read_claims is not None else [None] * len(chunk)
         for n, (row, meta, claim) in enumerate(zip(chunk, metas, claims, strict=True)):
             if not meta:  # expired after its retention; the inspector prunes the index too

@@ -115,13 +115,17 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
                 url, decode_responses=True, max_connections=max_connections, **timeouts
             )
         else:
-            client = aioredis.Redis.from_url(
+            # A burst beyond ``max_connections`` waits for a free connection (up to the operation
+            # timeout, then 503 STORE_UNAVAILABLE) instead of failing at once with "Too many connections".
+            pool = aioredis.BlockingConnectionPool.from_url(
                 url,
                 decode_responses=True,
                 max_connections=max_connections,
+                timeout=timeout_s,
                 health_check_interval=30,
                 **timeouts,
             )
+            client = aioredis.Redis.from_pool(pool)
         return cls(client, config, cluster=cluster)
 
     async def close(self) -> None:
@@ -165,6 +169,13 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
     async def _meta(self, job_id: str) -> dict[str, str]:
         meta: dict[str, str] = await self.r.hgetall(keys.job(job_id).meta)
         return meta
+
+    async def metas(self, job_ids: list[str]) -> list[dict[str, str]]:
+        """Several jobs' meta in one pipeline (one pooled connection, one round trip)."""
+        async with self.r.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hgetall(keys.job(job_id).meta)
+            return list(await pipe.execute())
 
     async def get(self, job_id: str) -> decide.JobState:
         return decide.require(await self._meta(job_id), job_id)
@@ -447,7 +458,7 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
         the job's claim; ``unclaimed_for``: leave out jobs claimed by anyone but that reviewer."""
         return await listing.list_jobs(
             self.r,
-            self._meta,
+            self.metas,
             submitter=submitter,
             status=status,
             limit=limit,

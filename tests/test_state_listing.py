@@ -143,6 +143,29 @@ async def test_a_crowded_partition_does_not_hide_a_submitters_jobs(store):
     assert sorted(got) == sorted(mine)
 
 
+async def test_listings_at_once_share_a_small_connection_pool(redis_server):
+    """Reviewers' queues poll the listing all the time. A listing reads 64 partitions, and each read
+    used to take its own pooled connection, so a few listings at once ran out a pool of 256 (503
+    STORE_UNAVAILABLE on the UI's calls and on POST /jobs). Now one listing takes one connection:
+    twelve listings at once, filtered by claims and by status, share a pool of eight."""
+    store = Store.from_url(redis_server.url, StoreConfig(retention_s=3600), max_connections=8)
+    try:
+        await store.r.flushdb()
+        await store.ensure_groups()
+        made = await _populate(store, [(i % 3, i % 3, i % 3) for i in range(30)], [3, 17, 40])
+        waiting = sorted(j for j, (_, status) in made.items() if status == "WAITING_USER_SELECTION")
+        pages = await asyncio.gather(
+            *(store.list_jobs(status="WAITING", unclaimed_for=f"rev{i}", limit=50) for i in range(6)),
+            *(store.list_jobs(status="CANCELLED", limit=50) for _ in range(6)),
+        )
+        for jobs, _ in pages[:6]:
+            assert sorted(j.job_id for j in jobs) == waiting
+        for jobs, _ in pages[6:]:
+            assert len(jobs) == sum(status == "CANCELLED" for _, status in made.values()) == 10
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize(
     "cursor", ["1.2.3:x", "abc", ":job_1", "12:", "12:job 1", "-1:job_a", "1e9:job_a", "9" * 40 + ":job_a"]
 )
