@@ -256,7 +256,8 @@ async def review(run: Run, page: Any, who: str) -> None:
         except PlaywrightTimeout:
             banner = await page.inner_text('#banner [data-testid="markdown"]')
             ended = banner.startswith("The job ended")
-            moved = shown_job(await page.evaluate(SHOWN_JS)) != shown_before
+            shown_now = shown_job(await page.evaluate(SHOWN_JS))
+            moved = shown_now not in (shown_before, prev)  # not the job this reviewer last answered
             if MISS_TEXT.search(banner) or ended or not moved:
                 # The same "nothing" banner as before, one the end of the job still on screen (e.g. one this
                 # reviewer voted on) replaced at once, or a job that ended as it was opened (its quorum
@@ -264,8 +265,7 @@ async def review(run: Run, page: Any, who: str) -> None:
                 got = {"kind": "miss"}
                 if ended and moved:
                     run.ended_on_open += 1
-                    shown = shown_job(await page.evaluate(SHOWN_JS))
-                    run.odd.append({"what": "N opened an ended job", "reviewer": who, "job": shown})
+                    run.odd.append({"what": "N opened an ended job", "reviewer": who, "job": shown_now})
             else:  # a slow opening
                 try:
                     handle = await page.wait_for_function(OPENED_JS, arg=[prev, mark], timeout=WAIT_MS)
@@ -480,7 +480,7 @@ def table(results: dict[str, Any]) -> str:
         ("pause → decided p50 (ms)", lambda r: r["pause_to_decided_p50_ms"]),
         ("pause → decided p95 (ms)", lambda r: r["pause_to_decided_p95_ms"]),
         ("submissions ending in 409", lambda r: f"{r['conflicts_409']} ({(r['share_409'] or 0):.1%})"),
-        ("answers whose banner was not a confirmation", lambda r: r["banner_not_confirmed"]),
+        ("answers not confirmed (banner)", lambda r: r["banner_not_confirmed"]),
         ("N presses finding nothing", lambda r: r["n_misses"]),
         ("wall (s)", lambda r: r["wall_s"]),
     ]
