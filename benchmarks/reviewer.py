@@ -46,7 +46,6 @@ import asyncio
 import json
 import os
 import platform
-import re
 import sys
 import tempfile
 import time
@@ -60,67 +59,17 @@ import psutil
 
 from harness.bench import log, parse_at, pct
 from harness.hitl_up import HitlUp
+from harness.reviewer_page import ANSWERED_JS, BLUR_JS, JOB_ID, MISS_TEXT, OPENED_JS, SHOWN_JS, WATCH_JS, shown_job
 from harness.sse import read_events
 from serve_app.samples import product_composite
 
 CHROMIUM = os.environ.get("HITL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 ADMIN = "tok-bench-admin"
-JOB_ID = re.compile(r"job_[0-9A-Za-z]+")
 POLL_S = 0.05  # the shared "is anything waiting?" poll
 MISS_WAIT_MS = 5_000  # an N press answered by the banner it already showed ("nothing waiting") changes nothing
-MISS_TEXT = re.compile(r"No other job is waiting|Every other waiting job")
 WAIT_MS = 60_000
 RETRIES = 20  # a job submission answered 429/503 is sent again this often
-
-# Counts the banner's DOM changes, so a wait can tell a fresh answer from the one already shown.
-WATCH_JS = """() => {
-  window.__hitlBannerN = 0;
-  new MutationObserver(() => { window.__hitlBannerN += 1; }).observe(
-    document.querySelector('#banner [data-testid="markdown"]'),
-    { subtree: true, childList: true, characterData: true });
-}"""
-# After N: the new job's panel interactive (its pause on the stage line, Submit on, the image drawn),
-# or the banner's fresh answer that nothing could be opened.
-OPENED_JS = """([prev, mark]) => {
-  const MD = ' [data-testid="markdown"]';  // the text only: not the progress line Gradio lays over it
-  const text = (sel) => { const el = document.querySelector(sel + MD); return el ? el.innerText.trim() : ''; };
-  const banner = text('#banner');
-  if (window.__hitlBannerN > mark && /No other job is waiting|Every other waiting job/.test(banner)) {
-    return { kind: 'miss' };
-  }
-  const job = text('#job-id').match(/job_[0-9A-Za-z]+/);
-  const pause = text('#stage-text').match(/pause_[0-9A-Za-z]+/);
-  if (!job || job[0] === prev || !pause) { return false; }
-  const holder = document.querySelector('#submit-btn');
-  const button = holder && (holder.tagName === 'BUTTON' ? holder : holder.querySelector('button'));
-  if (!button || button.disabled || button.offsetParent === null) { return false; }
-  const canvas = document.querySelector('#annotator canvas');
-  if (!canvas || !canvas.width || !canvas.height || canvas.offsetParent === null) { return false; }
-  const ctx = canvas.getContext('2d');
-  if (ctx && ctx.getImageData(canvas.width >> 1, canvas.height >> 1, 1, 1).data[3] === 0) { return false; }
-  return { kind: 'open', job: job[0], pause: pause[0], t: Date.now() };
-}"""
-# After Enter: the confirmation, a refusal under the panel, or a fresh banner of a conflict (409).
-ANSWERED_JS = """([mark]) => {
-  const MD = ' [data-testid="markdown"]';
-  const text = (sel) => { const el = document.querySelector(sel + MD); return el ? el.innerText.trim() : ''; };
-  const banner = text('#banner'), error = text('#review-error');
-  if (banner.startsWith('Submitted')) { return { kind: 'ok', t: Date.now(), text: banner }; }
-  if (error) { return { kind: 'refused', t: Date.now(), text: error }; }
-  if (window.__hitlBannerN > mark && banner) { return { kind: 'conflict', t: Date.now(), text: banner }; }
-  return false;
-}"""
-BLUR_JS = "document.activeElement && document.activeElement.blur()"
-# What the page says where a reviewer looks (for an error message).
-SHOWN_JS = """() => Object.fromEntries(['#banner', '#job-id', '#stage-text', '#review-error', '#queue-note'].map(
-  (sel) => { const el = document.querySelector(sel); return [sel, el ? el.innerText.trim() : null]; }))"""
-
-
-def shown_job(shown: dict[str, str | None]) -> str:
-    """The job id on the page's job line (which also carries Gradio's progress text while it updates)."""
-    found = JOB_ID.search(shown.get("#job-id") or "")
-    return found.group(0) if found else ""
 
 
 def reviewer_names(n: int) -> list[str]:

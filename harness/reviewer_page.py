@@ -1,0 +1,58 @@
+"""What ``benchmarks/reviewer.py`` reads from the reviewer's page (the Gradio UI) and does to it: the
+browser-side probes it waits on, and the job a page shows."""
+
+from __future__ import annotations
+
+import re
+
+JOB_ID = re.compile(r"job_[0-9A-Za-z]+")
+MISS_TEXT = re.compile(r"No other job is waiting|Every other waiting job")  # N found nothing to open
+
+# Counts the banner's DOM changes, so a wait can tell a fresh answer from the one already shown.
+WATCH_JS = """() => {
+  window.__hitlBannerN = 0;
+  new MutationObserver(() => { window.__hitlBannerN += 1; }).observe(
+    document.querySelector('#banner [data-testid="markdown"]'),
+    { subtree: true, childList: true, characterData: true });
+}"""
+# After N: the new job's panel interactive (its pause on the stage line, Submit on, the image drawn),
+# or the banner's fresh answer that nothing could be opened.
+OPENED_JS = """([prev, mark]) => {
+  const MD = ' [data-testid="markdown"]';  // the text only: not the progress line Gradio lays over it
+  const text = (sel) => { const el = document.querySelector(sel + MD); return el ? el.innerText.trim() : ''; };
+  const banner = text('#banner');
+  if (window.__hitlBannerN > mark && /No other job is waiting|Every other waiting job/.test(banner)) {
+    return { kind: 'miss' };
+  }
+  const job = text('#job-id').match(/job_[0-9A-Za-z]+/);
+  const pause = text('#stage-text').match(/pause_[0-9A-Za-z]+/);
+  if (!job || job[0] === prev || !pause) { return false; }
+  const holder = document.querySelector('#submit-btn');
+  const button = holder && (holder.tagName === 'BUTTON' ? holder : holder.querySelector('button'));
+  if (!button || button.disabled || button.offsetParent === null) { return false; }
+  const canvas = document.querySelector('#annotator canvas');
+  if (!canvas || !canvas.width || !canvas.height || canvas.offsetParent === null) { return false; }
+  const ctx = canvas.getContext('2d');
+  if (ctx && ctx.getImageData(canvas.width >> 1, canvas.height >> 1, 1, 1).data[3] === 0) { return false; }
+  return { kind: 'open', job: job[0], pause: pause[0], t: Date.now() };
+}"""
+# After Enter: the confirmation, a refusal under the panel, or a fresh banner of a conflict (409).
+ANSWERED_JS = """([mark]) => {
+  const MD = ' [data-testid="markdown"]';
+  const text = (sel) => { const el = document.querySelector(sel + MD); return el ? el.innerText.trim() : ''; };
+  const banner = text('#banner'), error = text('#review-error');
+  if (banner.startsWith('Submitted')) { return { kind: 'ok', t: Date.now(), text: banner }; }
+  if (error) { return { kind: 'refused', t: Date.now(), text: error }; }
+  if (window.__hitlBannerN > mark && banner) { return { kind: 'conflict', t: Date.now(), text: banner }; }
+  return false;
+}"""
+BLUR_JS = "document.activeElement && document.activeElement.blur()"
+# What the page says where a reviewer looks (for an error message).
+SHOWN_JS = """() => Object.fromEntries(['#banner', '#job-id', '#stage-text', '#review-error', '#queue-note'].map(
+  (sel) => { const el = document.querySelector(sel); return [sel, el ? el.innerText.trim() : null]; }))"""
+
+
+def shown_job(shown: dict[str, str | None]) -> str:
+    """The job id on the page's job line (which also carries Gradio's progress text while it updates)."""
+    found = JOB_ID.search(shown.get("#job-id") or "")
+    return found.group(0) if found else ""
