@@ -3,10 +3,11 @@
 Redis stays the only place where a pause is consumed; the archive keeps, asynchronously, what each
 live job looked like (its meta hash and pause history, as Redis holds them) so that a Redis that
 lost live jobs (a restart without persistence, a failover to an empty replica) can be given them
-back. :func:`mirror_live` runs in a dispatcher once per inspector period over the partitions whose
-lease it holds (never on the intervention's path): it reads the live indexes, and writes the jobs
-whose version moved since it last wrote them. A job seen finished in Redis leaves the mirror (the
-archive has it); a job that vanished from Redis stays: that is what reconcile restores.
+back. :class:`Mirror` runs in the archiver's loop (``serve_app.archive_loop``) once per inspector
+period over the partitions whose archiver lease it holds (never on the intervention's path): it
+reads the live indexes, and writes the jobs whose version moved since it last wrote them. A job
+seen finished in Redis leaves the mirror (the archive has it); a job that vanished from Redis
+stays: that is what reconcile restores.
 :func:`reconcile` restores every mirrored job Redis does not hold and the archive does not have
 as finished (``statecore.restore``): a fresh pause for a waiting job (the old token refused), the
 node queued again for a job in model work; a consumed pause is never reopened.
@@ -35,7 +36,7 @@ LIVE = (keys.waiting, keys.queued, keys.running)
 
 
 class Mirror:
-    """One dispatcher's mirror: what it wrote last (job id → version), so an unchanged job costs
+    """One archiver's mirror: what it wrote last (job id → version), so an unchanged job costs
     one HGET per period and nothing in the database."""
 
     def __init__(self, store: Any, archive: Archive) -> None:

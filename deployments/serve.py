@@ -20,17 +20,19 @@ same code. The control plane reaches them through DeploymentHandles
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 from ray import serve
 
 from statecore.artifacts import ArtifactStore
-from statecore.heartbeat import Heartbeat, HeartbeatSpec
+from statecore.execution import RunSpec, not_started, run_started
 from statecore.nodes import image_to_read
 
 from .backends.base import Role, make_backend
@@ -84,9 +86,17 @@ class _ModelDeployment:
     ROLE: Role = "detector"
 
     def __init__(
-        self, backend: str, config: Mapping[str, Any], artifact_root: str, batch: Mapping[str, Any] | None = None
+        self,
+        backend: str,
+        config: Mapping[str, Any],
+        artifact_root: str,
+        batch: Mapping[str, Any] | None = None,
+        slots: int = 8,
     ) -> None:
         self.artifacts = ArtifactStore(artifact_root)
+        # One thread per request slot (max_ongoing_requests): asyncio's default pool has cpu + 4
+        # threads, so on a small machine two of eight admitted nodes would wait for a thread.
+        self.threads = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix=f"hitl-{self.ROLE}")
         instance = make_backend(self.ROLE, backend, artifacts=self.artifacts, **dict(config))
         self.models = Models(**{self.ROLE: instance})
         self.backend = instance
@@ -113,26 +123,32 @@ class _ModelDeployment:
             }
         return info
 
-    async def run(
-        self, node_type: str, input: dict[str, Any], heartbeat: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        """Run one node; while it runs, this replica (the process doing the work) renews the
-        node's heartbeat, so a stopped or dead replica is noticed by the inspector."""
+    async def run(self, node_type: str, input: dict[str, Any], spec: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run one node. This replica (the process doing the work) records the node's start when it
+        begins it, not when the call was queued for it (statecore.execution), renews its heartbeat
+        while it runs (a stopped or dead replica is noticed by the inspector) and stops at its
+        deadline. ``spec`` None (a direct call, no store): the node is only computed."""
         inp = model_input(node_type, input)  # a bad command fails here, before any model work
-        spec = HeartbeatSpec.model_validate(heartbeat) if heartbeat else None
-        if spec is not None:  # this replica records itself: the inspector asks it before a re-dispatch
-            spec = spec.model_copy(update={"executor": replica_name()})
+        run = RunSpec.model_validate(spec) if spec else None
+        if run is not None:  # this replica records itself: the inspector asks it before a re-dispatch
+            run = run.model_copy(update={"executor": replica_name()})
+
+        async def work() -> dict[str, Any]:
+            image = None
+            ref = image_to_read(inp)
+            if self.encoder is not None and ref is not None:
+                image = await asyncio.to_thread(load_image, self.artifacts, ref.url)
+                await self._embed(image, ref.sha256 or hashlib.sha256(image.tobytes()).hexdigest())
+            compute = functools.partial(run_node, node_type, inp, self.models, self.artifacts, image=image)
+            out: dict[str, Any] = await asyncio.get_running_loop().run_in_executor(self.threads, compute)
+            return out
+
         self.metrics.started()
         t0, outcome = time.perf_counter(), "error"
         try:
-            with Heartbeat(spec):
-                image = None
-                ref = image_to_read(inp)
-                if self.encoder is not None and ref is not None:
-                    image = await asyncio.to_thread(load_image, self.artifacts, ref.url)
-                    await self._embed(image, ref.sha256 or hashlib.sha256(image.tobytes()).hexdigest())
-                out = await asyncio.to_thread(run_node, node_type, inp, self.models, self.artifacts, image=image)
-            outcome = "ok"
+            out = await work() if run is None else await run_started(run, work)
+            # A call whose node was not started (running elsewhere, superseded) computed nothing.
+            outcome = "not_started" if not_started(out) else "ok"
             return out
         finally:
             if self.encoder is not None:  # the batch's lookups and the node's own (the decoder's)
@@ -164,6 +180,24 @@ class BoxValidator(_ModelDeployment):
 @serve.deployment(name="Segmenter")
 class Segmenter(_ModelDeployment):
     ROLE = "segmenter"
+
+
+MODEL_DEPLOYMENTS: tuple[tuple[Role, Any], ...] = (
+    ("detector", Detector),
+    ("validator", BoxValidator),
+    ("segmenter", Segmenter),
+)
+
+
+def configured_max_ongoing(config: Mapping[str, Any]) -> dict[str, int]:
+    """Each model deployment's ``max_ongoing_requests`` as ``build_model_deployments`` sets it: what a
+    dispatcher assumes per replica until Serve's controller says (serve_app.capacity)."""
+    out: dict[str, int] = {}
+    for role, cls in MODEL_DEPLOYMENTS:
+        overrides = deployment_overrides(config, role, cls.name)
+        backend, _ = backend_kwargs(config.get(role) or {}, overrides)
+        out[cls.name] = int(deployment_options(backend, overrides, gpu=False)["max_ongoing_requests"])
+    return out
 
 
 def _cuda_available() -> bool:
@@ -221,12 +255,7 @@ def build_model_deployments(config: Mapping[str, Any], gpu: bool | None = None) 
         gpu = _cuda_available()
     artifact_root = str(config.get("artifacts") or "file://.hitl/artifacts")
     out: dict[str, Any] = {}
-    deployments: tuple[tuple[Role, Any], ...] = (
-        ("detector", Detector),
-        ("validator", BoxValidator),
-        ("segmenter", Segmenter),
-    )
-    for role, cls in deployments:
+    for role, cls in MODEL_DEPLOYMENTS:
         name = cls.name
         overrides = deployment_overrides(config, role, name)
         backend, kwargs = backend_kwargs(config.get(role) or {}, overrides)
@@ -235,5 +264,5 @@ def build_model_deployments(config: Mapping[str, Any], gpu: bool | None = None) 
         batch = {k: overrides[k] for k in DEFAULT_BATCH if k in overrides}
         opts = deployment_options(backend, overrides, gpu)
         log.info("%s: backend %s, %s", name, backend, opts)
-        out[name] = cls.options(**opts).bind(backend, kwargs, artifact_root, batch)
+        out[name] = cls.options(**opts).bind(backend, kwargs, artifact_root, batch, opts["max_ongoing_requests"])
     return out

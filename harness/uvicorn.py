@@ -39,7 +39,7 @@ from .tokens import token_file
 class NoRunner:
     """Stands in for the model runner when the server dispatches nothing."""
 
-    async def run(self, cmd: NodeCommand) -> dict[str, Any]:
+    async def run(self, cmd: NodeCommand, spec: Any = None) -> dict[str, Any]:
         raise RuntimeError("this server runs no dispatcher")
 
 

@@ -1,11 +1,12 @@
 """Admission control (docs/protocol.md § Error codes, BACKLOG_FULL): ``POST /jobs`` is refused with
 429 while the backlog (node commands queued and not yet started) exceeds ``--max-backlog``.
 
-The backlog is the ``queued`` index of every partition (a node leaves it when a dispatcher starts
-it): one pipelined round trip over the partitions (``Store.backlog``), cached for ``ttl_s`` so a
-burst of submissions costs one measurement a second, never a walk over jobs. Running nodes do
-not count: they are bounded by the dispatchers' concurrency, and dispatchers read from the
-outbox only what they can start.
+The backlog is the ``queued`` index of every partition (a node leaves it when the executor doing
+the work starts it, not when a dispatcher reads or hands it to Serve): one pipelined round trip
+over the partitions (``Store.backlog``), cached for ``ttl_s`` so a burst of submissions costs one
+measurement a second, never a walk over jobs; each job admitted meanwhile counts one more, so a
+burst faster than the measurement is still refused once it passes the limit. Running nodes do
+not count: they are bounded by the deployments' capacity (serve_app.capacity).
 """
 
 from __future__ import annotations
@@ -53,3 +54,4 @@ class Admission:
                 backlog=n,
                 max_backlog=self.max_backlog,
             )
+        self._value += 1  # its DETECT_SUBJECTS command joins the backlog until the next measurement

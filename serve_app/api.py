@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis import exceptions as redis_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from statecore import counters, deadletters, errors
+from statecore import counters, deadletters, durable, errors
 from statecore.artifacts import ArtifactStore
 from statecore.models import (
     CreateJobResponse,
@@ -146,16 +146,11 @@ def _error(e: errors.HitlError, headers: dict[str, str] | None = None) -> JSONRe
     return JSONResponse(e.to_body(), status_code=e.status, headers=headers)
 
 
-# What redis-py raises when Redis is down, hung past the operation timeout, loading its AOF
-# (BusyLoadingError is a ConnectionError), or a cluster is without a master for a slot: all
-# one 503 STORE_UNAVAILABLE, mapped here and nowhere else.
-REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.ClusterDownError,
-    redis_errors.TryAgainError,
-    redis_errors.MasterDownError,
-)
+# What redis-py raises when Redis is down, hung past the operation timeout, loading its AOF,
+# without a master for a slot, read-only (a replica after a failover), out of memory, refusing
+# writes after a failed snapshot (MISCONF) or busy with a long script: all one 503
+# STORE_UNAVAILABLE, mapped here and nowhere else; which errors those are is decided by
+# ``statecore.durable.store_unavailable`` (the write-back spools on the same ones).
 
 
 def store_unavailable(e: Exception) -> errors.StoreUnavailable:
@@ -228,12 +223,12 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
     async def _hitl_error(_req: Request, e: errors.HitlError) -> JSONResponse:
         return _error(e)
 
-    async def _store_unavailable(_req: Request, e: Exception) -> JSONResponse:
+    @app.exception_handler(redis_errors.RedisError)
+    async def _store_unavailable(_req: Request, e: redis_errors.RedisError) -> JSONResponse:
+        if not durable.store_unavailable(e):
+            raise e  # a bug, not an outage: the server's 500, as for any other exception
         log.warning("503 STORE_UNAVAILABLE: %s: %s", type(e).__name__, e)
         return _error(store_unavailable(e))
-
-    for exc in REDIS_UNAVAILABLE:
-        app.add_exception_handler(exc, _store_unavailable)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, e: RequestValidationError) -> JSONResponse:

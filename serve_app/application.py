@@ -8,8 +8,8 @@
   (one blocking XREAD per partition, not one per stream); sized for thousands.
 - ``Detector`` / ``BoxValidator`` / ``Segmenter``: ``deployments.serve``,
   autoscaled, on GPUs when present.
-- ``Archiver`` (with archiving on): copies finished jobs into the archive for
-  the dispatchers, off the Api replicas' interpreters
+- ``Archiver`` (with archiving on): its own loop copies finished jobs into the
+  archive, off the Api replicas' interpreters and apart from the dispatchers
   (``serve_app.archiver_deployment``).
 
 The ingress builds its FastAPI app on the replica (``__serve_build_asgi_app__``)
@@ -43,14 +43,16 @@ from pydantic import ConfigDict, model_validator
 from ray import serve
 
 from statecore.artifacts import ArtifactStore
-from statecore.heartbeat import HeartbeatSpec
+from statecore.execution import RunSpec
 from statecore.models import NodeCommand
 
 from . import durability
 from .api import Runtime, create_app, store_for
-from .archiver_deployment import Archiver, ServeArchiveWorker
+from .archive_loop import archive_loop
+from .archiver_deployment import Archiver
 from .archiving import open_archive
 from .auth import Authenticator
+from .capacity import ServeCapacity
 from .config import Settings
 from .events import EventHub, sse_lines
 from .runtime import make_dispatcher
@@ -113,10 +115,18 @@ async def refuse_volatile_redis(settings: Settings) -> None:
 class ServeRunner:
     """Sends a node command to its model deployment through a DeploymentHandle."""
 
-    def __init__(self, handles: dict[str, Any]) -> None:
+    def __init__(self, handles: dict[str, Any], capacity: ServeCapacity | None = None) -> None:
         self.handles = handles
+        self.capacity = capacity
 
-    async def run(self, cmd: NodeCommand, heartbeat: HeartbeatSpec | None = None) -> dict[str, Any]:
+    def deployment_of(self, node_type: str) -> str | None:
+        return NODE_DEPLOYMENT.get(node_type)
+
+    def limits(self) -> dict[str, int]:
+        """Calls this dispatcher may have outstanding per deployment (serve_app.capacity)."""
+        return self.capacity.limits() if self.capacity is not None else {}
+
+    async def run(self, cmd: NodeCommand, spec: RunSpec) -> dict[str, Any]:
         from statecore.errors import NodeExecutionError
 
         name = NODE_DEPLOYMENT.get(cmd.node_type)
@@ -124,8 +134,13 @@ class ServeRunner:
             raise NodeExecutionError(
                 f"unsupported workflow node type: {cmd.node_type}", code="UNSUPPORTED_NODE_TYPE", retryable=False
             )
-        beat = heartbeat.model_dump() if heartbeat is not None else None
-        return await self.handles[name].run.remote(cmd.node_type, cmd.input, beat)
+        response = self.handles[name].run.remote(cmd.node_type, cmd.input, spec.model_dump())
+        try:
+            result: dict[str, Any] = await response
+        except asyncio.CancelledError:  # the dispatcher gave up on it: Serve drops it, queued or running
+            response.cancel()
+            raise
+        return result
 
     async def describe(self) -> dict[str, Any]:
         return {name: await h.describe.remote() for name, h in self.handles.items()}
@@ -141,8 +156,16 @@ class Api:
     ) -> None:
         self.settings = Settings.model_validate_json(settings_json)
         self.events_handle = events
-        self.archiver = ServeArchiveWorker(archiver) if archiver is not None else None  # None: --no-archive
-        self.runner = ServeRunner({"Detector": detector, "BoxValidator": validator, "Segmenter": segmenter})
+        # The Archiver deployment runs its own loop; bound here so Serve deploys it. None: --no-archive.
+        self.archiver = archiver
+        from deployments.serve import configured_max_ongoing
+
+        # Outstanding calls per model deployment follow what Serve can start now (serve_app.capacity).
+        capacity = ServeCapacity(
+            APP_NAME, configured_max_ongoing(self.settings.backend_config()), share=self.settings.api_replicas
+        )
+        handles = {"Detector": detector, "BoxValidator": validator, "Segmenter": segmenter}
+        self.runner = ServeRunner(handles, capacity)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return create_app(self._runtime)
@@ -187,8 +210,10 @@ class Api:
             archive=await open_archive(settings),
         )
         confirm = functools.partial(confirm_replica, background_store)
-        dispatcher = make_dispatcher(settings, background_store, self.runner, confirm, archiver=self.archiver)
+        dispatcher = make_dispatcher(settings, background_store, self.runner, confirm)
         rt.background.append(asyncio.create_task(dispatcher.run_forever()))
+        if self.archiver is None:  # --no-archive: copies queued earlier only get their retention started
+            rt.background.append(asyncio.create_task(archive_loop(settings, background_store, None).run_forever()))
         return rt
 
 

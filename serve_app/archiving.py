@@ -1,24 +1,18 @@
 """Finished jobs into the archive (docs/protocol.md § Archive).
 
-A terminal write queues ``ARCHIVE_JOB`` in the job's partition outbox; a dispatcher copies the job
-(snapshot, pause history, events, results, artifact references) into the relational archive as an
-idempotent upsert (:mod:`archive.archiver`), then acknowledges the copy to Redis, which only then
-starts the records' retention. A copy that fell behind (the job gained an event meanwhile) is made
-again; a database that is down leaves the command pending (retried, then a dead letter), and the
-job's records do not expire meanwhile.
-
-Where the copying runs is an :class:`ArchiveWorker`: in the dispatcher's own process
-(:class:`LocalArchiveWorker`: plain uvicorn, tests), or on Ray Serve in the ``Archiver`` deployment
-(:mod:`serve_app.archiver_deployment`), so that turning a job into rows never holds the API
-replica's interpreter while it answers reviewers.
+A terminal write queues the job's copy in its partition's archive stream; the archiver's own loop
+(:mod:`serve_app.archive_loop`) copies the job (snapshot, pause history, events, results, artifact
+references) into the relational archive as an idempotent upsert (:mod:`archive.archiver`), then
+acknowledges the copy to Redis, which only then starts the records' retention. A copy that fell
+behind (the job gained an event meanwhile) is made again; a database that is down leaves the entry
+pending (retried), and the job's records do not expire meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from statecore.errors import JobNotFound
 
@@ -26,11 +20,9 @@ from .config import Settings
 
 if TYPE_CHECKING:
     from archive.db import Archive
-    from archive.mirror import Mirror
 
 log = logging.getLogger("hitl.archiving")
 
-ARCHIVE_JOB = "ARCHIVE_JOB"
 COPIES = 3  # a job that keeps moving while it is copied (late events): try this often, then later
 
 
@@ -72,35 +64,3 @@ async def archive_job(store: Any, archive: Archive | None, job_id: str) -> str:
         if result != "STALE":
             break
     return result
-
-
-class ArchiveWorker(Protocol):
-    """Copies finished jobs (``ARCHIVE_JOB``) and mirrors live ones (docs/protocol.md § Reconcile)."""
-
-    async def copy(self, job_id: str) -> str:
-        """Copy one finished job and acknowledge it to Redis; ``archive_ack``'s answer (``STALE``: again later)."""
-        ...
-
-    async def mirror(self, partitions: list[int]) -> None:
-        """Mirror the live jobs of these outbox partitions (those this dispatcher's inspector holds)."""
-        ...
-
-
-class LocalArchiveWorker:
-    """The archive worker in the calling process. Without an archive (``--no-archive``) a copy only
-    starts the records' retention and there is no mirror."""
-
-    def __init__(self, store: Any, archive: Archive | None) -> None:
-        self.store, self.archive = store, archive
-        self._mirror: Mirror | None = None
-        if archive is not None:
-            from archive.mirror import Mirror
-
-            self._mirror = Mirror(store, archive)
-
-    async def copy(self, job_id: str) -> str:
-        return await archive_job(self.store, self.archive, job_id)
-
-    async def mirror(self, partitions: Iterable[int]) -> None:
-        if self._mirror is not None:
-            await self._mirror.sync(partitions)

@@ -3,7 +3,15 @@
 At-least-once delivery (consumer group, ack after the report is applied,
 reclaim of entries a dead dispatcher held) plus at-most-once application
 (reports keyed by node_instance_id in the Lua script) gives exactly-once effect.
-Executors never write job status; they only return a node's output.
+Executors never write job status; they record a node's start, beat while it runs and return
+its output (statecore.execution).
+
+What bounds the work in flight (docs/protocol.md § Lifecycle of a node): a dispatcher has at most
+as many calls outstanding per model deployment as that deployment can start now
+(serve_app.capacity), reads from the outbox only that many commands, and keeps the idle time of
+the entries it holds fresh (a long node is neither reclaimed nor dead-lettered for running). A
+call is watched while it waits: once its node is no longer the job's current one (timed out,
+re-dispatched, cancelled) the call is cancelled, so a hung model holds no slot for ever.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,24 +31,22 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from statecore import deadletters
+from statecore import deadletters, keys
 from statecore.durable import reraise_if_cancelled
 from statecore.errors import NodeExecutionError
-from statecore.heartbeat import Heartbeat, HeartbeatSpec
+from statecore.execution import NODE_DEADLINE_EXCEEDED, RunSpec, not_started, run_started
 from statecore.models import NodeCommand, NodeReport
 from statecore.nodes import CONTROL_PLANE_NODES, parse_output
 from statecore.outbox import OutboxEntry
 from statecore.store import Store
 
 from . import metrics
-from .archiving import ARCHIVE_JOB, COPIES, ArchiveWorker, LocalArchiveWorker
+from .capacity import Slots
 from .inspector import Confirm, Inspector
 from .store_reset import ResetWatch
 from .writeback import WriteBack
 
 log = logging.getLogger("hitl.dispatcher")
-
-ARCHIVE_CALL_S = 60.0  # the longest one archive call may take (copy or mirror) before it counts as failed
 
 
 @dataclass(frozen=True)
@@ -50,8 +57,26 @@ class _Retry:
     message: str
 
 
+@dataclass(frozen=True)
+class _NotRun:
+    """The node was not run by this call: ``BUSY`` (running under another holder), ``MOVED_ON``
+    (no longer the job's current node), ``IGNORED``/``DUPLICATE`` (the executor's start refused)."""
+
+    why: str
+
+
+# A node status after which nobody waits for the node's call: the inspector timed it out or gave
+# it up as lost, or its command was dead-lettered (a re-dispatch makes the node superseded instead).
+GIVEN_UP = frozenset({"TIMED_OUT", "LOST", "FAILED"})
+
+
 class NodeRunner(Protocol):
-    async def run(self, cmd: NodeCommand, heartbeat: HeartbeatSpec | None = None) -> dict[str, Any]: ...
+    """Runs one node where its model lives. ``run`` starts the node through
+    ``statecore.execution.run_started`` in the process doing the work. A runner may also say which
+    deployment a node type runs on (``deployment_of``) and how many calls each can take now
+    (``limits``); without them only the dispatcher's concurrency bounds the calls."""
+
+    async def run(self, cmd: NodeCommand, spec: RunSpec) -> dict[str, Any]: ...
 
 
 class Dispatcher:
@@ -71,7 +96,6 @@ class Dispatcher:
         confirm: Confirm | None = None,
         data_dir: Path | None = None,
         max_deliveries: int = 10,
-        archiver: ArchiveWorker | None = None,
     ) -> None:
         self.store = store
         self.runner = runner
@@ -81,8 +105,12 @@ class Dispatcher:
         self.reclaim_every_s = reclaim_every_s
         self.inspect_every_s = inspect_every_s
         self.concurrency = concurrency
-        self.redis_url = redis_url  # where the process running a node sends its heartbeats
+        # Where the process running a node records its start and beats (the store's own by default).
+        self.redis_url = redis_url or getattr(store, "url", None)
         self.heartbeat_s = heartbeat_s
+        self.watch_s = max(0.5, heartbeat_s)  # how often an outstanding call's node is looked at
+        self.slots = Slots(getattr(runner, "limits", dict))
+        self._entries: dict[tuple[str, str], OutboxEntry] = {}  # held here: their idle time is renewed
         self.inspector = Inspector(
             store,
             owner=self.consumer,
@@ -92,23 +120,14 @@ class Dispatcher:
             consumer=self.consumer,
         )
         self._tasks: set[asyncio.Task[None]] = set()
-        self._held: set[tuple[str, str]] = set()  # (stream, entry id): ids repeat across partitions
         self.groups_recreated = 0  # NOGROUP recoveries (Redis came back empty)
         # Results Redis could not take wait in <data-dir>/spool (docs/protocol.md § Executors and the outbox).
         self.writeback = WriteBack(store, data_dir)
         # A Redis that came back empty is reported, with what it held (docs/protocol.md § Redis outages).
         self.resets = ResetWatch(store, data_dir, self.consumer)
         self.max_deliveries = max_deliveries  # a command delivered more often becomes a dead letter
-        # Runs ARCHIVE_JOB and the live mirror (docs/protocol.md § Archive, § Reconcile); the default one
-        # has no archive: a finished job's retention starts without a copy (--no-archive).
-        self.archiver: ArchiveWorker = archiver or LocalArchiveWorker(store, None)
-        # Archive work never takes the slots node commands need, nor the loop: at most a quarter of the
-        # slots copy at once (more stay pending, reclaimed later), each call is bounded, and the live
-        # mirror runs beside the loop, one at a time. A hung Archiver delays the archive, not the jobs.
-        self.archive_slots = max(1, concurrency // 4)
-        self._archiving = 0
-        self._mirroring: asyncio.Task[None] | None = None
-        self.archive_call_s = ARCHIVE_CALL_S
+        # Finished jobs' copies and the live mirror are not the dispatcher's: the archiver's own loop
+        # (serve_app.archive_loop) reads them from the archive streams (docs/protocol.md § Archive).
 
     async def run_forever(self) -> None:
         resume = asyncio.create_task(self.writeback.resume())  # a spool an earlier process left
@@ -127,17 +146,19 @@ class Dispatcher:
                 log.warning("dispatcher: Redis unavailable at start (%s); retrying in 1s", e)
                 await asyncio.sleep(1)
         log.info("dispatcher %s started", self.consumer)
-        last_reclaim = last_inspect = 0.0
+        last_reclaim = last_inspect = last_renew = 0.0
+        renew_every_s = min(self.reclaim_every_s, self.reclaim_idle_ms / 3000)
         while True:
             reraise_if_cancelled(None)  # a cancel a library swallowed on the way (statecore.durable)
             try:
+                if time.monotonic() - last_renew > renew_every_s:
+                    last_renew = time.monotonic()
+                    await self.store.outbox_renew(self.consumer, list(self._entries.values()))
                 if time.monotonic() - last_inspect > self.inspect_every_s:
                     last_inspect = time.monotonic()
                     await self.inspector.sweep()
                     await self.inspector.housekeeping()
                     await self.resets.check()
-                    if self._mirroring is None or self._mirroring.done():
-                        self._mirroring = asyncio.create_task(self._mirror(self.inspector.held()))
                 if time.monotonic() - last_reclaim > self.reclaim_every_s:
                     last_reclaim = time.monotonic()
                     for entry in await self.store.outbox_reclaim(self.consumer, self.reclaim_idle_ms):
@@ -148,9 +169,12 @@ class Dispatcher:
                             entry.command.job_id,
                         )
                         self._spawn(entry)
-                # Take from the outbox only what can run now: what is left waits for another
-                # dispatcher (or for a free slot here), instead of being hoarded.
+                # Take from the outbox only what can start now: what is left waits there for another
+                # dispatcher (or for a free slot here), where admission control counts it.
                 free = self.concurrency - len(self._tasks)
+                model_free = self.slots.free()
+                if model_free is not None:
+                    free = min(free, model_free)
                 if free <= 0:
                     await asyncio.sleep(0.05)
                     continue
@@ -159,11 +183,10 @@ class Dispatcher:
             except asyncio.CancelledError:
                 for t in list(self._tasks):
                     t.cancel()
-                if self._mirroring is not None:
-                    self._mirroring.cancel()
                 raise
             except (RedisConnectionError, RedisTimeoutError) as e:  # Redis down or hung: wait for it
                 reraise_if_cancelled(e)
+                self.inspector.store_unreachable()
                 log.warning("dispatcher: Redis unavailable (%s); retrying in 1s", e)
                 await asyncio.sleep(1)
             except ResponseError as e:
@@ -186,19 +209,11 @@ class Dispatcher:
                 log.exception("dispatcher loop error (retrying): %s", e)
                 await asyncio.sleep(1)
 
-    async def _mirror(self, partitions: list[int]) -> None:
-        try:
-            await asyncio.wait_for(self.archiver.mirror(partitions), self.archive_call_s)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the next period mirrors again
-            log.warning("live mirror of partitions %s failed: %s: %s", partitions, type(e).__name__, e)
-
     def _spawn(self, entry: OutboxEntry) -> None:
         key = (entry.stream, entry.entry_id)
-        if key in self._held:
+        if key in self._entries:
             return  # already being worked on here (reclaimed our own entry)
-        self._held.add(key)
+        self._entries[key] = entry
         task = asyncio.create_task(self._guarded(entry))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -206,8 +221,9 @@ class Dispatcher:
     async def _guarded(self, entry: OutboxEntry) -> None:
         try:
             not_before = entry.command.not_before_ms
-            if not_before:  # a re-dispatch's backoff
-                await asyncio.sleep(max(0.0, not_before / 1000 - time.time()))
+            if not_before:  # a re-dispatch's backoff, on Redis's clock like every deadline
+                now_ms = await self.store.server_ms(keys.job(entry.command.job_id).meta)
+                await asyncio.sleep(max(0.0, (not_before - now_ms) / 1000))
             async with self.sem:
                 await self.handle(entry)
         except asyncio.CancelledError:
@@ -216,52 +232,51 @@ class Dispatcher:
             # Not acked: another dispatcher (or this one) reclaims it after reclaim_idle_ms.
             log.exception("command %s %s left pending after an error", entry.stream, entry.entry_id)
         finally:
-            self._held.discard((entry.stream, entry.entry_id))
+            self._entries.pop((entry.stream, entry.entry_id), None)
 
     async def handle(self, entry: OutboxEntry) -> None:
         cmd = entry.command
+        actor = f"dispatcher:{self.consumer}"
         if entry.deliveries > self.max_deliveries:
-            # A command that keeps coming back (its dispatchers died on it) is not run again.
+            # A command that keeps coming back (its dispatchers died on it) is not run again, and its
+            # job does not stay live for ever: the node fails, visibly (NODE_FAILED, FAILED).
+            reason = (
+                f"MAX_DELIVERIES_EXCEEDED: delivered {entry.deliveries} times (--max-deliveries {self.max_deliveries})"
+            )
             await deadletters.add(
-                self.store.r,
-                job_id=cmd.job_id,
-                kind="command",
-                reason=f"MAX_DELIVERIES_EXCEEDED: delivered {entry.deliveries} times (--max-deliveries "
-                f"{self.max_deliveries})",
-                payload=cmd.model_dump(mode="json"),
+                self.store.r, job_id=cmd.job_id, kind="command", reason=reason, payload=cmd.model_dump(mode="json")
+            )
+            result = await self.store.node_dead_lettered(
+                cmd.job_id, cmd.node_instance_id, reason="MAX_DELIVERIES_EXCEEDED", actor=actor
             )
             await self.store.outbox_ack(entry)
-            log.error("dead letter: %s node=%s job=%s", cmd.node_type, cmd.node_instance_id, cmd.job_id)
-            return
-        if cmd.node_type == ARCHIVE_JOB:
-            if self._archiving >= self.archive_slots:
-                return  # left pending, reclaimed later: the other slots stay for node commands
-            self._archiving += 1
-            try:
-                result = await asyncio.wait_for(self.archiver.copy(cmd.job_id), self.archive_call_s)
-            finally:
-                self._archiving -= 1
-            if result == "STALE":  # the job kept moving while copied: left pending, copied again later
-                log.warning("archive of job=%s fell behind %d times; will retry", cmd.job_id, COPIES)
-                return
-            await self.store.outbox_ack(entry)
-            return
-        started = await self.store.node_started(cmd, actor=f"dispatcher:{self.consumer}")
-        if started == "BUSY":
-            # Reclaimed from a dispatcher that is still running it (its heartbeat is live): a long
-            # node is never started twice. Its holder acks it; if the holder dies, the heartbeat
-            # lapses and the inspector re-dispatches the node as a new instance.
-            log.info("leave %s node=%s job=%s: already running", cmd.node_type, cmd.node_instance_id, cmd.job_id)
-            return
-        if started != "OK":
-            log.info("skip %s node=%s job=%s: no longer current", cmd.node_type, cmd.node_instance_id, cmd.job_id)
-            await self.store.outbox_ack(entry)
+            log.error("dead letter: %s node=%s job=%s: %s", cmd.node_type, cmd.node_instance_id, cmd.job_id, result)
             return
         outcome = await self.execute(cmd)
-        if isinstance(outcome, _Retry):
-            result = await self.store.node_failed(
-                cmd.job_id, cmd.node_instance_id, reason=outcome.code, actor=f"dispatcher:{self.consumer}"
+        if isinstance(outcome, _NotRun):
+            if outcome.why == "BUSY":
+                # Reclaimed from a dispatcher whose call still runs (its executor beats): a long node
+                # is never started twice. Held until the node ends one way or another (its report,
+                # or a re-dispatch once its heartbeat lapses), then acknowledged.
+                await self._until_moved_on(cmd)
+            else:
+                log.info("skip %s node=%s job=%s: %s", cmd.node_type, cmd.node_instance_id, cmd.job_id, outcome.why)
+            await self.store.outbox_ack(entry)
+            return
+        if isinstance(outcome, _Retry) and await self._node_status(cmd) in ("QUEUED", "RETRY_WAIT"):
+            # The call failed before any executor started the node (a replica that died with the call
+            # in its queue): not an attempt. Left pending: reclaimed and offered again, and after
+            # --max-deliveries a dead letter that fails the node visibly.
+            log.warning(
+                "%s job=%s node=%s: call failed before the node started (%s)",
+                cmd.node_type,
+                cmd.job_id,
+                cmd.node_instance_id,
+                outcome.message,
             )
+            return
+        if isinstance(outcome, _Retry):
+            result = await self.store.node_failed(cmd.job_id, cmd.node_instance_id, reason=outcome.code, actor=actor)
             metrics.REPORTS.labels(result).inc()
             await self.store.outbox_ack(entry)
             log.warning(
@@ -286,13 +301,48 @@ class Dispatcher:
             result,
         )
 
-    async def execute(self, cmd: NodeCommand) -> NodeReport | _Retry:
+    async def _node_status(self, cmd: NodeCommand) -> str | None:
+        """The command's node status while it is the job's current node, else None (superseded)."""
+        return await self.store.node_status(cmd.job_id, cmd.node_instance_id)
+
+    async def _until_moved_on(self, cmd: NodeCommand) -> None:
+        while await self._node_status(cmd) == "RUNNING":
+            await asyncio.sleep(self.watch_s)
+
+    async def _call(self, cmd: NodeCommand, spec: RunSpec) -> dict[str, Any] | _NotRun:
+        """The runner's call, watched: cancelled as soon as the inspector gave up on its node (timed
+        it out, or re-dispatched it as a new instance), whether the call still waits in Serve's
+        queue or its model hangs. A job cancelled meanwhile is not a reason: a call still queued is
+        refused by its executor's start, and one already running ends by its deadline at the latest
+        and its late report is recorded as ignored (docs/protocol.md § Executors and the outbox)."""
+        call = asyncio.ensure_future(self.runner.run(cmd, spec))
+        try:
+            while True:
+                done, _ = await asyncio.wait({call}, timeout=self.watch_s)
+                if done:
+                    return call.result()
+                status = await self._node_status(cmd)
+                if status is None or status in GIVEN_UP:
+                    log.warning(
+                        "%s job=%s node=%s: %s; its call is cancelled",
+                        cmd.node_type,
+                        cmd.job_id,
+                        cmd.node_instance_id,
+                        "superseded" if status is None else status,
+                    )
+                    return _NotRun("MOVED_ON")
+        finally:
+            if not call.done():
+                call.cancel()
+
+    async def execute(self, cmd: NodeCommand) -> NodeReport | _Retry | _NotRun:
         """Run one attempt of the node. A non-retryable error, or an output that does not parse as
         the node's contract (``INVALID_NODE_OUTPUT``: the same answer would not parse again),
-        fails the node at once; a transient error (a crashed replica, a network error, a
-        retryable model error) is handed back to the store as a failed attempt, which re-dispatches
-        the node as a new instance (NODE_FAILED, NODE_RETRY_SCHEDULED) or ends the job after the
-        last attempt, so every attempt is visible. A hang is for the heartbeat and the deadline."""
+        fails the node at once; a model past its node's deadline ends it ``TIMED_OUT``; a transient
+        error (a crashed replica, a network error, a retryable model error) is handed back to the
+        store as a failed attempt, which re-dispatches the node as a new instance (NODE_FAILED,
+        NODE_RETRY_SCHEDULED) or ends the job after the last attempt, so every attempt is visible.
+        A hang is for the heartbeat and the deadline."""
 
         def report(
             outcome: str, code: str | None = None, message: str | None = None, output: dict[str, Any] | None = None
@@ -307,29 +357,48 @@ class Dispatcher:
                 output=output or {},
             )
 
-        if cmd.node_type in CONTROL_PLANE_NODES:
-            return report("SUCCEEDED")
+        status = await self._node_status(cmd)
+        if status == "RUNNING":
+            return _NotRun("BUSY")
+        if status not in ("QUEUED", "RETRY_WAIT"):  # superseded, ended, cancelled: nothing to run
+            return _NotRun("MOVED_ON")
+        if cmd.node_type in CONTROL_PLANE_NODES:  # this process does the work: it starts the node
+            started = await self.store.node_started(cmd, actor=f"dispatcher:{self.consumer}")
+            return report("SUCCEEDED") if started == "OK" else _NotRun(started)
+        spec = RunSpec(
+            redis_url=self.redis_url or "",
+            job_id=cmd.job_id,
+            node_instance_id=cmd.node_instance_id,
+            node_type=cmd.node_type,
+            max_execution_s=self.store.config.max_execution_s(cmd.node_type),
+            every_s=self.heartbeat_s,
+        )
+        deployment_of = getattr(self.runner, "deployment_of", None)
+        deployment = (deployment_of(cmd.node_type) if deployment_of else None) or cmd.node_type
+        await self.slots.acquire(deployment)
         t0 = time.perf_counter()
         try:
-            raw = await self.runner.run(cmd, self._heartbeat(cmd))
+            raw = await self._call(cmd, spec)
+            if isinstance(raw, _NotRun):
+                return raw
+            why = not_started(raw)
+            if why is not None:
+                return _NotRun(why)
             output = parse_output(cmd.node_type, raw).model_dump(mode="json")
             metrics.NODE_SECONDS.labels(cmd.node_type, "SUCCEEDED").observe(time.perf_counter() - t0)
             return report("SUCCEEDED", output=output)
         except NodeExecutionError as e:
             metrics.NODE_SECONDS.labels(cmd.node_type, "FAILED").observe(time.perf_counter() - t0)
+            if e.code == NODE_DEADLINE_EXCEEDED:
+                return report("TIMED_OUT", e.code, e.message)
             if not e.retryable:
                 return report("FAILED", e.code, e.message)
             return _Retry(e.code, e.message)
         except Exception as e:  # model crash, replica gone, network: transient
             metrics.NODE_SECONDS.labels(cmd.node_type, "ERROR").observe(time.perf_counter() - t0)
             return _Retry("NODE_FAILED", f"{type(e).__name__}: {e}")
-
-    def _heartbeat(self, cmd: NodeCommand) -> HeartbeatSpec | None:
-        if self.redis_url is None:
-            return None
-        return HeartbeatSpec(
-            redis_url=self.redis_url, job_id=cmd.job_id, node_instance_id=cmd.node_instance_id, every_s=self.heartbeat_s
-        )
+        finally:
+            self.slots.release(deployment)
 
 
 class LocalRunner:
@@ -340,11 +409,14 @@ class LocalRunner:
         self.models = models
         self.artifacts = artifacts
 
-    async def run(self, cmd: NodeCommand, heartbeat: HeartbeatSpec | None = None) -> dict[str, Any]:
+    async def run(self, cmd: NodeCommand, spec: RunSpec) -> dict[str, Any]:
         from deployments.executor import run_node
 
-        with Heartbeat(heartbeat):  # this process does the work, so it beats
-            return await asyncio.to_thread(run_node, cmd.node_type, cmd.input, self.models, self.artifacts)
+        # This process does the work: it records the start, beats and keeps the deadline.
+        def work() -> Awaitable[dict[str, Any]]:
+            return asyncio.to_thread(run_node, cmd.node_type, cmd.input, self.models, self.artifacts)
+
+        return await run_started(spec, work)
 
 
 def main(argv: list[str] | None = None) -> int:

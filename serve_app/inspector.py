@@ -16,6 +16,13 @@ refused by the script):
 
 Queued work has no deadline (a backlog is not a failure; admission control bounds it), and
 the two waiting states are never touched: waiting jobs are in neither index.
+
+Every time is read on Redis's clock (``Store.server_ms``), the one heartbeats and deadlines are
+written on, and each verdict re-checks the lapse or the deadline inside the script that acts
+(a node that beat or started since the index was read is left alone). A node whose result waits
+in a write-back spool (its ``writeback`` marker) is left alone, and after Redis was unreachable
+no verdict is given for one lapse period: every heartbeat looks old after an outage, and the
+spools need a moment to hand their results over.
 """
 
 from __future__ import annotations
@@ -61,28 +68,56 @@ class Inspector:
         self.consumer = consumer
         self.consumer_idle_ms = consumer_idle_ms
         self._held: dict[int, tuple[str, float]] = {}
+        self._store_lost = False  # Redis was unreachable since the last sweep that completed
+        self._store_back_at = float("-inf")  # monotonic time Redis answered again after an outage
+
+    def store_unreachable(self) -> None:
+        """Redis did not answer (a sweep, or the dispatcher's loop): see the module's docstring."""
+        self._store_lost = True
+
+    @property
+    def _recovering(self) -> bool:
+        return time.monotonic() - self._store_back_at < self.heartbeat_lapse_s
 
     async def sweep(self) -> dict[str, int]:
         """One pass over the partitions this inspector holds; returns counts."""
         counts = {"partitions": 0, "lost": 0, "timed_out": 0, "moved_on": 0, "fenced": 0, "confirmed": 0}
-        now_ms = int(time.time() * 1000)
+        counts["writeback"] = counts["recovering"] = 0
+        try:
+            await self.store.ping()
+        except Exception:
+            self.store_unreachable()
+            raise
+        if self._store_lost:
+            self._store_lost = False
+            self._store_back_at = time.monotonic()
+            log.warning("Redis answers again: no verdicts for %.0fs (one heartbeat lapse)", self.heartbeat_lapse_s)
         self._held = {}  # partition -> (lease value, when taken) for this sweep
         lapsed: list[tuple[int, str]] = []
+        overdue: list[tuple[int, str]] = []
+        lapse_ms, grace_ms = int(self.heartbeat_lapse_s * 1000), int(self.grace_s * 1000)
         for p in range(keys.PARTITIONS):
             lease = await self.store.acquire_lease(p, self.owner, self.lease_ttl_ms)
             if lease is None:
                 continue
             counts["partitions"] += 1
             self._held[p] = (lease, time.monotonic())
-            lapse_before = now_ms - int(self.heartbeat_lapse_s * 1000)
-            lapsed += [(p, job_id) for job_id in await self.store.lapsed_heartbeats(p, lapse_before)]
-        await self._lost(lapsed, counts)
-        for p in list(self._held):
-            for job_id in await self.store.past_deadline(p, now_ms - int(self.grace_s * 1000)):
-                lease = await self._lease(p)
-                if lease is None:
-                    break  # the partition passed to another inspector meanwhile
-                await self._overdue(job_id, lease, counts)
+            now_ms = await self.store.server_ms(keys.heartbeats(p))
+            lapsed += [(p, job_id) for job_id in await self.store.lapsed_heartbeats(p, now_ms - lapse_ms)]
+            overdue += [(p, job_id) for job_id in await self.store.past_deadline(p, now_ms - grace_ms)]
+        if self._recovering:
+            counts["recovering"] = len(lapsed) + len(overdue)
+            return counts
+        pending = await self.store.writebacks_pending([job_id for _, job_id in lapsed + overdue])
+        counts["writeback"] = len(pending)
+        await self._lost([(p, j) for p, j in lapsed if j not in pending], counts)
+        for p, job_id in overdue:
+            if job_id in pending:
+                continue
+            lease = await self._lease(p)
+            if lease is None:
+                continue  # the partition passed to another inspector meanwhile
+            await self._overdue(job_id, lease, counts)
         return counts
 
     def held(self) -> list[int]:
@@ -146,8 +181,11 @@ class Inspector:
             lease = await self._lease(p)
             if lease is None:
                 continue  # the partition passed to another inspector while we asked
-            result = await self.store.node_lost(job_id, nid, lease=lease, actor=f"inspector:{self.owner}")
-            counts[{"OK": "lost", "FENCED": "fenced"}.get(result, "moved_on")] += 1
+            lapse_ms = int(self.heartbeat_lapse_s * 1000)
+            result = await self.store.node_lost(
+                job_id, nid, lease=lease, lapse_ms=lapse_ms, actor=f"inspector:{self.owner}"
+            )
+            counts[{"OK": "lost", "FENCED": "fenced", "ALIVE": "confirmed"}.get(result, "moved_on")] += 1
             if result == "OK":
                 metrics.INSPECTOR_LOST.labels(node.node_type.value).inc()
                 log.warning(
@@ -171,7 +209,9 @@ class Inspector:
             error_code="NODE_DEADLINE_EXCEEDED",
             error_message=f"{node.node_type.value} ran past its deadline {node.deadline_at} (attempt {node.attempt})",
         )
-        result = await self.store.apply_report(verdict, lease=lease, actor=f"inspector:{self.owner}")
+        result = await self.store.apply_report(
+            verdict, lease=lease, actor=f"inspector:{self.owner}", recheck=f"deadline:{int(self.grace_s * 1000)}"
+        )
         counts[{"OK": "timed_out", "FENCED": "fenced"}.get(result, "moved_on")] += 1
         if result == "OK":
             metrics.INSPECTOR_TIMEOUTS.labels(node.node_type.value).inc()

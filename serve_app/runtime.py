@@ -19,7 +19,8 @@ from statecore.artifacts import ArtifactStore
 
 from . import durability
 from .api import Runtime, create_app, store_for
-from .archiving import ArchiveWorker, LocalArchiveWorker, open_archive
+from .archive_loop import archive_loop
+from .archiving import open_archive
 from .auth import Authenticator
 from .config import Settings
 from .dispatcher import Dispatcher, LocalRunner, NodeRunner
@@ -34,7 +35,6 @@ def make_dispatcher(
     store: Any,
     runner: NodeRunner,
     confirm: Confirm | None = None,
-    archiver: ArchiveWorker | None = None,
 ) -> Dispatcher:
     return Dispatcher(
         store,
@@ -48,7 +48,6 @@ def make_dispatcher(
         data_dir=settings.data_dir,  # its spool/ keeps results Redis could not take yet
         max_deliveries=settings.max_deliveries,
         confirm=confirm,
-        archiver=archiver,
     )
 
 
@@ -97,10 +96,11 @@ async def local_runtime(
         archive=await open_archive(settings),
     )
     for _ in range(dispatchers):
-        # Archiving in this process: it is the one process of plain uvicorn (Ray Serve: the Archiver deployment).
-        archiver = LocalArchiveWorker(background_store, rt.archive)
-        d = make_dispatcher(settings, background_store, runner, archiver=archiver)
+        d = make_dispatcher(settings, background_store, runner)
         rt.background.append(asyncio.create_task(d.run_forever()))
+    # The archiver's own loop in this process, the one process of plain uvicorn (Ray Serve: the
+    # Archiver deployment); without an archive it only starts the retention of copies queued earlier.
+    rt.background.append(asyncio.create_task(archive_loop(settings, background_store, rt.archive).run_forever()))
     return rt
 
 

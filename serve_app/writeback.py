@@ -26,26 +26,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from redis import exceptions as redis_errors
-
-from statecore import counters, deadletters, errors
-from statecore.durable import reraise_if_cancelled
+from statecore import counters, deadletters
+from statecore.durable import reraise_if_cancelled, store_unavailable
 from statecore.models import NodeReport
 from statecore.outbox import OutboxEntry
 from statecore.store import Store
 
 log = logging.getLogger("hitl.writeback")
 
-# What a Redis that is down, hung, loading or without a master raises.
-UNAVAILABLE: tuple[type[Exception], ...] = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.ClusterDownError,
-    redis_errors.TryAgainError,
-    redis_errors.MasterDownError,
-    errors.StoreUnavailable,
-)
-PROBE_ERRORS: tuple[type[Exception], ...] = (TimeoutError, *UNAVAILABLE)
+# "Redis is away" is what ``statecore.durable.store_unavailable`` says it is (down, hung, loading,
+# without a master, read-only, out of memory, MISCONF, BUSY): the same errors the API answers 503
+# for. Any other error is a bug and propagates.
 FIRST_GAP_S = 1.0
 PROBE_S = 1.0
 DEAD_REASON = "WRITE_BACK_FAILED"
@@ -83,7 +74,9 @@ class WriteBack:
         """Apply ``report`` and acknowledge ``entry``: the store's answer, or ``DEAD_LETTER``."""
         try:
             result = await self.store.apply_report(report)
-        except UNAVAILABLE as e:
+        except Exception as e:
+            if not store_unavailable(e):
+                raise
             rec = Spooled(
                 report=report.model_dump(mode="json"),
                 first_failed_at=time.time(),
@@ -132,8 +125,12 @@ class WriteBack:
             gap = self.first_gap_s
             while not rec.dead:
                 try:  # at once after spooling (or resuming), then after each gap
+                    # First say so in Redis: the inspector leaves the node alone meanwhile.
+                    await self.store.mark_writeback(report.job_id, nid)
                     return await self._settle(rec, await self.store.apply_report(report))
-                except UNAVAILABLE as e:
+                except Exception as e:
+                    if not store_unavailable(e):
+                        raise
                     reraise_if_cancelled(e)
                     rec.error = f"{type(e).__name__}: {e}"
                 rec.attempts += 1
@@ -154,7 +151,9 @@ class WriteBack:
                         payload=rec.report,
                     )
                     return await self._settle(rec, "DEAD_LETTER")
-                except UNAVAILABLE as e:
+                except Exception as e:
+                    if not store_unavailable(e):
+                        raise
                     reraise_if_cancelled(e)
                     await self._until_next(min(max(gap, self.first_gap_s), max_s))
         finally:
@@ -167,8 +166,14 @@ class WriteBack:
             try:
                 cmd: Any = None  # the entry's command is not needed to acknowledge it
                 await self.store.outbox_ack(OutboxEntry(rec.stream, rec.entry_id, cmd))
-            except UNAVAILABLE:  # left pending: a reclaim finds the node no longer current and acks it
-                pass
+            except Exception as e:  # left pending: a reclaim finds the node no longer current and acks it
+                if not store_unavailable(e):
+                    raise
+        try:
+            await self.store.clear_writeback(report.job_id)
+        except Exception as e:  # it expires by itself
+            if not store_unavailable(e):
+                raise
         await asyncio.to_thread(self._unlink, report.node_instance_id)
         log.warning(
             "write-back of node=%s job=%s settled after %d attempt(s): %s",
@@ -187,8 +192,9 @@ class WriteBack:
             try:
                 if await asyncio.wait_for(self.store.r.ping(), PROBE_S):
                     return
-            except PROBE_ERRORS:
-                continue
+            except Exception as e:  # a PING that times out, or one a BUSY or MISCONF Redis refuses
+                if not (isinstance(e, TimeoutError) or store_unavailable(e)):
+                    raise
 
     # ------------------------------------------------------------------ the spool
 

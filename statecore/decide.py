@@ -36,7 +36,7 @@ from .plan import (
     snapshot_id,
     validate_input_json,
 )
-from .reports import RoundDecision, decide_round, plan_node_lost, plan_node_started, plan_report
+from .reports import RoundDecision, decide_round, plan_node_dead, plan_node_lost, plan_node_started, plan_report
 from .states import JobStatus, NodeType, is_terminal, transition
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "plan_intervention",
     "plan_node_lost",
     "plan_node_started",
+    "plan_node_dead",
     "plan_report",
     "require",
     "snapshot_id",

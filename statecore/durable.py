@@ -9,6 +9,8 @@ after-write sync of ``--durability strict`` (serve_app.durability chooses the co
   the calling connection's writes), by the store's ``sync_command``, e.g. ``("WAITAOF", 1, 0, ms)``
   or ``("WAIT", n, ms)``; a reply with fewer than ``sync_acks`` acknowledgements is a
   ``StoreUnavailable``: the change is not acknowledged until it is on disk / on the replicas.
+- ``store_unavailable``: which errors mean "the store cannot serve this now, try again later" (the
+  API's 503 STORE_UNAVAILABLE, the write-back's spool and retry), decided here and nowhere else.
 """
 
 from __future__ import annotations
@@ -17,11 +19,47 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from redis import exceptions as redis_errors
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from . import errors
+
+
+# Redis down, hung past the operation timeout, loading its data set (BusyLoadingError is a
+# ConnectionError), a cluster without a master for a slot, a replica after a failover
+# (ReadOnlyError), out of memory under ``maxmemory-policy noeviction`` (OutOfMemoryError), or our
+# own StoreUnavailable (a strict sync short of its acknowledgements).
+UNAVAILABLE_TYPES: tuple[type[Exception], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+    redis_errors.MasterDownError,
+    redis_errors.ReadOnlyError,
+    redis_errors.OutOfMemoryError,
+    errors.StoreUnavailable,
+)
+# Error replies that redis-py raises as a plain ResponseError (message starting with the code), or
+# whose class it may map differently across versions: the server refuses for now, not the request.
+# MISCONF: an RDB snapshot failed under stop-writes-on-bgsave-error; BUSY: a script or module
+# command runs past busy-reply-threshold; NOREPLICAS: fewer replicas than min-replicas-to-write.
+UNAVAILABLE_REPLIES = frozenset(
+    {"OOM", "READONLY", "MISCONF", "LOADING", "BUSY", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN"}
+)
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` means the store cannot serve this request now but may soon: answered 503
+    STORE_UNAVAILABLE with ``Retry-After`` by the API, spooled and retried by the write-back.
+    Nothing was written: Redis refuses such a command (or a script's first write) as a whole."""
+    if isinstance(exc, UNAVAILABLE_TYPES):
+        return True
+    if isinstance(exc, redis_errors.ResponseError):
+        code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]
+        return code in UNAVAILABLE_REPLIES
+    return False
 
 
 def pool_options(timeout_s: float | None, *, cluster: bool) -> dict[str, Any]:

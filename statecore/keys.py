@@ -18,6 +18,7 @@ from .ids import new_id
 PREFIX = "hitl"
 PARTITIONS = 64
 OUTBOX_GROUP = "dispatchers"
+ARCHIVE_GROUP = "archivers"  # the archivers' consumer group on every partition's archive stream
 # The store's identity: written once by the first process that finds it missing. A process that
 # saw one identity and later finds none (or another) knows Redis came back empty (FLUSHALL, a
 # failover to an empty replica, a restart without persistence) and reports what it last saw.
@@ -53,6 +54,32 @@ def create_idem(submitter: str, idem_key: str) -> str:
 
 def outbox(p: int) -> str:
     return f"{tag(p)}:outbox"
+
+
+def archive_stream(p: int) -> str:
+    """STREAM of partition p's archive commands (``job``, ``version``): finished jobs to copy into the
+    archive, read by the archivers' own group (``ARCHIVE_GROUP``), apart from the node commands."""
+    return f"{tag(p)}:archive"
+
+
+def archive_waiting(p: int) -> str:
+    """ZSET job_id -> when (ms) its copy was last queued or attempted: finished jobs waiting for their
+    copy (cleared by ``archive_ack``); the archivers' sweep re-queues one whose command was lost."""
+    return f"{tag(p)}:archive:waiting"
+
+
+def archiver_lease(p: int) -> str:
+    """STRING ``<owner>|<token>`` (with a TTL): the one archiver mirroring partition p's live jobs."""
+    return f"{tag(p)}:archiver:lease"
+
+
+def archiver_fence(p: int) -> str:
+    """Counter of partition p's archiver leases (``lease.lua`` wants one; nothing is fenced by it)."""
+    return f"{tag(p)}:archiver:fence"
+
+
+def all_archive_streams() -> list[str]:
+    return [archive_stream(p) for p in range(PARTITIONS)]
 
 
 def waiting(p: int) -> str:
@@ -137,6 +164,9 @@ class JobKeys:
     idem: str  # HASH: intervention_id -> payload hash + "\n" + response bytes
     reports: str  # SET: node_instance_ids whose report was applied or ignored
     executor: str  # STRING (with a TTL): who runs the job's node now; asked before a re-dispatch
+    # STRING node_instance_id (with a TTL, renewed): a result of that node waits in a write-back spool
+    # for Redis to take it (serve_app/writeback.py); the inspector leaves the node alone meanwhile.
+    writeback: str
     # HASH (with a TTL: --claim-ttl-s) reviewer, claimed_at, expires_at: the reviewer looking at the
     # waiting job (docs/protocol.md § Claims). Apart from ``meta``: a claim is not a change of the job.
     claim: str
@@ -184,6 +214,14 @@ class JobKeys:
     def finished(self) -> str:
         return finished(self.p)
 
+    @property
+    def archive_stream(self) -> str:
+        return archive_stream(self.p)
+
+    @property
+    def archive_waiting(self) -> str:
+        return archive_waiting(self.p)
+
     def for_script(self) -> list[str]:
         """The KEYS every state-changing script receives, in this order."""
         return [
@@ -204,6 +242,8 @@ class JobKeys:
             self.finished,
             self.claim,
             self.audit,
+            self.archive_stream,
+            self.archive_waiting,
         ]
 
 
@@ -219,6 +259,7 @@ def job(job_id: str) -> JobKeys:
         idem=f"{base}:idem",
         reports=f"{base}:reports",
         executor=f"{base}:executor",
+        writeback=f"{base}:writeback",
         claim=f"{base}:claim",
         audit=f"{base}:audit",
     )

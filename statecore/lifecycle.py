@@ -5,6 +5,7 @@ the backlog (docs/protocol.md § Executors and the outbox). A mixin of :class:`s
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from .ids import now_iso
 
 class LifecycleMixin:
     r: Any
+    cluster: bool
     _scripts: dict[str, Any]
     config: Any
     get: Any  # Store.get
@@ -39,12 +41,49 @@ class LifecycleMixin:
         res = await self._scripts["archive_ack"](keys=self._keys(state, keys.job(job_id)), args=args)
         return str(res[0])
 
+    async def server_ms(self, key: str) -> int:
+        """The Redis server's clock in ms, read on the node that holds ``key`` (on a cluster each
+        node keeps its own): deadlines, backoffs, heartbeats and lapses are all read on it, never
+        on the clock of the process that happens to act."""
+        if self.cluster:
+            t = await self.r.eval("return redis.call('TIME')", 1, key)
+        else:
+            t = await self.r.time()
+        return int(t[0]) * 1000 + int(t[1]) // 1000
+
     async def heartbeat(self, job_id: str, node_instance_id: str) -> bool:
         """Renew a running node's heartbeat; False once the node is no longer running (stop)."""
         jk = keys.job(job_id)
         args = [job_id, node_instance_id, int(time.time() * 1000), "", 0, ""]
         res = await self._scripts["heartbeat"](keys=[jk.meta, jk.heartbeats, jk.executor], args=args)
         return bool(res)
+
+    async def node_status(self, job_id: str, node_instance_id: str) -> str | None:
+        """The node's status (``QUEUED``, ``RETRY_WAIT``, ``RUNNING``, ``COMPLETED``, ``TIMED_OUT``,
+        ``CANCELLED``…) while it is the job's current node, else None (superseded, or the job is
+        gone): one HMGET, for a dispatcher watching its outstanding calls."""
+        node_id, node = await self.r.hmget(keys.job(job_id).meta, "node_id", "current_node")
+        if node_id != node_instance_id or not node:
+            return None
+        return str(json.loads(node).get("status") or "") or None
+
+    async def mark_writeback(self, job_id: str, node_instance_id: str, ttl_ms: int = 120_000) -> None:
+        """A result of this node waits in a write-back spool: the inspector leaves the node alone
+        until the marker is cleared (applied or given up) or, its holder gone, expires."""
+        await self.r.set(keys.job(job_id).writeback, node_instance_id, px=ttl_ms)
+
+    async def clear_writeback(self, job_id: str) -> None:
+        await self.r.delete(keys.job(job_id).writeback)
+
+    async def writebacks_pending(self, job_ids: list[str]) -> set[str]:
+        """Those of ``job_ids`` whose node's result waits in a write-back spool."""
+        if not job_ids:
+            return set()
+        async with self.r.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.exists(keys.job(job_id).writeback)
+            found = await pipe.execute()
+        return {job_id for job_id, n in zip(job_ids, found, strict=True) if n}
 
     async def executor_of(self, job_id: str) -> str | None:
         """Who runs the job's node now, as its executor recorded itself (None: nobody says so)."""

@@ -25,6 +25,7 @@ class OutboxEntry:
 class OutboxMixin:
     r: Any
     cluster: bool
+    _outbox_cursor: int = 0  # the partition the next outbox read starts at
 
     @staticmethod
     def _entries(stream: str, entries: list[Any]) -> list[OutboxEntry]:
@@ -36,24 +37,58 @@ class OutboxMixin:
         return out
 
     async def outbox_read(self, consumer: str, count: int = 16, block_ms: int = 1000) -> list[OutboxEntry]:
-        """New commands for this consumer (consumer group: each entry goes to one dispatcher)."""
-        streams = {s: ">" for s in keys.all_outboxes()}
-        if not self.cluster:
-            # BLOCK 0 would wait forever; block_ms=0 means "do not block", as in cluster mode below.
-            res = await self.r.xreadgroup(keys.OUTBOX_GROUP, consumer, streams, count=count, block=block_ms or None)
-            out: list[OutboxEntry] = []
-            for stream, entries in res or []:
-                out += self._entries(stream, entries)
+        """Up to ``count`` new commands for this consumer (consumer group: each entry goes to one
+        dispatcher), and no more: a dispatcher reads only what it can start now, the rest stays in
+        the outbox for admission control to count and for other dispatchers to take.
+
+        COUNT of a multi-stream XREADGROUP applies per stream (64 streams, COUNT 2: up to 128
+        entries), so the partitions are read in pipelined rounds of at most ``count`` streams,
+        starting where the last read stopped (no partition starves). When none has anything new,
+        one blocking XREADGROUP over every stream with COUNT 1 waits for the next command: a blocked
+        read is woken by one stream and answers with that stream's entry only. (An entry that
+        arrives between the rounds and the blocking read can make that read return one per stream
+        that got one; the caller holds those few until it has slots for them.)"""
+        if count <= 0:
+            return []
+        streams = keys.all_outboxes()
+        n = len(streams)
+        start = self._outbox_cursor
+        self._outbox_cursor = (start + count) % n
+        active = [streams[(start + i) % n] for i in range(n)]  # streams that may hold more
+        out: list[OutboxEntry] = []
+        while active and len(out) < count:
+            want = count - len(out)
+            per = max(1, want // len(active))  # entries per stream this round: at most `want` in all
+            chunk, active = active[: max(1, want // per)], active[max(1, want // per) :]
+            async with self.r.pipeline(transaction=False) as pipe:
+                for s in chunk:
+                    pipe.xreadgroup(keys.OUTBOX_GROUP, consumer, {s: ">"}, count=per)
+                answers = await pipe.execute()
+            for s, res in zip(chunk, answers, strict=True):
+                got = [e for _stream, entries in res or [] for e in self._entries(_stream, entries)]
+                out += got
+                if len(got) == per:
+                    active.append(s)  # it gave all it was asked for: it may hold more
+        if out or not block_ms:
             return out
-        # A multi-stream XREADGROUP would be CROSSSLOT on a cluster: poll each partition instead.
-        out = []
-        for s in streams:
-            res = await self.r.xreadgroup(keys.OUTBOX_GROUP, consumer, {s: ">"}, count=count)
-            for stream, entries in res or []:
-                out += self._entries(stream, entries)
-        if not out and block_ms:
+        if self.cluster:  # a multi-stream XREADGROUP would be CROSSSLOT on a cluster: poll again later
             await asyncio.sleep(min(block_ms, 200) / 1000)
+            return out
+        res = await self.r.xreadgroup(keys.OUTBOX_GROUP, consumer, {s: ">" for s in streams}, count=1, block=block_ms)
+        for stream, entries in res or []:
+            out += self._entries(stream, entries)
         return out
+
+    async def outbox_renew(self, consumer: str, entries: list[OutboxEntry]) -> None:
+        """Reset the idle time of entries this consumer still works on (XCLAIM ... JUSTID, which
+        does not count a delivery): a command whose node runs long, or waits for a slot, is not
+        reclaimed by another dispatcher and never reaches ``--max-deliveries`` for waiting."""
+        if not entries:
+            return
+        async with self.r.pipeline(transaction=False) as pipe:
+            for e in entries:
+                pipe.xclaim(e.stream, keys.OUTBOX_GROUP, consumer, 0, [e.entry_id], justid=True)
+            await pipe.execute()
 
     async def outbox_ack(self, entry: OutboxEntry) -> None:
         """Acknowledge and delete: a handled command's trace lives on in the job's events

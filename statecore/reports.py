@@ -57,8 +57,9 @@ def decide_round(round_: int, results: list[Validation]) -> RoundDecision:
 
 
 def plan_node_started(state: JobState, node_instance_id: str, now: str, now_ms: int, max_execution_s: float) -> Plan:
-    """A dispatcher starts the node: RUNNING, one more attempt, and only now a deadline
-    (start + the node type's maximum execution time) and a first heartbeat."""
+    """The executor (the process doing the work) starts the node: RUNNING, one more attempt, and
+    only now a deadline (start + the node type's maximum execution time) and a first heartbeat,
+    both on Redis's clock (``now_ms``)."""
     node = state.current_node
     assert node is not None and node.node_instance_id == node_instance_id
     plan = Plan(expect_version=state.version, status=state.status)
@@ -118,6 +119,30 @@ def plan_node_lost(state: JobState, now: str, now_ms: int, *, reason: str, max_a
         return plan
     not_before_ms = now_ms + int(backoff_s * 2 ** (node.attempt - 1) * 1000)
     requeue(plan, state, node, reason=reason, now=now, now_ms=now_ms, not_before_ms=not_before_ms)
+    return plan
+
+
+def plan_node_dead(state: JobState, *, reason: str) -> Plan:
+    """The node's command was given up on (a dead letter): the job ends FAILED with ``reason``,
+    announced by NODE_FAILED, whatever state the node was in (queued or running)."""
+    node = state.current_node
+    assert node is not None
+    plan = Plan(expect_version=state.version, status=state.status)
+    plan.events.append(
+        (
+            "NODE_FAILED",
+            {
+                "node_instance_id": node.node_instance_id,
+                "node_type": node.node_type.value,
+                "attempt": node.attempt,
+                "reason": reason,
+                "retryable": False,
+            },
+        )
+    )
+    plan.meta["current_node"] = dump_node(node.model_copy(update={"status": "FAILED"}))
+    move(plan, state, S.FAILED)
+    finish(plan, reason)
     return plan
 
 

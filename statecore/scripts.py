@@ -19,7 +19,7 @@ SCRIPT_NAMES = (
     "restore_job",
     "audit_append",
 )
-STANDALONE = ("heartbeat", "lease")  # touch no job state: no shared prologue
+STANDALONE = ("heartbeat", "lease", "archive_requeue")  # touch no job state: no shared prologue
 
 
 @cache

@@ -31,9 +31,8 @@ from .models import (
     InterventionRequest,
     JobSnapshot,
     JobSummary,
-    NodeCommand,
-    NodeReport,
 )
+from .node_writes import NodeWritesMixin
 from .outbox import OutboxMixin
 from .plan import CONTINUABLE_WORKFLOW_VERSIONS, WORKFLOW_VERSION
 from .states import JobStatus, is_terminal
@@ -79,15 +78,17 @@ class Reply:
     job_id: str
 
 
-class Store(OutboxMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
-    """The state core's operations on Redis; the outbox, the inspector-side reads, review claims, the
-    audit log and a job's history are in :mod:`statecore.outbox`, :mod:`statecore.lifecycle`,
+class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
+    """The state core's operations on Redis; the outbox, a node's lifecycle writes, the inspector-side
+    reads, review claims, the audit log and a job's history are in :mod:`statecore.outbox`,
+    :mod:`statecore.node_writes`, :mod:`statecore.lifecycle`,
     :mod:`statecore.claims`, :mod:`statecore.audit` and :mod:`statecore.history`."""
 
     def __init__(self, client: Any, config: StoreConfig | None = None, *, cluster: bool = False) -> None:
         self.r = client
         self.cluster = cluster
         self.config = config or StoreConfig()
+        self.url: str | None = None  # as given to from_url (executors record node starts there)
         self.sync_command: tuple[Any, ...] | None = None  # --durability strict: see statecore.durable
         self.sync_acks = 0
         self._scripts = {name: durable.synced(self, s) for name, s in scripts.register(client).items()}
@@ -105,6 +106,7 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
         timeout_s: float | None = 5.0,
     ) -> Store:
         """``timeout_s``: the operation timeout (statecore.durable.pool_options)."""
+        original = url
         if cluster is None:
             cluster = url.startswith("redis+cluster://") or "cluster=true" in url
         url = url.replace("redis+cluster://", "redis://").replace("?cluster=true", "")
@@ -126,7 +128,9 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
                 **timeouts,
             )
             client = aioredis.Redis.from_pool(pool)
-        return cls(client, config, cluster=cluster)
+        store = cls(client, config, cluster=cluster)
+        store.url = original
+        return store
 
     async def close(self) -> None:
         await self.r.aclose()
@@ -320,127 +324,6 @@ class Store(OutboxMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
             except errors.Conflict as e:
                 raise await self.with_claim(e) from None
         raise errors.StaleRead("the job kept changing; try again", job_id=job_id)
-
-    # ------------------------------------------------------------------ reports
-
-    async def node_started(self, cmd: NodeCommand, *, actor: str = "dispatcher") -> str:
-        """Start the queued node: RUNNING, attempt + 1, its deadline from now. ``OK`` to run it;
-        ``BUSY`` when it is already running (a reclaimed command whose first holder is still at
-        work: a long node is never started twice); ``IGNORED``/``DUPLICATE`` when it is no
-        longer current (skip it)."""
-        return await self._report(cmd.job_id, cmd.node_instance_id, cmd.node_type, kind="started", actor=actor)
-
-    async def apply_report(
-        self, report: NodeReport, *, lease: str | None = None, actor: str = "dispatcher", action: str = ""
-    ) -> str:
-        """Apply a node's result at most once: ``OK``, ``DUPLICATE``, ``IGNORED`` (or ``FENCED``).
-
-        ``lease``: the report is the inspector's verdict that the node passed its deadline, given
-        under its lease of the job's partition. It is recorded apart from the model's own report,
-        so when the model answers after all, its report is ``IGNORED`` with a ``REPORT_IGNORED``
-        event (reason ``NODE_TIMED_OUT``), and only a replay of either report is a silent
-        ``DUPLICATE``. A verdict under a lease that has passed to another inspector is ``FENCED``.
-        ``actor`` and ``action`` (default NODE_REPORT, or NODE_TIMED_OUT under a lease): what the
-        audit entry names (docs/protocol.md § Audit)."""
-        act = action or ("NODE_TIMED_OUT" if lease is not None else "NODE_REPORT")
-        nid = report.node_instance_id
-        return await self._report(
-            report.job_id, nid, report.node_type, kind="report", report=report, lease=lease, actor=actor, action=act
-        )
-
-    async def node_lost(
-        self, job_id: str, node_instance_id: str, *, lease: str, reason: str = "EXECUTOR_LOST", actor: str = "inspector"
-    ) -> str:
-        """The inspector's verdict on a running node whose heartbeat lapsed: re-dispatch it as a new
-        node instance after a backoff, or end the job FAILED after ``max_attempts`` starts."""
-        return await self._report(
-            job_id, node_instance_id, "", kind="lost", lease=lease, reason=reason, actor=actor, action="NODE_LOST"
-        )
-
-    async def node_failed(self, job_id: str, node_instance_id: str, *, reason: str, actor: str = "dispatcher") -> str:
-        """A dispatcher's attempt failed with a transient error (the replica crashed, the network
-        failed): re-dispatch the node as a new instance after a backoff, or end the job FAILED
-        with ``reason`` after ``max_attempts`` starts. Each attempt stays visible in the events."""
-        return await self._report(
-            job_id, node_instance_id, "", kind="lost", reason=reason, actor=actor, action="NODE_ATTEMPT_FAILED"
-        )
-
-    async def _report(
-        self,
-        job_id: str,
-        nid: str,
-        node_type: str,
-        *,
-        kind: str,
-        report: NodeReport | None = None,
-        lease: str | None = None,
-        reason: str = "EXECUTOR_LOST",
-        actor: str = "dispatcher",
-        action: str = "NODE_STARTED",
-    ) -> str:
-        jk = keys.job(job_id)
-        for _ in range(STALE_RETRIES):
-            meta = await self._meta(job_id)
-            if not meta:
-                return "IGNORED"  # finished and expired long ago
-            state = decide.JobState.from_meta(meta)
-            now, now_ms = now_iso(), int(time.time() * 1000)
-            node = state.current_node
-            # A node whose result was already applied stays current (COMPLETED/FAILED/TIMED_OUT) until
-            # the next one; its redelivered report must not be planned again (the job has moved on, so
-            # the move could be illegal): the script answers DUPLICATE from the reports set.
-            live = node is not None and node.node_instance_id == nid and meta.get("terminal") != "1"
-            status = node.status if node is not None else ""
-            plan_json = ""
-            if kind == "started":
-                if live and status == "RUNNING":
-                    return "BUSY"
-                if live and status in ("QUEUED", "RETRY_WAIT"):
-                    max_s = self.config.max_execution_s(node.node_type.value)  # type: ignore[union-attr]  # live
-                    plan_json = decide.plan_node_started(state, nid, now, now_ms, max_s).to_json(
-                        now, self.config.archive
-                    )
-            elif kind == "lost":
-                if not live or status != "RUNNING":
-                    return "MOVED_ON"
-                node_type = node.node_type.value  # type: ignore[union-attr]  # live: there is a node
-                plan = decide.plan_node_lost(
-                    state,
-                    now,
-                    now_ms,
-                    reason=reason,
-                    max_attempts=self.config.max_attempts,
-                    backoff_s=self.config.retry_backoff_s,
-                )
-                plan_json = plan.to_json(now, self.config.archive)
-            elif live and status in ("QUEUED", "RETRY_WAIT", "RUNNING"):
-                assert report is not None
-                plan_json = decide.plan_report(
-                    state, report, now, now_ms, workflow=self.config.workflow_version
-                ).to_json(now, self.config.archive)
-            by_inspector = lease is not None
-            res = await self._scripts["apply_report"](
-                keys=self._keys(state, jk),
-                args=self._args(job_id, now, actor)
-                + [
-                    nid,
-                    str(state.version),
-                    plan_json,
-                    "0" if kind == "started" else "1",
-                    node_type,
-                    "1" if by_inspector else "0",
-                    lease or "",
-                    action,
-                ],
-            )
-            if res[0] == "STALE":
-                continue
-            if res[0] == "JOB_NOT_FOUND":
-                return "IGNORED"
-            if res[0] == "IGNORED":
-                log.info("report ignored job=%s node=%s reason=%s", job_id, nid, res[1])
-            return str(res[0])
-        raise errors.StaleRead("the job kept changing while applying a report", job_id=job_id)
 
     # ------------------------------------------------------------------ listing
 

@@ -1,11 +1,12 @@
 """A finished job is archived before its retention starts (docs/protocol.md § Archive), against a
-real Redis: with archiving on, the terminal write queues ARCHIVE_JOB in the job's partition outbox
-and sets no TTL; ``archive_ack`` starts the retention only for the version and event the archive
-holds; a job that went further answers STALE. With archiving off, retention starts at once."""
+real Redis: with archiving on, the terminal write queues the job's copy in its partition's archive
+stream (not the node commands' outbox) and the index of jobs waiting for their copy, and sets no
+TTL; ``archive_ack`` starts the retention only for the version and event the archive holds; a job
+that went further answers STALE. With archiving off, retention starts at once."""
 
 from __future__ import annotations
 
-from statecore import keys
+from statecore import archive_queue, keys
 from statecore.store import Store, StoreConfig
 
 from .helpers import waiting_job
@@ -23,8 +24,11 @@ async def test_a_finished_job_waits_for_the_archive_before_its_records_expire(re
         jk = keys.job(job_id)
         assert await store.r.ttl(jk.meta) == -1 and await store.r.ttl(jk.events) == -1
         assert await store.r.zscore(keys.expiring(jk.p), job_id) is None
-        (cmd,) = [c for c in await store.outbox_commands(job_id) if c.node_type == "ARCHIVE_JOB"]
-        assert cmd.job_id == job_id and cmd.node_instance_id == f"archive_{job_id}_v{snap.version}"
+        (cmd,) = await archive_queue.commands(store, job_id)
+        assert cmd["job"] == job_id and cmd["version"] == str(snap.version)
+        # the node commands' outbox holds the job's first command only: no node dispatcher sees a copy
+        assert [c.node_type for c in await store.outbox_commands(job_id)] == ["DETECT_SUBJECTS"]
+        assert await store.r.zscore(jk.archive_waiting, job_id) is not None
         last = int(await store.r.hget(jk.meta, "event_seq"))
         seq = int(await store.r.hget(jk.meta, "audit_seq"))
         log = await store.audit(job_id)
@@ -35,7 +39,9 @@ async def test_a_finished_job_waits_for_the_archive_before_its_records_expire(re
         assert await store.archive_ack(job_id, snap.version, last - 1, seq) == "STALE"
         assert await store.archive_ack(job_id, snap.version, last, seq - 1) == "STALE"
         assert await store.r.ttl(jk.meta) == -1
+        assert await store.r.zscore(jk.archive_waiting, job_id) is not None  # still waiting for its copy
         assert await store.archive_ack(job_id, snap.version, last, seq) == "OK"
+        assert await store.r.zscore(jk.archive_waiting, job_id) is None
         for k in (jk.meta, jk.pauses, jk.events, jk.audit):
             assert 3500 < await store.r.ttl(k) <= 3600, k
         assert await store.r.zscore(keys.expiring(jk.p), job_id) is not None
@@ -55,6 +61,7 @@ async def test_without_archiving_the_retention_starts_at_the_terminal_write(redi
         await store.cancel(job_id, "rev1")
         jk = keys.job(job_id)
         assert 3500 < await store.r.ttl(jk.meta) <= 3600
-        assert [c for c in await store.outbox_commands(job_id) if c.node_type == "ARCHIVE_JOB"] == []
+        assert await archive_queue.commands(store, job_id) == []
+        assert await store.r.zscore(jk.archive_waiting, job_id) is None
     finally:
         await store.close()

@@ -1,78 +1,103 @@
-"""The dispatcher's side of the Archiver deployment (``ServeArchiveWorker``) groups copies into
-``copy_many`` calls and hands each dispatcher task its own job's answer. The deployment itself runs
-in ``tests/test_e2e_serve.py`` (a finished job reaches the archive through it); here a recording
-stand-in for the DeploymentHandle checks the batching alone: how many calls, which jobs in each,
-one job's failure failing only that job, a failed call failing its whole batch."""
+"""The archiver's loop reads its archive streams in batches (``ArchiveLoop.step``), against a real
+redis-server: at most ``batch`` entries of a partition a read, each job's copy made and acknowledged
+on its own, one job's failure leaving only that job's entry pending (claimed again after
+``retry_idle_ms`` and retried, its delivery count growing, never dead-lettered), a job queued twice
+in one batch copied once. The copy is a recording stand-in; ``tests/test_archive_loop.py`` runs the
+real one."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Any
 
-import pytest
+import pytest_asyncio
 
-from serve_app.archiver_deployment import FAILED, ServeArchiveWorker
+from serve_app.archive_loop import ArchiveLoop
+from statecore import archive_queue, deadletters, keys
+from statecore.store import Store, StoreConfig
 
-
-class Method:
-    def __init__(self, answer: Any) -> None:
-        self.answer = answer
-        self.calls: list[list[str]] = []
-
-    def remote(self, job_ids: list[str]) -> Any:
-        self.calls.append(list(job_ids))
-
-        async def reply() -> list[str]:
-            await asyncio.sleep(0.01)
-            return self.answer(job_ids)
-
-        return reply()
+from .helpers import waiting_job
 
 
-class Handle:
-    def __init__(self, answer: Any) -> None:
-        self.copy_many = Method(answer)
+@pytest_asyncio.fixture
+async def store(redis_server: Any) -> Any:
+    s = Store.from_url(redis_server.url, StoreConfig(retention_s=3600, archive=True))
+    await s.r.flushdb()
+    await s.ensure_groups()
+    await archive_queue.ensure_group(s)
+    yield s
+    await s.close()
 
 
-async def test_copies_within_the_window_are_one_call_and_each_gets_its_answer() -> None:
-    handle = Handle(lambda ids: [f"{FAILED}OperationalError: locked" if i == "job_3" else "OK" for i in ids])
-    worker = ServeArchiveWorker(handle, batch=4, wait_s=0.05)
-    results = await asyncio.gather(*(worker.copy(f"job_{i}") for i in range(10)), return_exceptions=True)
-    # 10 at once with batches of 4: two full batches sent at once, the last 2 after the window.
-    assert handle.copy_many.calls == [
-        ["job_0", "job_1", "job_2", "job_3"],
-        ["job_4", "job_5", "job_6", "job_7"],
-        ["job_8", "job_9"],
-    ]
-    assert [r for i, r in enumerate(results) if i != 3] == ["OK"] * 9
-    assert isinstance(results[3], RuntimeError) and "job_3" in str(results[3]) and "locked" in str(results[3])
+async def test_entries_are_read_in_batches_and_one_failure_stays_pending_alone(store: Any, image: Any) -> None:
+    jobs = []
+    for _ in range(10):
+        job_id = await waiting_job(store, image)
+        await store.cancel(job_id, "rev1")
+        jobs.append(job_id)
+    bad = jobs[3]
+    calls: list[str] = []
+    healthy = False
 
-    alone = await asyncio.wait_for(worker.copy("job_late"), timeout=5)  # a lone copy waits out the window only
-    assert alone == "OK" and handle.copy_many.calls[-1] == ["job_late"]
+    async def copy(job_id: str) -> str:
+        calls.append(job_id)
+        if job_id == bad and not healthy:
+            raise RuntimeError("database is locked")
+        return str(await store.archive_ack(job_id, None))  # as a copy would: retention starts
+
+    # Six more commands in one job's partition: a read takes at most four entries a partition.
+    stream = keys.job(jobs[0]).archive_stream
+    for _ in range(6):
+        await store.r.xadd(stream, {"job": jobs[0], "requeued": "1"})
+    per_partition = Counter(keys.partition_of(j) for j in jobs)
+    per_partition[keys.partition_of(jobs[0])] += 6
+    loop = ArchiveLoop(store, None, consumer="b", batch=4, copy=copy, retry_idle_ms=50)
+    acked = await loop.step(block_ms=0)  # one read, every partition's first entries, one copy per job
+    assert acked == sum(min(4, n) for n in per_partition.values()) - 1  # all but the failed one
+    assert len(calls) == len(set(calls))  # jobs[0]'s entries in that read: one copy
+    while await archive_queue.commands(store, jobs[0]):
+        acked += await loop.step(block_ms=0)
+    assert sorted(set(calls)) == sorted(jobs) and acked == 15 and loop.counts["failed"] == 1
+    assert await loop.step(block_ms=0) == 0  # nothing new; the failed entry waits for its retry
+    assert [len(await archive_queue.commands(store, j)) for j in jobs] == [int(j == bad) for j in jobs]
+    for _ in range(3):  # retried, again and again, past any --max-deliveries: never a dead letter
+        await asyncio.sleep(0.06)
+        assert await loop.step(reclaim=True, block_ms=0) == 0
+    p = keys.partition_of(bad)
+    (row,) = await store.r.xpending_range(keys.archive_stream(p), keys.ARCHIVE_GROUP, "-", "+", 10)
+    assert int(row["times_delivered"]) == 4
+    healthy = True
+    await asyncio.sleep(0.06)
+    assert await loop.step(reclaim=True, block_ms=0) == 1
+    assert await archive_queue.waiting(store) == 0 and await deadletters.list_all(store.r) == []
+    for j in jobs:
+        assert await store.r.ttl(keys.job(j).meta) > 0
 
 
-async def test_a_failed_call_fails_its_whole_batch_and_the_next_one_is_sent() -> None:
-    calls = 0
+async def test_a_job_queued_twice_in_one_batch_is_copied_once(store: Any, image: Any) -> None:
+    job_id = await waiting_job(store, image)
+    await store.cancel(job_id, "rev1")
+    await store.r.xadd(keys.job(job_id).archive_stream, {"job": job_id, "requeued": "1"})
+    calls: list[str] = []
 
-    def answer(ids: list[str]) -> list[str]:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            raise ConnectionError("Archiver replica died")
-        return ["STALE" for _ in ids]
+    async def copy(j: str) -> str:
+        calls.append(j)
+        return str(await store.archive_ack(j, None))
 
-    worker = ServeArchiveWorker(Handle(answer), batch=8, wait_s=0.02)
-    first = await asyncio.gather(worker.copy("a"), worker.copy("b"), return_exceptions=True)
-    assert all(isinstance(r, ConnectionError) for r in first)  # both commands stay pending
-    assert await worker.copy("c") == "STALE"
+    loop = ArchiveLoop(store, None, consumer="b", copy=copy)
+    assert await loop.step(block_ms=0) == 2 and calls == [job_id]
+    assert await archive_queue.commands(store, job_id) == []
 
 
-async def test_a_cancelled_copy_does_not_break_its_batch() -> None:
-    worker = ServeArchiveWorker(Handle(lambda ids: ["OK" for _ in ids]), batch=8, wait_s=0.05)
-    doomed = asyncio.ensure_future(worker.copy("x"))
-    kept = asyncio.ensure_future(worker.copy("y"))
-    await asyncio.sleep(0)
-    doomed.cancel()
-    assert await kept == "OK"
-    with pytest.raises(asyncio.CancelledError):
-        await doomed
+async def test_without_an_archive_the_loop_starts_the_retention_of_copies_queued_earlier(
+    store: Any, image: Any
+) -> None:
+    """``--no-archive`` after a run with archiving: what that run queued is acknowledged as it is."""
+    job_id = await waiting_job(store, image)
+    await store.cancel(job_id, "rev1")
+    assert await store.r.ttl(keys.job(job_id).meta) == -1
+    loop = ArchiveLoop(store, None, consumer="n")
+    assert loop.mirror is None
+    assert await loop.step(block_ms=0) == 1
+    assert await store.r.ttl(keys.job(job_id).meta) > 0

@@ -26,7 +26,7 @@ from harness.tokens import auth
 from serve_app import cli
 from serve_app.archiving import archive_job
 from serve_app.audit_routes import verify_job
-from statecore import audit, errors, keys
+from statecore import archive_queue, audit, errors, keys
 from statecore.models import NodeReport
 from statecore.store import Store
 
@@ -284,7 +284,7 @@ async def test_a_finished_job_that_gains_an_entry_is_archived_again(
     tmp_path: Any, redis_server: Any, image: Any
 ) -> None:
     """After its copy, a finished job gains audit entries (a refused intervention, a late report):
-    each queues ARCHIVE_JOB again, so the archive holds them before the Redis records expire."""
+    each queues the copy again, so the archive holds them before the Redis records expire."""
     store, archive = await _archiving_store(redis_server, tmp_path)
     try:
         job_id = await waiting_job(store, image)
@@ -292,14 +292,14 @@ async def test_a_finished_job_that_gains_an_entry_is_archived_again(
         await store.cancel(job_id, "rev1")
 
         def archive_commands() -> Any:
-            return [c for c in cmds if c.node_type == "ARCHIVE_JOB"]
+            return cmds
 
-        cmds = await store.outbox_commands(job_id)
+        cmds = await archive_queue.commands(store, job_id)
         assert len(archive_commands()) == 1  # the terminal write's, once (not again for its CANCEL entry)
         assert await archive_job(store, archive, job_id) == "OK"
         with pytest.raises(errors.JobCancelled):
             await store.intervene(job_id, iv(st, keep(st, 0), iid="iv_late"), "rev2")
-        cmds = await store.outbox_commands(job_id)
+        cmds = await archive_queue.commands(store, job_id)
         assert len(archive_commands()) == 2
         assert await archive_job(store, archive, job_id) == "OK"
         kept = await asyncio.to_thread(_archived_trail, archive, job_id)
@@ -314,7 +314,7 @@ async def test_a_burst_of_refusals_on_a_finished_job_queues_one_copy(
     tmp_path: Any, redis_server: Any, image: Any
 ) -> None:
     """Replays and refusals on a finished job (a double-click, a stale tab retrying) each add an audit
-    entry, but while a copy is queued they ride on it: one ARCHIVE_JOB, not one per refusal. A copy
+    entry, but while a copy is queued they ride on it: one archive command, not one per refusal. A copy
     made before the last of them is STALE; the next copy holds them all. A queued copy that never
     came (a dead letter) blocks nothing: after a minute an entry queues a new one."""
     store, archive = await _archiving_store(redis_server, tmp_path)
@@ -325,7 +325,7 @@ async def test_a_burst_of_refusals_on_a_finished_job_queues_one_copy(
         await store.cancel(job_id, "rev1")
 
         async def queued() -> int:
-            return sum(c.node_type == "ARCHIVE_JOB" for c in await store.outbox_commands(job_id))
+            return len(await archive_queue.commands(store, job_id))
 
         async def refuse(n: int) -> None:
             for i in range(n):

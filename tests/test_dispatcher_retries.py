@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from serve_app.dispatcher import Dispatcher
+from statecore.execution import RunSpec, run_started
 from statecore.models import NodeCommand
 from statecore.store import Store, StoreConfig
 
@@ -23,11 +24,14 @@ class CrashingModel:
         self.crashes = crashes
         self.calls: list[str] = []
 
-    async def run(self, cmd: NodeCommand, heartbeat: Any = None) -> dict[str, Any]:
-        self.calls.append(cmd.node_instance_id)
-        if len(self.calls) <= self.crashes:
-            raise RuntimeError("replica died (ActorDiedError)")
-        return {"boxes": THREE_BOXES}
+    async def run(self, cmd: NodeCommand, spec: RunSpec) -> dict[str, Any]:
+        async def work() -> dict[str, Any]:  # started like a replica starts it, then crashes
+            self.calls.append(cmd.node_instance_id)
+            if len(self.calls) <= self.crashes:
+                raise RuntimeError("replica died (ActorDiedError)")
+            return {"boxes": THREE_BOXES}
+
+        return await run_started(spec, work)
 
 
 async def _run_until_settled(store: Store, model: CrashingModel, job_id_of) -> str:

@@ -18,6 +18,7 @@ import pytest
 
 from serve_app.dispatcher import Dispatcher
 from serve_app.inspector import Inspector
+from statecore.execution import RunSpec, run_started
 from statecore.models import NodeCommand
 from statecore.store import Store, StoreConfig
 
@@ -36,9 +37,12 @@ class JunkModel:
         self.output = output
         self.calls = 0
 
-    async def run(self, cmd: NodeCommand, heartbeat: Any = None) -> dict[str, Any]:
-        self.calls += 1
-        return self.output
+    async def run(self, cmd: NodeCommand, spec: RunSpec) -> dict[str, Any]:
+        async def work() -> dict[str, Any]:
+            self.calls += 1
+            return self.output
+
+        return await run_started(spec, work)
 
 
 @pytest.mark.parametrize("output", BAD_OUTPUTS)

@@ -22,6 +22,7 @@ from serve_app import cli
 from serve_app.dispatcher import Dispatcher
 from serve_app.redis_server import RedisServer
 from statecore import counters, deadletters
+from statecore.execution import RunSpec, run_started
 from statecore.models import NodeCommand, NodeReport
 from statecore.store import Store, StoreConfig
 
@@ -35,11 +36,14 @@ class StopsRedisModel:
         self.server = server
         self.calls: list[str] = []
 
-    async def run(self, cmd: NodeCommand, heartbeat: Any = None) -> dict[str, Any]:
-        self.calls.append(cmd.node_instance_id)
-        if self.server is not None:
-            await asyncio.to_thread(self.server.stop)
-        return {"boxes": THREE_BOXES}
+    async def run(self, cmd: NodeCommand, spec: RunSpec) -> dict[str, Any]:
+        async def work() -> dict[str, Any]:
+            self.calls.append(cmd.node_instance_id)
+            if self.server is not None:
+                await asyncio.to_thread(self.server.stop)
+            return {"boxes": THREE_BOXES}
+
+        return await run_started(spec, work)
 
 
 def _dispatcher(store: Store, model: Any, data_dir: Path | None, consumer: str, **kw: Any) -> Dispatcher:
@@ -53,6 +57,10 @@ def _dispatcher(store: Store, model: Any, data_dir: Path | None, consumer: str, 
         heartbeat_lapse_s=600,
         **kw,
     )
+
+
+async def _outbox_empty(store: Store) -> bool:
+    return await store.outbox_pending() == 0
 
 
 async def _until(check: Any, timeout: float, what: str) -> Any:
@@ -192,11 +200,17 @@ async def test_a_command_delivered_more_than_max_deliveries_times_is_a_dead_lett
         assert letter.reason.startswith("MAX_DELIVERIES_EXCEEDED") and model.calls == []
         assert await store.outbox_pending() == 0  # acknowledged, not delivered again
         assert (await counters.read(store.r)).totals["dead_letters"] == 1
-        # Replayed, the command is queued again and runs.
+        # Its job does not sit queued for ever: the node failed, visibly, and the job with it.
+        state = await store.get(job_id)
+        assert state.status == "FAILED" and state.reason_code == "MAX_DELIVERIES_EXCEEDED"
+        failed = [e for e in await store.events_after(job_id, 0) if e.type == "NODE_FAILED"]
+        assert [e.data["reason"] for e in failed] == ["MAX_DELIVERIES_EXCEEDED"]
+        assert await store.backlog() == (0, 0.0)  # nothing left counted as queued
+        # Replayed, the command is queued again, but its node is no longer current: nothing runs.
         done = await deadletters.replay(store, letter.id)
         assert done.result == "REQUEUED"
-        await _until(lambda: _status_is(store, job_id, "WAITING_USER_SELECTION"), 20, "the re-queued command to run")
-        assert len(model.calls) == 1
+        await _until(lambda: _outbox_empty(store), 20, "the re-queued command to be skipped")
+        assert model.calls == [] and (await store.get(job_id)).status == "FAILED"
     finally:
         await _stop(task)
 

@@ -8,7 +8,9 @@
 --   15 the partition's finished jobs' final statuses (HASH job_id -> status, until pruned)
 --   16 the job's review claim (HASH with a TTL; never part of the job's version: claim.lua)
 --   17 the job's audit log (LIST, a hash chain: audit() below; docs/protocol.md § Audit)
--- KEYS[18]    optional: the job's creation idempotency record (same slot)
+--   18 the partition's archive stream (archive commands, apart from the node commands' outbox)
+--   19 the partition's jobs waiting for their archive copy (ZSET job_id -> when queued, ms)
+-- KEYS[20]    optional: the job's creation idempotency record (same slot)
 -- ARGV[1] job_id   ARGV[2] now (ISO-8601)   ARGV[3] retention seconds for finished jobs
 -- ARGV[4] the actor the audit names (the token's name, or the process acting: dispatcher, inspector)
 -- A "plan" (statecore.decide.Plan.to_json) lists every write of one atomic step;
@@ -17,7 +19,7 @@ local K_META, K_PAUSES, K_EVENTS, K_IDEM, K_REPORTS = KEYS[1], KEYS[2], KEYS[3],
 local K_OUTBOX, K_WAITING, K_RUNNING, K_JOBS, K_EXPIRING = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local K_QUEUED, K_HEARTBEATS, K_LEASE = KEYS[11], KEYS[12], KEYS[13]
 local K_COUNTS, K_FINISHED, K_CLAIM = KEYS[14], KEYS[15], KEYS[16]
-local K_AUDIT, K_CREATE = KEYS[17], KEYS[18]
+local K_AUDIT, K_ARCHIVE, K_ARCHIVE_WAITING, K_CREATE = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
 local JOB_ID, NOW, RETENTION, ACTOR = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
 -- Audit (docs/protocol.md § Audit). Each entry is a JSON array in statecore.audit.FIELDS order:
@@ -45,18 +47,20 @@ local function now_ms()
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
 
--- The job's ARCHIVE_JOB command (docs/protocol.md § Archive), into its partition's outbox. The meta's
+-- The job's archive command (docs/protocol.md § Archive), into its partition's archive stream (not
+-- the outbox: the archivers read it, never a node dispatcher), and the job into the index of jobs
+-- waiting for their copy (the archivers' sweep re-queues one whose command was lost). The meta's
 -- 'archive_queued' (ms) says one is on its way until archive_ack.lua acknowledges a copy: entries
 -- gained meanwhile ride on it (a copy that missed them is STALE and made again), so a finished job
--- refusing a burst of replays is copied once, not once per refusal. A command lost on the way (a dead
--- letter) blocks nothing: after ARCHIVE_REQUEUE_MS an entry queues a new one.
+-- refusing a burst of replays is copied once, not once per refusal. After ARCHIVE_REQUEUE_MS an
+-- entry queues a new one anyway.
 local ARCHIVE_REQUEUE_MS = 60000
 local ARCHIVE_QUEUED = false
 local function queue_archive(version)
-  redis.call('XADD', K_OUTBOX, '*', 'job', JOB_ID, 'cmd', cjson.encode({
-    node_instance_id = 'archive_' .. JOB_ID .. '_v' .. version, node_type = 'ARCHIVE_JOB',
-    job_id = JOB_ID, attempt = 0, enqueued_at = NOW}))
-  redis.call('HSET', K_META, 'archive_queued', now_ms())
+  local now = now_ms()
+  redis.call('XADD', K_ARCHIVE, '*', 'job', JOB_ID, 'version', version, 'at', NOW)
+  redis.call('ZADD', K_ARCHIVE_WAITING, now, JOB_ID)
+  redis.call('HSET', K_META, 'archive_queued', now)
   ARCHIVE_QUEUED = true
 end
 
@@ -232,7 +236,7 @@ local function apply_plan(plan_json)
   index(K_HEARTBEATS, plan.heartbeats)
   if plan.terminal and plan.archive then
     -- Archived first (docs/protocol.md § Archive): the records get their retention only when
-    -- the archive acknowledged the copy (archive_ack.lua). Same slot: the job's partition outbox.
+    -- the archive acknowledged the copy (archive_ack.lua). Same slot: the partition's archive stream.
     -- 'archive' in the meta: later entries of the finished job are copied too (audit()).
     queue_archive(version)
     redis.call('HSET', K_META, 'archive', '1')

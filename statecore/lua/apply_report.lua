@@ -12,7 +12,12 @@
 -- ARGV[12] the action the audit names (NODE_STARTED, NODE_REPORT, NODE_TIMED_OUT, NODE_LOST,
 --         NODE_ATTEMPT_FAILED, DEAD_LETTER_REPLAY): every answer but JOB_NOT_FOUND, FENCED and
 --         STALE appends an entry, outcome APPLIED:<status> or IGNORED:<reason | DUPLICATE>
+-- ARGV[13] what an inspector's verdict re-checks on this server's clock before it acts ('' = nothing):
+--         'lapse:<ms>'    the node's heartbeat is still older than <ms> (it did not beat or start since)
+--         'deadline:<ms>' the node's deadline passed more than <ms> ago
+--         otherwise {'ALIVE'}: the verdict was read from an index that has moved on since
 -- Returns {'OK', version} | {'DUPLICATE'} | {'IGNORED', reason} | {'JOB_NOT_FOUND'} | {'STALE'} | {'FENCED'}
+--         | {'ALIVE'}
 if redis.call('EXISTS', K_META) == 0 then return {'JOB_NOT_FOUND'} end
 local nid, final, by_inspector = ARGV[5], ARGV[8] == '1', ARGV[10] == '1'
 if by_inspector and redis.call('GET', K_LEASE) ~= ARGV[11] then return {'FENCED'} end
@@ -46,6 +51,12 @@ if reason then
   return {'IGNORED', reason}
 end
 if m[2] ~= ARGV[6] then return {'STALE'} end
+local check, limit = string.match(ARGV[13] or '', '^(%a+):(%d+)$')
+if check then
+  local index = check == 'lapse' and K_HEARTBEATS or K_RUNNING
+  local at = tonumber(redis.call('ZSCORE', index, JOB_ID) or '')
+  if at and at > now_ms() - tonumber(limit) then return {'ALIVE'} end
+end
 if final then redis.call('SADD', K_REPORTS, mark) end
 local version = apply_plan(ARGV[7])
 audit(ACTION, 'APPLIED:' .. redis.call('HGET', K_META, 'status'))

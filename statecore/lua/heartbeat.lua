@@ -4,7 +4,8 @@
 -- renewed, and the caller stops. Standalone (no shared prologue).
 -- KEYS[1] the job's meta   KEYS[2] the partition's heartbeat index   KEYS[3] the job's executor
 --         record (who runs the node; the inspector asks it before a re-dispatch) — one slot
--- ARGV[1] job_id   ARGV[2] node_instance_id   ARGV[3] now (ms)
+-- ARGV[1] job_id   ARGV[2] node_instance_id   ARGV[3] unused (the time is this server's: TIME, the
+--         clock every deadline and lapse is read on, whatever the clock of the process that beats)
 -- ARGV[4] the executor's name ('' = do not record)   ARGV[5] the record's time to live (ms)
 -- ARGV[6] 'release': the executor is done with the node; drop its record if it is still its own
 -- Returns 1 when renewed (or released), 0 when the node is no longer running
@@ -14,6 +15,7 @@ if ARGV[6] == 'release' then
 end
 if redis.call('HGET', KEYS[1], 'node_id') ~= ARGV[2] then return 0 end
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
-redis.call('ZADD', KEYS[2], 'XX', 'GT', ARGV[3], ARGV[1])
+local t = redis.call('TIME')
+redis.call('ZADD', KEYS[2], 'XX', 'GT', t[1] * 1000 + math.floor(t[2] / 1000), ARGV[1])
 if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
 return 1
