@@ -22,6 +22,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import metrics
+
 log = logging.getLogger("hitl.capacity")
 
 Limits = Callable[[], Mapping[str, int]]
@@ -40,12 +42,15 @@ class Slots:
         self._freed = asyncio.Event()
 
     def free(self) -> int | None:
-        """Calls that could start now over every bounded deployment, less the commands already
-        waiting here for one; None when nothing is bounded."""
+        """How many more commands to read now: the free slots of the deployment with the most, less
+        the commands already waiting here for a slot; None when nothing is bounded. (A command's
+        deployment is known only once it is read: a command read for a free Segmenter slot may be a
+        detection, which then waits here, counted in the backlog, for a Detector slot. Reading no
+        more than one deployment's free slots keeps that wait to one deployment's worth.)"""
         limits = self.limits()
         if not limits:
             return None
-        return max(0, sum(max(0, n - self.busy[d]) for d, n in limits.items()) - self.waiting)
+        return max(0, max(n - self.busy[d] for d, n in limits.items()) - self.waiting)
 
     async def acquire(self, deployment: str) -> None:
         self.waiting += 1
@@ -54,6 +59,7 @@ class Slots:
                 limit = self.limits().get(deployment)
                 if limit is None or self.busy[deployment] < limit:
                     self.busy[deployment] += 1
+                    self._export(deployment, limit)
                     return
                 self._freed.clear()
                 try:
@@ -65,7 +71,13 @@ class Slots:
 
     def release(self, deployment: str) -> None:
         self.busy[deployment] -= 1
+        self._export(deployment, self.limits().get(deployment))
         self._freed.set()
+
+    def _export(self, deployment: str, limit: int | None) -> None:
+        metrics.DISPATCH_CALLS.labels(deployment).set(self.busy[deployment])
+        if limit is not None:
+            metrics.DISPATCH_LIMIT.labels(deployment).set(limit)
 
 
 class ServeCapacity:

@@ -17,12 +17,14 @@ re-dispatched, cancelled) the call is cancelled, so a hung model holds no slot f
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
 import socket
 import time
 from collections.abc import Awaitable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -402,20 +404,33 @@ class Dispatcher:
 
 
 class LocalRunner:
-    """Runs nodes in this process (threads) with the backends of ``deployments.executor``:
-    the plain-uvicorn mode and the tests. Ray Serve uses ``application.ServeRunner``."""
+    """Runs nodes in this process, ``threads`` at a time, with the backends of
+    ``deployments.executor``: the plain-uvicorn mode and the tests. Ray Serve uses
+    ``application.ServeRunner``. Its one "deployment" has as many slots as threads, so a node is
+    started only when a thread is free to compute it."""
 
-    def __init__(self, models: Any, artifacts: Any) -> None:
+    DEPLOYMENT = "local"
+
+    def __init__(self, models: Any, artifacts: Any, threads: int = 8) -> None:
         self.models = models
         self.artifacts = artifacts
+        self.threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hitl-node")
+        self._limits = {self.DEPLOYMENT: threads}
+
+    def deployment_of(self, node_type: str) -> str:
+        return self.DEPLOYMENT
+
+    def limits(self) -> dict[str, int]:
+        return self._limits
 
     async def run(self, cmd: NodeCommand, spec: RunSpec) -> dict[str, Any]:
         from deployments.executor import run_node
 
-        # This process does the work: it records the start, beats and keeps the deadline.
         def work() -> Awaitable[dict[str, Any]]:
-            return asyncio.to_thread(run_node, cmd.node_type, cmd.input, self.models, self.artifacts)
+            compute = functools.partial(run_node, cmd.node_type, cmd.input, self.models, self.artifacts)
+            return asyncio.get_running_loop().run_in_executor(self.threads, compute)
 
+        # This process does the work: it records the start, beats and keeps the deadline.
         return await run_started(spec, work)
 
 

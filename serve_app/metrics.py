@@ -51,6 +51,19 @@ EMBEDDING_CACHE = Gauge(
     ["deployment", "kind"],
     registry=REGISTRY,
 )
+DISPATCH_CALLS = Gauge(
+    "hitl_dispatcher_calls",
+    "Model calls this process's dispatcher has outstanding, per deployment (serve_app.capacity)",
+    ["deployment"],
+    registry=REGISTRY,
+)
+DISPATCH_LIMIT = Gauge(
+    "hitl_dispatcher_call_limit",
+    "The most calls this process's dispatcher may have outstanding per deployment: running replicas x "
+    "max_ongoing_requests (+1 queued per replica), shared among the Api replicas",
+    ["deployment"],
+    registry=REGISTRY,
+)
 SSE_STREAMS = Gauge("hitl_sse_streams", "Open SSE streams in this process", registry=REGISTRY)
 HTTP_SECONDS = Histogram(
     "hitl_http_request_duration_seconds",

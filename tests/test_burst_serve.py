@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,20 @@ pytestmark = [pytest.mark.faults, pytest.mark.ray, pytest.mark.slow]
 LOST = {"NODE_LOST", "NODE_ATTEMPT_FAILED", "NODE_DEAD_LETTERED", "NODE_TIMED_OUT"}
 
 
-class OutboxWatch:
-    """Samples, in a thread, the commands delivered to a dispatcher and not yet acknowledged (its
-    outstanding calls) and the backlog (the ``queued`` indexes) straight from the embedded Redis."""
+def _series(text: str, name: str) -> list[float]:
+    return [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name)]
 
-    def __init__(self, redis_url: str) -> None:
+
+class OutboxWatch:
+    """Samples, in a thread, the commands delivered to a dispatcher and not yet acknowledged and
+    the backlog (the ``queued`` indexes) straight from the embedded Redis, and the dispatcher's
+    outstanding Detector calls and their limit from the Api's ``/metrics``."""
+
+    def __init__(self, redis_url: str, api_url: str) -> None:
         self.r = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.api_url = api_url
+        self.calls: list[float] = []  # the dispatcher's outstanding Detector calls (its /metrics)
+        self.limits: list[float] = []
         self.samples: list[tuple[int, int]] = []  # (delivered not acked, queued)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -58,6 +67,12 @@ class OutboxWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
+            try:
+                text = httpx.get(f"{self.api_url}/metrics", timeout=5).text
+                self.calls.append(max([0.0, *_series(text, 'hitl_dispatcher_calls{deployment="Detector"}')]))
+                self.limits.append(max([0.0, *_series(text, 'hitl_dispatcher_call_limit{deployment="Detector"}')]))
+            except httpx.HTTPError:
+                pass
             pipe = self.r.pipeline(transaction=False)
             for s in keys.all_outboxes():
                 pipe.xpending(s, keys.OUTBOX_GROUP)
@@ -71,10 +86,16 @@ class OutboxWatch:
 
 
 def _submit_all(c: httpx.Client, n: int, seed: int) -> tuple[list[str], int]:
-    """``n`` jobs as fast as one client can send them: (accepted job ids, 429 answers)."""
+    """``n`` jobs at once (16 submitters): (accepted job ids in submission order, 429 answers)."""
+    images = [blank_with_product(seed=seed + i) for i in range(n)]
+
+    def one(i: int) -> httpx.Response:
+        return submit(c, images[i], key=f"burst-{seed}-{i}")
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(one, range(n)))
     jobs, refused = [], 0
-    for i in range(n):
-        r = submit(c, blank_with_product(seed=seed + i), key=f"burst-{seed}-{i}")
+    for r in answers:
         if r.status_code == 429:
             assert r.json()["code"] == "BACKLOG_FULL" and r.headers.get("Retry-After"), r.text
             refused += 1
@@ -109,7 +130,7 @@ def test_a_burst_queued_longer_than_the_heartbeat_lapse_loses_nothing_with_defau
     up = _up(tmp_path, "--detector-delay-ms", str(delay_ms), "--heartbeat-lapse-s", "3")
     try:
         assert up.redis_url
-        with httpx.Client(base_url=up.api_url, timeout=60) as c, OutboxWatch(up.redis_url) as watch:
+        with httpx.Client(base_url=up.api_url, timeout=60) as c, OutboxWatch(up.redis_url, up.api_url) as watch:
             t0 = time.monotonic()
             jobs, refused = _submit_all(c, jobs_n, seed=300)
             assert refused == 0 and len(jobs) == jobs_n
@@ -120,12 +141,15 @@ def test_a_burst_queued_longer_than_the_heartbeat_lapse_loses_nothing_with_defau
         peak_pending = max(p for p, _ in watch.samples)
         peak_queued = max(q for _, q in watch.samples)
         print(
-            f"\n[burst] {jobs_n} jobs x {delay_ms} ms, lapse 3 s: all reviewed-ready in {drained_s:.1f}s; "
-            f"outstanding calls peak {peak_pending}, backlog peak {peak_queued}"
+            f"\n[burst] {jobs_n} jobs x {delay_ms} ms, lapse 3 s: all reviewed-ready in {drained_s:.1f}s; Detector "
+            f"calls peak {max(watch.calls):g} (limit {max(watch.limits):g}), read and not acked peak {peak_pending}, "
+            f"backlog peak {peak_queued}"
         )
-        # At most what the Detector can start: 2 replicas x (8 slots + 1 queued for the autoscaler).
-        assert peak_pending <= 2 * (8 + 1), watch.samples
-        assert peak_queued >= jobs_n - 2 * (8 + 1), "the waiting work was not in the outbox's backlog"
+        # Calls: at most what the Detector can start, 2 replicas x (8 slots + 1 queued for the
+        # autoscaler); read from the outbox: that and at most one deployment's worth waiting for a slot.
+        assert 0 < max(watch.calls) <= max(watch.limits) <= 2 * (8 + 1), (watch.calls, watch.limits)
+        assert peak_pending <= 2 * 2 * (8 + 1), watch.samples
+        assert peak_queued >= jobs_n - 2 * 2 * (8 + 1), "the waiting work was not in the outbox's backlog"
     finally:
         up.stop()
 
@@ -146,7 +170,7 @@ def test_the_deadline_counts_from_the_start_and_admission_sees_the_queue(tmp_pat
     )
     try:
         assert up.redis_url
-        with httpx.Client(base_url=up.api_url, timeout=60) as c, OutboxWatch(up.redis_url) as watch:
+        with httpx.Client(base_url=up.api_url, timeout=60) as c, OutboxWatch(up.redis_url, up.api_url) as watch:
             jobs, refused = _submit_all(c, 15, seed=500)
             print(f"\n[burst] single slot, --max-backlog 3: {len(jobs)} accepted, {refused} x 429")
             assert refused > 0, "15 quick submissions behind a single slot were all accepted"
@@ -158,6 +182,6 @@ def test_the_deadline_counts_from_the_start_and_admission_sees_the_queue(tmp_pat
                 ]
             assert set(statuses.values()) == {"WAITING_USER_SELECTION"}, statuses
             _one_start_each(c, jobs)
-        assert max(p for p, _ in watch.samples) <= 1 + 1, watch.samples  # 1 slot + 1 queued at the router
+        assert max(watch.calls) == max(watch.limits) == 1 + 1, (watch.calls, watch.limits)  # 1 slot + 1 queued
     finally:
         up.stop()
