@@ -17,9 +17,14 @@ from typing import Any
 from . import keys
 from .ids import now_iso
 
-# The order of an entry's fields in Redis (a JSON array) and in the hashed text.
+# The order of an entry's fields in the hashed text (and of an entry stored whole).
 FIELDS = ("seq", "at", "actor", "action", "base_version", "snapshot_id", "outcome", "prev_hash", "hash")
 HASHED = FIELDS[:-1]
+# How Redis stores an entry (a JSON array; every byte of a waiting job counts): without prev_hash,
+# which is the hash of the entry before it (``parse_all`` fills it in), and with base_version and
+# snapshot_id last, left out when none. An array of all nine FIELDS (an entry stored before this
+# form, or written whole by hand) reads as it is.
+STORED = ("seq", "at", "actor", "action", "outcome", "hash", "base_version", "snapshot_id")
 
 
 def _canon(v: Any) -> str:
@@ -37,13 +42,35 @@ def entry_hash(entry: Mapping[str, Any]) -> str:
     return hashlib.sha1(text.encode()).hexdigest()  # the digest Redis's Lua computes; a chain, not a password
 
 
-def parse(raw: str) -> dict[str, Any]:
-    """One stored entry (a JSON array in FIELDS order) as the audit route shows it."""
-    entry = dict(zip(FIELDS, json.loads(raw), strict=True))
+def parse(raw: str, prev_hash: str | None = None) -> dict[str, Any]:
+    """One stored entry as the audit route shows it (FIELDS, in that order). ``prev_hash``: the hash
+    of the entry before it, for an entry stored without its own (None when not known)."""
+    values = json.loads(raw)
+    if len(values) == len(FIELDS):
+        stored = dict(zip(FIELDS, values, strict=True))
+    else:
+        stored = dict(zip(STORED, values, strict=False))
+        stored["prev_hash"] = prev_hash
+    entry = {f: stored.get(f) for f in FIELDS}
     bv = entry["base_version"]
     if isinstance(bv, str) and bv.isascii() and bv.isdigit():  # past a double's exact range: kept as digits
         entry["base_version"] = int(bv)
     return entry
+
+
+def parse_all(raws: Sequence[str]) -> list[dict[str, Any]]:
+    """A job's stored entries, oldest first, each with the ``prev_hash`` it was hashed with: the hash
+    of the entry before it (the first: ""), unless the entry states its own. An entry whose content
+    was changed still fails its own hash, or the next entry's: the hash covers ``prev_hash``."""
+    out: list[dict[str, Any]] = []
+    prev = ""
+    for raw in raws:
+        entry = parse(raw, prev)
+        if entry["prev_hash"] is None:
+            entry["prev_hash"] = prev
+        out.append(entry)
+        prev = str(entry["hash"])
+    return out
 
 
 @dataclass(frozen=True)
@@ -71,7 +98,7 @@ def verify(entries: Sequence[Mapping[str, Any]], head: str | None = None, head_s
         if seq != i:
             return Broken(i, seq, f"seq {seq} out of order (expected {i})")
         if entry_hash(e) != e.get("hash"):
-            return Broken(i, seq, "its hash does not match its content (edited)")
+            return Broken(i, seq, "its hash does not match its content and the entry before it (edited)")
         prev = str(e["hash"])
     n = len(entries)
     if head is not None and head != prev:
@@ -94,7 +121,7 @@ async def read(r: Any, job_id: str) -> dict[str, Any] | None:
         return None
     return {
         "job_id": job_id,
-        "entries": [parse(x) for x in raw],
+        "entries": parse_all(raw),
         "head": head,
         "head_seq": int(head_seq) if head_seq is not None else 0,
     }

@@ -86,6 +86,9 @@ def plan_create(
         policy["review_quorum"] = review_quorum
     plan = Plan(expect_version=0, status=S.DETECTING)
     transition(S.CREATED, S.DETECTING, job_id=job_id)
+    # Fields at their default are left out (every byte of a waiting job counts; JobState.from_meta
+    # reads a missing one as its default): approved_box_list and results [], reason_code none,
+    # cancel_requested and empty_selection 0, idem_key none.
     plan.meta.update(
         {
             "job_id": job_id,
@@ -94,18 +97,14 @@ def plan_create(
             "created_at": now,
             "image": dump(image),
             "box_list": "[]",
-            "approved_box_list": "[]",
             "active_pause": "",
             "pause_token": "",
-            "reason_code": "",
-            "cancel_requested": "0",
-            "empty_selection": "0",
             "terminal": "0",
-            "results": "[]",
-            "idem_key": idem_key or "",
             "policy": canonical_json(policy),
         }
     )
+    if idem_key:
+        plan.meta["idem_key"] = idem_key
     plan.events.append(("JOB_CREATED", {"submitter": submitter, "width": image.width, "height": image.height}))
     plan.events.append(("STATUS_CHANGED", {"from": S.CREATED.value, "to": S.DETECTING.value}))
     cmd = command(job_id, NodeType.DETECT_SUBJECTS, now, DetectInput(image=image))

@@ -26,7 +26,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from . import errors
 
-
 # Redis down, hung past the operation timeout, loading its data set (BusyLoadingError is a
 # ConnectionError), a cluster without a master for a slot, a replica after a failover
 # (ReadOnlyError), out of memory under ``maxmemory-policy noeviction`` (OutOfMemoryError), or our

@@ -8,7 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from . import keys
+from . import eventrefs, keys
 from .models import Event, Pause
 
 
@@ -30,7 +30,7 @@ class HistoryMixin:
 
     async def events_after(self, job_id: str, after: int = 0, count: int = 100_000) -> list[Event]:
         """Events with id > ``after``, oldest first (ids are 1-based list positions)."""
-        raws = await self.r.lrange(keys.job(job_id).events, max(after, 0), max(after, 0) + count - 1)
+        raws = await eventrefs.read(self.r, job_id, max(after, 0), max(after, 0) + count - 1)
         return [self._event(job_id, raw) for raw in raws]
 
     async def stream_events(self, job_id: str, after: int = 0, poll_s: float = 0.2) -> AsyncIterator[Event]:

@@ -170,7 +170,7 @@ class JobKeys:
     # HASH (with a TTL: --claim-ttl-s) reviewer, claimed_at, expires_at: the reviewer looking at the
     # waiting job (docs/protocol.md § Claims). Apart from ``meta``: a claim is not a change of the job.
     claim: str
-    # LIST of the job's audit entries, oldest first: JSON arrays in statecore.audit.FIELDS order, a
+    # LIST of the job's audit entries, oldest first: JSON arrays in statecore.audit.STORED order, a
     # hash chain (docs/protocol.md § Audit). Its head (hash, seq) is kept in ``meta``.
     audit: str
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -249,3 +250,28 @@ def parse_output(node_type: str, raw: Any) -> NodeOutput:
     spec = spec_of(node_type)
     result: NodeOutput = _parse(spec.output, raw, "output", INVALID_NODE_OUTPUT, node_type)
     return result
+
+
+def check_answers(output: NodeOutput, node_input: Mapping[str, Any] | None) -> None:
+    """An output that parses must still answer what the node was asked: a validator's verdicts are
+    exactly one per box of ``items_to_validate`` (none missing, none unknown, none twice), else
+    ``INVALID_NODE_OUTPUT`` (a box without a verdict would silently drop out of the job).
+    ``node_input``: the node's input as the job keeps it; None (a job stored before it was kept)
+    checks nothing."""
+    if not isinstance(output, ValidateOutput) or node_input is None:
+        return
+    asked = [str(b.get("box_id")) for b in node_input.get("items_to_validate") or [] if isinstance(b, Mapping)]
+    answered = Counter(r.box_id for r in output.results)
+    found = {
+        "no verdict for": [b for b in asked if b not in answered],
+        "verdicts for boxes not asked about": sorted(set(answered) - set(asked)),
+        "more than one verdict for": sorted(b for b, n in answered.items() if n > 1),
+    }
+    problems = [f"{what} {', '.join(ids[:5])}{' …' if len(ids) > 5 else ''}" for what, ids in found.items() if ids]
+    if problems:
+        raise NodeExecutionError(
+            f"{NodeType.VALIDATE_MANUAL_BOX_LIST.value} output does not answer the boxes asked about: "
+            + "; ".join(problems),
+            code=INVALID_NODE_OUTPUT,
+            retryable=False,
+        )

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from . import eventrefs
 from .ids import canonical_json, new_id, now_iso
 from .jobstate import JobState
 from .models import FIRST_WORKFLOW_VERSION, Box, CurrentNode, ImageRef, NodeCommand, Pause, PauseStage
@@ -52,7 +53,10 @@ class Plan:
         return canonical_json(
             {
                 "meta": meta,
-                "events": [[t, self.status.value, canonical_json(d)] for t, d in self.events],
+                "events": [
+                    [t, self.status.value, canonical_json(d)]
+                    for (t, _), d in zip(self.events, eventrefs.stored(self.events, meta), strict=True)
+                ],
                 "outbox": self.outbox.model_dump_json() if self.outbox else "",
                 "pauses": self.pause_history,
                 "waiting": list(self.waiting) if self.waiting else [],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import keys
+from . import eventrefs
 from .models import Box
 
 _CHUNK = 32
@@ -42,10 +42,9 @@ def box_changes(base: list[Box], now: list[Box]) -> dict[str, list[Any]]:
 
 async def base_pause(r: Any, job_id: str, base_version: int) -> dict[str, Any] | None:
     """The data of the last PAUSE_OPENED event at or before ``base_version`` (None: there is none)."""
-    key = keys.job(job_id).events
     stop = -1
     while True:
-        raws: list[str] = await r.lrange(key, stop - _CHUNK + 1, stop)
+        raws = await eventrefs.read(r, job_id, stop - _CHUNK + 1, stop)  # a pause's boxes may be the meta's
         for raw in reversed(raws):
             if _PAUSE_OPENED not in raw:
                 continue

@@ -15,7 +15,16 @@ from .errors import NodeExecutionError
 from .ids import new_id
 from .jobstate import JobState
 from .models import Box, NodeReport, SubjectResult, Validation
-from .nodes import DetectOutput, FinalizeInput, FinalizeOutput, NodeOutput, ProcessOutput, ValidateOutput, parse_output
+from .nodes import (
+    DetectOutput,
+    FinalizeInput,
+    FinalizeOutput,
+    NodeOutput,
+    ProcessOutput,
+    ValidateOutput,
+    check_answers,
+    parse_output,
+)
 from .plan import (
     WORKFLOW_VERSION,
     Plan,
@@ -156,14 +165,17 @@ def plan_report(
 ) -> Plan:
     """Apply one node's result. The caller has checked the node is current.
 
-    A SUCCEEDED report whose output does not parse fails the node at once with
-    ``INVALID_NODE_OUTPUT``: the same output would never parse on a retry."""
+    A SUCCEEDED report whose output does not parse, or does not answer what the node was asked
+    (``nodes.check_answers``), fails the node at once with ``INVALID_NODE_OUTPUT``: the same output
+    would never parse on a retry."""
     node = state.current_node
     assert node is not None and node.node_instance_id == report.node_instance_id
     output: NodeOutput | None = None
     if report.outcome == "SUCCEEDED":
         try:
-            output = parse_output(node.node_type, report.output)
+            parsed = parse_output(node.node_type, report.output)
+            check_answers(parsed, state.node_input)  # e.g. one verdict per box the validator was asked about
+            output = parsed
         except NodeExecutionError as e:
             report = report.model_copy(update={"outcome": "FAILED", "error_code": e.code, "error_message": e.message})
     plan = Plan(expect_version=state.version, status=state.status)

@@ -132,7 +132,7 @@ def _edit(entry: dict[str, Any], **change: Any) -> str:
 async def _tamper_redis(store: Store, job_id: str, how: str) -> None:
     jk = keys.job(job_id)
     raw = await store.r.lrange(jk.audit, 0, -1)
-    e = [audit.parse(x) for x in raw]
+    e = audit.parse_all(raw)  # each with its prev_hash (Redis keeps it only as the entry before's hash)
     if how == "edit":  # entry 3's outcome changed, its hash left
         await store.r.lset(jk.audit, 2, _edit(e[2], outcome="ACCEPTED"))
     elif how == "edit_rehashed":  # entry 3 changed and its own hash recomputed: entry 4 gives it away
@@ -212,7 +212,7 @@ async def test_a_live_chain_rewritten_end_to_end_disagrees_with_the_archive(
         job_id = await finished_job(store, image)
         await copy_job(store, archive, job_id)
         jk = keys.job(job_id)
-        entries = [audit.parse(x) for x in await store.r.lrange(jk.audit, 0, -1)]
+        entries = audit.parse_all(await store.r.lrange(jk.audit, 0, -1))
         entries[2]["actor"] = "mallory"
         prev = entries[1]["hash"]
         for e in entries[2:]:

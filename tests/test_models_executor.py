@@ -182,7 +182,8 @@ def test_serve_wrappers_without_ray(store, image_ref):
     seg = apps["Segmenter"]._bound_deployment
     assert seg._deployment_config.autoscaling_config.max_replicas == 4
     assert seg._deployment_config.autoscaling_config.target_ongoing_requests == 3
-    assert seg.init_args == ("classical", {"feather_px": 2}, store.root, {"max_batch_size": 8})
+    # The last argument: one model thread per request slot (max_ongoing_requests).
+    assert seg.init_args == ("classical", {"feather_px": 2}, store.root, {"max_batch_size": 8}, 16)
     assert seg.max_ongoing_requests == 16
     det = apps["Detector"]._bound_deployment
     assert det.num_replicas == 2 and det._deployment_config.autoscaling_config is None

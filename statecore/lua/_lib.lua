@@ -22,7 +22,7 @@ local K_COUNTS, K_FINISHED, K_CLAIM = KEYS[14], KEYS[15], KEYS[16]
 local K_AUDIT, K_ARCHIVE, K_ARCHIVE_WAITING, K_CREATE = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
 local JOB_ID, NOW, RETENTION, ACTOR = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
--- Audit (docs/protocol.md § Audit). Each entry is a JSON array in statecore.audit.FIELDS order:
+-- Audit (docs/protocol.md § Audit). An entry's fields, in statecore.audit.FIELDS order:
 -- seq, at, actor, action, base_version, snapshot_id, outcome, prev_hash, hash. `hash` is SHA-1 (the
 -- one digest Redis's Lua has) over the other eight fields, each written as <length>:<text> ('-'
 -- for none), so no two entries share a hashed text. `prev_hash` is read here from the head kept in
@@ -72,8 +72,12 @@ local function audit(action, outcome, base_version, snapshot_id)
   local sid = snapshot_id or ''
   local hash = redis.sha1hex(canon(seq) .. canon(NOW) .. canon(ACTOR) .. canon(action) .. canon(bv) ..
     canon(sid) .. canon(outcome) .. canon(prev))
-  redis.call('RPUSH', K_AUDIT, cjson.encode({seq, NOW, ACTOR, action, version_value(bv),
-    sid ~= '' and sid or cjson.null, outcome, prev, hash}))
+  -- Stored compact (statecore.audit.STORED): no prev_hash (the hash of the entry before it: the
+  -- reader fills it in), base_version and snapshot_id last and left out when none.
+  local stored = {seq, NOW, ACTOR, action, outcome, hash}
+  if bv ~= '' or sid ~= '' then stored[7] = version_value(bv) end
+  if sid ~= '' then stored[8] = sid end
+  redis.call('RPUSH', K_AUDIT, cjson.encode(stored))
   redis.call('HSET', K_META, 'audit_head', hash, 'audit_seq', seq)
   local ttl = redis.call('PTTL', K_META)
   if ttl > 0 then redis.call('PEXPIRE', K_AUDIT, ttl) end
@@ -96,6 +100,27 @@ local function append_event(etype, status, data, version)
     ',"status":"' .. status .. '","at":"' .. NOW .. '","data":' .. data .. '}')
   redis.call('PUBLISH', K_EVENTS, seq)
   return seq
+end
+
+-- A PAUSE_OPENED event may be stored with "data":"@meta": its data is the meta's active_pause and
+-- box_list, byte for byte (statecore/eventrefs.py), its id in the meta's 'pause_event'. Before a plan
+-- changes either field, the event is written out in full from the meta as it still is, so the
+-- reference always means what the pause opened with.
+local DATA_REF = '"data":"@meta"}'
+local function settle_pause_event(meta_changes)
+  if meta_changes.active_pause == nil and meta_changes.box_list == nil then return end
+  local id = tonumber(redis.call('HGET', K_META, 'pause_event') or '')
+  if not id then return end
+  local raw = redis.call('LINDEX', K_EVENTS, id - 1)
+  if raw and string.sub(raw, -#DATA_REF) == DATA_REF then
+    local m = redis.call('HMGET', K_META, 'active_pause', 'box_list')
+    local members = {}  -- a field missing from the meta (removed by hand) is left out
+    if m[1] and m[1] ~= '' then members[#members + 1] = '"active_pause":' .. m[1] end
+    if m[2] and m[2] ~= '' then members[#members + 1] = '"box_list":' .. m[2] end
+    redis.call('LSET', K_EVENTS, id - 1, string.sub(raw, 1, #raw - #DATA_REF) ..
+      '"data":{' .. table.concat(members, ',') .. '}}')
+  end
+  redis.call('HDEL', K_META, 'pause_event')
 end
 
 local function snapshot()
@@ -215,11 +240,13 @@ local function apply_plan(plan_json)
       flat[#flat + 1] = v
     end
   end
+  settle_pause_event(plan.meta)
   redis.call('HSET', K_META, unpack(flat))
   if #gone > 0 then redis.call('HDEL', K_META, unpack(gone)) end
   for _, ev in ipairs(plan.events) do
-    append_event(ev[1], ev[2], ev[3], version)
+    local seq = append_event(ev[1], ev[2], ev[3], version)
     count_event(ev[1], ev[3])
+    if ev[1] == 'PAUSE_OPENED' and ev[3] == '"@meta"' then redis.call('HSET', K_META, 'pause_event', seq) end
   end
   if plan.meta.status then
     count_status(old_status, plan.meta.status, old_status == nil and tonumber(ARGV[8]) or 0)

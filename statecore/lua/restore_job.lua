@@ -9,7 +9,9 @@ if redis.call('EXISTS', K_META) == 1 then return {'PRESENT'} end
 local meta = cjson.decode(ARGV[5])
 local flat = {}
 for k, v in pairs(meta) do
-  if k ~= 'audit_head' and k ~= 'audit_seq' then  -- the audit entries were lost with the rest: a new chain
+  -- The audit entries and the events were lost with the rest: a new chain, a new event list (so no
+  -- PAUSE_OPENED of the old one to refer to: 'pause_event').
+  if k ~= 'audit_head' and k ~= 'audit_seq' and k ~= 'pause_event' then
     flat[#flat + 1] = k
     flat[#flat + 1] = v
   end
