@@ -207,3 +207,41 @@ async def test_heartbeats_are_on_redis_clock_and_a_verdict_rechecks_the_lapse(st
     # An inspector that read the lapsed index a while ago: the node beat since, so it is left alone.
     assert await store.node_lost(job_id, cmd.node_instance_id, lease=lease, lapse_ms=10_000) == "ALIVE"
     assert (await store.get(job_id)).current_node.status == "RUNNING"  # type: ignore[union-attr]  # started above
+
+
+class SlowModel:
+    """Answers three boxes after ``seconds``, started like a replica starts it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.calls = 0
+
+    async def run(self, cmd: NodeCommand, spec: RunSpec) -> dict[str, Any]:
+        async def work() -> dict[str, Any]:
+            self.calls += 1
+            await asyncio.sleep(self.seconds)
+            return {"boxes": THREE_BOXES}
+
+        return await run_started(spec, work)
+
+
+async def test_a_node_running_many_reclaim_periods_is_neither_reclaimed_nor_dead_lettered(store, image):
+    from statecore import deadletters
+
+    model = SlowModel(3.0)
+    fast = {"reclaim_idle_ms": 300, "reclaim_every_s": 0.1, "max_deliveries": 2, "inspect_every_s": 3600}
+    a = Dispatcher(store, model, consumer="a", **fast)
+    job_id = (await store.create_job("alice", image)).job_id
+    tasks = [await _run(a)]
+    try:
+        await _until(lambda: _async_eq(_status(store, job_id), "DETECTING"), 10, "the detection")
+        await _until(lambda: _async(model.calls == 1), 10, "the model call")
+        tasks.append(await _run(Dispatcher(store, model, consumer="b", **fast)))  # it would reclaim idle entries
+        await _until(lambda: _async_eq(_status(store, job_id), "WAITING_USER_SELECTION"), 20, "the slow detection")
+        assert model.calls == 1 and await deadletters.list_all(store.r) == []
+        body = await store.audit(job_id)
+        assert body is not None
+        assert [e["action"] for e in body["entries"]].count("NODE_STARTED") == 1
+    finally:
+        for t in tasks:
+            await _stop(t)
