@@ -18,9 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import ResponseError
-
 from . import keys
+from .outbox import create_groups, prune_idle_consumers
 
 
 @dataclass
@@ -41,12 +40,7 @@ def _entries(stream: str, entries: list[Any]) -> list[ArchiveEntry]:
 
 async def ensure_group(store: Any) -> None:
     """Create the archivers' consumer group on every partition's archive stream (idempotent)."""
-    for stream in keys.all_archive_streams():
-        try:
-            await store.r.xgroup_create(stream, keys.ARCHIVE_GROUP, id="0", mkstream=True)
-        except ResponseError as e:
-            if "BUSYGROUP" not in str(e):
-                raise
+    await create_groups(store.r, keys.all_archive_streams(), keys.ARCHIVE_GROUP)
 
 
 async def read(store: Any, consumer: str, count: int = 32, block_ms: int = 1000) -> list[ArchiveEntry]:
@@ -151,17 +145,7 @@ async def sweep(store: Any, older_than_ms: int, count: int = 500) -> int:
 async def prune_consumers(store: Any, keep: str, idle_ms: int) -> int:
     """Forget archivers of earlier processes idle for ``idle_ms`` that hold nothing (one with pending
     entries is kept: its entries are claimed first, and a later pass deletes the name)."""
-    deleted = 0
-    for stream in keys.all_archive_streams():
-        try:
-            consumers = await store.r.xinfo_consumers(stream, keys.ARCHIVE_GROUP)
-        except ResponseError:  # no such stream or group yet
-            continue
-        for c in consumers:
-            if c["name"] != keep and int(c["pending"]) == 0 and int(c["idle"]) >= idle_ms:
-                await store.r.xgroup_delconsumer(stream, keys.ARCHIVE_GROUP, c["name"])
-                deleted += 1
-    return deleted
+    return await prune_idle_consumers(store.r, keys.all_archive_streams(), keys.ARCHIVE_GROUP, keep, idle_ms)
 
 
 async def waiting(store: Any) -> int:

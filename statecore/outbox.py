@@ -147,16 +147,32 @@ class OutboxMixin:
 
     async def prune_consumers(self, keep: str, idle_ms: int) -> int:
         """Forget outbox consumers (dispatchers of earlier processes) idle for ``idle_ms`` that hold
-        nothing. A consumer with pending entries is kept: deleting it would drop them from the
-        group's pending list; reclaiming moves them first, and a later pass deletes the name."""
-        deleted = 0
-        for stream in keys.all_outboxes():
-            try:
-                consumers = await self.r.xinfo_consumers(stream, keys.OUTBOX_GROUP)
-            except ResponseError:  # no such stream or group yet
-                continue
-            for c in consumers:
-                if c["name"] != keep and int(c["pending"]) == 0 and int(c["idle"]) >= idle_ms:
-                    await self.r.xgroup_delconsumer(stream, keys.OUTBOX_GROUP, c["name"])
-                    deleted += 1
-        return deleted
+        nothing: see :func:`prune_idle_consumers`."""
+        return await prune_idle_consumers(self.r, keys.all_outboxes(), keys.OUTBOX_GROUP, keep, idle_ms)
+
+
+async def create_groups(r: Any, streams: list[str], group: str) -> None:
+    """Create ``group`` on every one of ``streams`` (and the streams), idempotently."""
+    for stream in streams:
+        try:
+            await r.xgroup_create(stream, group, id="0", mkstream=True)
+        except ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+
+async def prune_idle_consumers(r: Any, streams: list[str], group: str, keep: str, idle_ms: int) -> int:
+    """Delete the consumers of ``group`` on ``streams`` (but ``keep``) idle for ``idle_ms`` that hold
+    nothing. A consumer with pending entries is kept: deleting it would drop them from the group's
+    pending list; reclaiming moves them first, and a later pass deletes the name."""
+    deleted = 0
+    for stream in streams:
+        try:
+            consumers = await r.xinfo_consumers(stream, group)
+        except ResponseError:  # no such stream or group yet
+            continue
+        for c in consumers:
+            if c["name"] != keep and int(c["pending"]) == 0 and int(c["idle"]) >= idle_ms:
+                await r.xgroup_delconsumer(stream, group, c["name"])
+                deleted += 1
+    return deleted

@@ -14,7 +14,7 @@ from typing import Any
 from .errors import NodeExecutionError
 from .ids import new_id
 from .jobstate import JobState
-from .models import Box, NodeReport, SubjectResult, Validation
+from .models import Box, CurrentNode, NodeReport, SubjectResult, Validation
 from .nodes import (
     DetectOutput,
     FinalizeInput,
@@ -98,6 +98,18 @@ def plan_node_started(state: JobState, node_instance_id: str, now: str, now_ms: 
     return plan
 
 
+def node_failed_event(node: CurrentNode, reason: str, retryable: bool) -> tuple[str, dict[str, Any]]:
+    """NODE_FAILED: one attempt of the node failed (lost, crashed, given up on)."""
+    data = {
+        "node_instance_id": node.node_instance_id,
+        "node_type": node.node_type.value,
+        "attempt": node.attempt,
+        "reason": reason,
+        "retryable": retryable,
+    }
+    return ("NODE_FAILED", data)
+
+
 def plan_node_lost(state: JobState, now: str, now_ms: int, *, reason: str, max_attempts: int, backoff_s: float) -> Plan:
     """The running node's heartbeat lapsed and nobody confirmed it is alive: the attempt failed.
 
@@ -108,18 +120,7 @@ def plan_node_lost(state: JobState, now: str, now_ms: int, *, reason: str, max_a
     assert node is not None and node.status == "RUNNING"
     plan = Plan(expect_version=state.version, status=state.status)
     retry = node.attempt < max_attempts and state.node_input is not None
-    plan.events.append(
-        (
-            "NODE_FAILED",
-            {
-                "node_instance_id": node.node_instance_id,
-                "node_type": node.node_type.value,
-                "attempt": node.attempt,
-                "reason": reason,
-                "retryable": retry,
-            },
-        )
-    )
+    plan.events.append(node_failed_event(node, reason, retry))
     if not retry:
         lost = reason == "EXECUTOR_LOST"  # else the attempt failed with an error of its own
         plan.meta["current_node"] = dump_node(node.model_copy(update={"status": "LOST" if lost else "FAILED"}))
@@ -137,18 +138,7 @@ def plan_node_dead(state: JobState, *, reason: str) -> Plan:
     node = state.current_node
     assert node is not None
     plan = Plan(expect_version=state.version, status=state.status)
-    plan.events.append(
-        (
-            "NODE_FAILED",
-            {
-                "node_instance_id": node.node_instance_id,
-                "node_type": node.node_type.value,
-                "attempt": node.attempt,
-                "reason": reason,
-                "retryable": False,
-            },
-        )
-    )
+    plan.events.append(node_failed_event(node, reason, False))
     plan.meta["current_node"] = dump_node(node.model_copy(update={"status": "FAILED"}))
     move(plan, state, S.FAILED)
     finish(plan, reason)

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
 
 from . import counters, decide, durable, errors, gates, keys, listing, quorum, rebase, scripts
 from .audit import AuditMixin
@@ -33,7 +32,7 @@ from .models import (
     JobSummary,
 )
 from .node_writes import NodeWritesMixin
-from .outbox import OutboxMixin
+from .outbox import OutboxMixin, create_groups
 from .plan import CONTINUABLE_WORKFLOW_VERSIONS, WORKFLOW_VERSION
 from .states import JobStatus, is_terminal
 
@@ -140,12 +139,7 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
 
     async def ensure_groups(self) -> None:
         """Create the dispatchers' consumer group on every outbox stream (idempotent)."""
-        for stream in keys.all_outboxes():
-            try:
-                await self.r.xgroup_create(stream, keys.OUTBOX_GROUP, id="0", mkstream=True)
-            except ResponseError as e:
-                if "BUSYGROUP" not in str(e):
-                    raise
+        await create_groups(self.r, keys.all_outboxes(), keys.OUTBOX_GROUP)
 
     # ------------------------------------------------------------------ helpers
 
