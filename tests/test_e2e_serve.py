@@ -139,8 +139,13 @@ def test_whole_flow_through_ray_serve(data_dir):
         job = api.submit(img)
         assert api.get(job)["status"] == "DETECTING"
 
-        # cancel during detection: stays CANCELLED when the detection report lands later
+        # cancel during detection (once a Detector replica started it: a node still queued when its job
+        # is cancelled is never started): stays CANCELLED when the detection report lands later
         doomed = api.submit(product_composite(seed=8, n=2)[0])
+        deadline = time.monotonic() + 30
+        while (api.get(doomed)["current_node"] or {}).get("status") != "RUNNING":
+            assert time.monotonic() < deadline, f"the detection never started: {api.get(doomed)['current_node']}"
+            time.sleep(0.05)
         assert api.c.post(f"/api/v1/jobs/{doomed}/cancel").json()["status"] == "CANCELLED"
 
         # SSE (through the Events deployment) delivers PAUSE_OPENED; resume from Last-Event-ID
