@@ -3,8 +3,8 @@
 A call handed to a DeploymentHandle beyond the deployment's free slots waits in Serve's router
 queue, where no heartbeat, deadline or backlog count can see it. So a dispatcher keeps at most
 what the deployment can start now: its RUNNING replicas × ``max_ongoing_requests``, read from
-Serve's controller every ``refresh_s`` (so it follows autoscaling), shared among the Api
-replicas' dispatchers, plus one call per replica waiting at the router: Serve's autoscaler scales
+Serve's controller every ``refresh_s`` (5 s: autoscaling acts in tens of seconds), shared among the
+Api replicas' dispatchers, plus one call per replica waiting at the router: Serve's autoscaler scales
 on ongoing + queued requests, and with ``max_ongoing_requests`` at ``target_ongoing_requests`` a
 saturated deployment would otherwise never ask for more replicas. Everything else stays in the
 outbox, where admission control counts it and any dispatcher can take it.
@@ -86,7 +86,7 @@ class ServeCapacity:
     ``fallback``: each deployment's ``max_ongoing_requests`` as configured, used (with one replica)
     until the controller first answers; ``share``: how many dispatchers (Api replicas) divide it."""
 
-    def __init__(self, app: str, fallback: Mapping[str, int], share: int = 1, refresh_s: float = 2.0) -> None:
+    def __init__(self, app: str, fallback: Mapping[str, int], share: int = 1, refresh_s: float = 5.0) -> None:
         self.app = app
         self.share = max(1, share)
         self.refresh_s = refresh_s
@@ -121,24 +121,23 @@ def limit(replicas: int, slots: int, share: int) -> int:
 
 
 def read_deployments(app: str, names: list[str]) -> dict[str, tuple[int, int]]:
-    """(RUNNING replicas, max_ongoing_requests) of each named deployment of ``app``, from the controller."""
-    from ray.serve._private.common import ReplicaState
+    """(RUNNING replicas, max_ongoing_requests) of each named deployment of ``app``, from the
+    controller's details as a plain mapping (what ``serve.status()`` reads; parsing it into Serve's
+    pydantic models cost the Api replica more CPU than everything else it did while idle)."""
     from ray.serve.context import _get_global_client  # the client serve.status() uses
-    from ray.serve.schema import ServeInstanceDetails
 
     client = _get_global_client()
     if client is None:  # Serve is not running (yet)
         return {}
-    details: Any = ServeInstanceDetails(**client.get_serve_details())
-    application = details.applications.get(app)
+    details: dict[str, Any] = client.get_serve_details()
+    deployments = ((details.get("applications") or {}).get(app) or {}).get("deployments") or {}
     out: dict[str, tuple[int, int]] = {}
-    if application is None:
-        return out
     for name in names:
-        d = application.deployments.get(name)
-        if d is None:
+        d = deployments.get(name)
+        if not d:
             continue
-        running = sum(1 for r in d.replicas if r.state == ReplicaState.RUNNING)
-        slots = d.deployment_config.max_ongoing_requests
+        states = [getattr(r.get("state"), "value", r.get("state")) for r in d.get("replicas") or []]
+        running = states.count("RUNNING")
+        slots = (d.get("deployment_config") or {}).get("max_ongoing_requests")
         out[name] = (running, int(slots) if isinstance(slots, int) else 1)
     return out
