@@ -41,11 +41,13 @@ class HitlUp:
         dashboard: bool = False,
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
+        api_port: int | None = None,
     ) -> None:
         """``args`` are more ``hitl up`` options (``"--detector-delay-ms", "80"``); ``log_path``
-        keeps the whole output in a file as well."""
+        keeps the whole output in a file as well; ``api_port``: the port of an earlier ``hitl up``
+        on this data directory (a restart), a free one by default."""
         self.data_dir = data_dir
-        self.api_port = free_port()
+        self.api_port = api_port or free_port()
         self.ui_port = free_port() if ui else None
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         self.ui_url = f"http://127.0.0.1:{self.ui_port}" if ui else None

@@ -55,6 +55,7 @@ from .auth import Authenticator
 from .capacity import ServeCapacity
 from .config import Settings
 from .events import EventHub, sse_lines
+from .ray_runtime import reuse_ingress_address
 from .runtime import make_dispatcher
 from .serve_options import CONTROL_PLANE
 
@@ -156,6 +157,7 @@ class Api:
     ) -> None:
         self.settings = Settings.model_validate_json(settings_json)
         self.events_handle = events
+        reuse_ingress_address()  # the API port again at once after a crash (before Serve binds it)
         # The Archiver deployment runs its own loop; bound here so Serve deploys it. None: --no-archive.
         self.archiver = archiver
         from deployments.serve import configured_max_ongoing

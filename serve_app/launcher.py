@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from . import ray_runtime
+from . import ports, ray_runtime
 from .auth import local_token
 from .config import Settings, load_config_file
 from .durability import appendfsync, check_external
@@ -130,6 +130,11 @@ def up(
     deployed = False
     app_name = ""
     try:
+        if not settings.ray_address:  # a joined cluster's proxies listen where that cluster says
+            wanted = {"--api-port": settings.api_port}
+            if ui and settings.ui_port:
+                wanted["--ui-port"] = settings.ui_port
+            ports.check(settings.host, wanted)
         if not settings.redis_url:
             redis = RedisServer(settings.data_dir / "redis", appendfsync=appendfsync(settings.durability)).start()
             settings.redis_url = redis.url

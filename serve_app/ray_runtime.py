@@ -90,6 +90,42 @@ def direct_ingress_env(api_port: int) -> dict[str, str]:
     }
 
 
+def reuse_ingress_address() -> bool:
+    """Let this process's direct-ingress server bind the API port while connections of a killed
+    predecessor linger on it (TIME_WAIT, FIN_WAIT): the restart after a crash that systemd's
+    ``Restart=`` or a container restart does, at once and on the same port (issue 19).
+
+    Serve 2.60 binds the Api replica's socket without ``SO_REUSEADDR``, so for a minute after a
+    SIGKILL the bind fails, Serve blocks the one port of the range and the replica never starts
+    (``NoAvailablePortError``). Serve's only switch sets ``SO_REUSEPORT`` as well, which would let a
+    second live process share the port; this keeps ``SO_REUSEADDR`` alone, so a port another
+    process still listens on is refused as before. Called in the Api replica before Serve starts
+    its server; False (and nothing changed) where Serve's internals are not as expected."""
+    try:
+        from ray.serve._private import http_util, replica
+    except ImportError:
+        return False
+    start = getattr(replica, "start_asgi_http_server", None)
+    if start is None or not hasattr(http_util, "set_socket_reuse_port"):
+        log.warning("Serve's direct ingress is not as expected: a restart may wait for the API port")
+        return False
+    if getattr(start, "reuses_address", False):
+        return True
+
+    def reuse_address_only(sock: socket.socket) -> bool:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        return True
+
+    async def start_reusing_address(*args: Any, **kwargs: Any) -> Any:
+        kwargs["enable_so_reuseport"] = True  # which now means SO_REUSEADDR alone
+        return await start(*args, **kwargs)
+
+    start_reusing_address.reuses_address = True  # type: ignore[attr-defined]  # a marker against patching twice
+    http_util.set_socket_reuse_port = reuse_address_only
+    replica.start_asgi_http_server = start_reusing_address
+    return True
+
+
 def quiet_port(low: int = 20000, high: int = 32767) -> int:
     """A free loopback port between Ray's worker ports (10002-19999) and the kernel's ephemeral range
     (32768-60999): picked before Ray starts and bound seconds later, a port from the ephemeral range

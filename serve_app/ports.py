@@ -1,0 +1,83 @@
+"""Whether the ports ``hitl up`` is asked to listen on are free, said in one line before Ray starts
+(a taken port would otherwise surface half a minute later as Serve's ``NoAvailablePortError``).
+
+A port is taken when another socket listens on it: the bind test uses ``SO_REUSEADDR``, as the
+servers do (``serve_app.ray_runtime.reuse_ingress_address``), so the connections a crashed
+predecessor left behind (TIME_WAIT) do not count: a restart on the same port goes ahead at once.
+Only connections of a server that did not set ``SO_REUSEADDR`` itself (a build before this one)
+still hold the port, until the kernel lets them go (60 s): that is waited for, and said.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import time
+
+import psutil
+
+log = logging.getLogger("hitl.ports")
+
+
+def holder(port: int) -> str | None:
+    """Who listens on ``port``: ``pid 123 (redis-server)``, ``another process`` (one this user may
+    not name), or None when nobody listens (only connections linger on it)."""
+    try:
+        listeners = [
+            c
+            for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+        ]
+    except psutil.Error:
+        return "another process"
+    for c in listeners:
+        if c.pid:
+            try:
+                return f"pid {c.pid} ({psutil.Process(c.pid).name()})"
+            except psutil.Error:
+                return f"pid {c.pid}"
+    return "another process" if listeners else None
+
+
+def _bind(host: str, port: int) -> OSError | None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e
+    return None
+
+
+def taken(host: str, port: int, linger_s: float = 65.0) -> str | None:
+    """None when ``host:port`` can be listened on (after up to ``linger_s`` for connections that
+    outlived their server); else why not, in words."""
+    deadline = time.monotonic() + linger_s
+    said = False
+    while (e := _bind(host, port)) is not None:
+        if e.errno != errno.EADDRINUSE:
+            return e.strerror or str(e)
+        who = holder(port)
+        if who is not None:
+            return f"in use by {who}"
+        if time.monotonic() > deadline:
+            return "held by connections that outlived their server"
+        if not said:
+            log.warning(
+                "port %d: connections of an earlier server linger on it; waiting for the kernel to free it", port
+            )
+            said = True
+        time.sleep(0.5)
+    return None
+
+
+def check(host: str, ports: dict[str, int]) -> None:
+    """SystemExit naming the first of ``ports`` (flag -> port) that cannot be listened on."""
+    for flag, port in ports.items():
+        why = taken(host, port)
+        if why is not None:
+            raise SystemExit(
+                f"hitl up: cannot listen on {host}:{port} ({flag}): {why}. Stop it, or pass another {flag}."
+            )
