@@ -2,10 +2,14 @@
 
 A job's events are a Redis list (the record); the Lua scripts also PUBLISH each new
 id on the job's channel, only to wake readers up. One ``EventHub`` per process
-serves every open stream: one pattern subscription for all jobs, a per-job
-position, and a fetch of the list tail when a job's channel fires. A slow poll
-(``poll_s``) catches anything a wake-up missed (a reconnect, or a Redis Cluster,
-where the hub polls only).
+serves every open stream: one pattern subscription for all jobs, per job the
+last event id fetched, and a fetch of the events after it when a job's channel
+fires. A slow poll (``poll_s``) catches anything a wake-up missed (a reconnect, or
+a Redis Cluster, where the hub polls only). Everything here is by event id, never
+by list position: a job restored from the mirror keeps increasing ids over a new
+list (``Store.events_after`` translates; an id the restore left behind reads the
+new list whole), so a stream open across the loss goes on with ``JOB_RESTORED``
+and still ends with ``JOB_FINISHED``.
 
 Ordering argument: a subscriber registers before it reads the history, so a
 wake-up after registration triggers a fetch from a position no later than what
@@ -36,7 +40,7 @@ class EventHub:
         self.store = store
         self.poll_s = poll_s if not store.cluster else min(poll_s, 0.25)
         self._subs: dict[str, set[asyncio.Queue[Event]]] = defaultdict(set)
-        self._pos: dict[str, int] = {}
+        self._pos: dict[str, int] = {}  # job id -> the last event id fetched for its subscribers
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []

@@ -28,11 +28,15 @@ STORED = ("seq", "at", "actor", "action", "outcome", "hash", "base_version", "sn
 
 
 def _canon(v: Any) -> str:
-    """One field as ``audit()`` hashes it: ``<length>:<text>``, ``-`` for none (or empty)."""
+    """One field as ``audit()`` hashes it: ``<length>:<text>``, ``-`` for none (or empty). The length
+    counts UTF-8 bytes, as Lua's ``#`` does (``张伟`` is ``6:张伟``, not ``2:张伟``); a number is its
+    digits, as the script writes its own (``seq``, an integer; ``base_version`` reaches it as the
+    digits the client sent, and is stored so that it reads back as the same integer: ``parse``).
+    So the text hashed here is the script's, byte for byte."""
     if v is None or v == "":
         return "-"
     s = str(v)
-    return f"{len(s)}:{s}"
+    return f"{len(s.encode())}:{s}"
 
 
 def entry_hash(entry: Mapping[str, Any]) -> str:

@@ -15,9 +15,15 @@ cancelled or superseded, the boxes validated), ``apply_plan`` in ``lua/_lib.lua`
 out in full from the meta as it still is, in the same atomic step, and drops ``pause_event``. So a
 reference always means what the pause opened with.
 
-Reading (``read``): a range of events that holds a reference is read again together with the meta
-fields in one MULTI and each reference replaced by the data it stands for, byte for byte: every
-reader (SSE, history, the archive's copy, rebase) gets the event exactly as if it were stored whole.
+Reading (``read``, ``read_after``): a range of events that holds a reference is read again together
+with the meta fields in one MULTI and each reference replaced by the data it stands for, byte for
+byte: every reader (SSE, history, the archive's copy, rebase) gets the event exactly as if it were
+stored whole.
+
+Ids and positions: an event's id is 1-based position + the meta's ``event_base`` (absent: 0). Only a
+job restored from the mirror has one (``statecore.restore``): its new list starts after the ids the
+lost one held. ``read_after`` reads by id; ``read`` by position (negative: from the end), which is
+what a reader that walks back from the newest event (rebase) wants whatever the base.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ REF = "@meta"  # an event's data in the stored event: rebuilt from the job's met
 _STORED_REF = f'"data":"{REF}"}}'  # how a stored event ends when its data is a reference
 PAUSE_FIELDS = ("active_pause", "box_list")  # PAUSE_OPENED's data, in canonical (sorted) order
 META_FIELDS = ("image", "submitter", *PAUSE_FIELDS)  # what the references are rebuilt from
+BASE = "event_base"  # the meta field: the id just before the first event the list holds (absent: 0)
 
 
 def _created(image: Mapping[str, Any], submitter: str) -> dict[str, Any]:
@@ -88,3 +95,29 @@ async def read(r: Any, job_id: str, start: int, stop: int) -> list[str]:
         pipe.hmget(jk.meta, *META_FIELDS)
         raws, values = await pipe.execute()
     return [expand(raw, values) for raw in raws]
+
+
+async def read_after(r: Any, job_id: str, after: int, count: int) -> list[str]:
+    """The job's events with id > ``after``, ``count`` at most, oldest first, references expanded.
+    One round trip as a rule: the list's range is read with the meta's ``event_base`` and read again
+    only when the base is not 0 (a restored job) or the range holds a reference. An ``after`` at or
+    below the base (an id lost with Redis) reads the whole list."""
+    jk = keys.job(job_id)
+    after = max(after, 0)
+    async with r.pipeline(transaction=True) as pipe:
+        pipe.lrange(jk.events, after, after + count - 1)
+        pipe.hget(jk.meta, BASE)
+        raws, found = await pipe.execute()
+    base = int(found or 0)
+    if base == 0 and not any(has_refs(raw) for raw in raws):
+        return list(raws)
+    for _ in range(3):  # the base moves only when the job is restored: between two reads, hardly ever
+        start = max(after - base, 0)
+        async with r.pipeline(transaction=True) as pipe:
+            pipe.lrange(jk.events, start, start + count - 1)
+            pipe.hmget(jk.meta, BASE, *META_FIELDS)
+            raws, (found, *values) = await pipe.execute()
+        if int(found or 0) == base:
+            return [expand(raw, values) for raw in raws]
+        base = int(found or 0)
+    raise RuntimeError(f"the events of {job_id} kept being restored while read")

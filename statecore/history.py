@@ -1,4 +1,5 @@
-"""A job's history as Redis holds it: its events (a LIST, id = position) and its pauses
+"""A job's history as Redis holds it: its events (a LIST, id = position + the meta's ``event_base``,
+0 but for a job restored from the mirror: ``statecore.eventrefs.read_after``) and its pauses
 (docs/protocol.md § Events (SSE), § Pause). Reads only. A mixin of :class:`statecore.store.Store`."""
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ class HistoryMixin:
         )
 
     async def events_after(self, job_id: str, after: int = 0, count: int = 100_000) -> list[Event]:
-        """Events with id > ``after``, oldest first (ids are 1-based list positions)."""
-        raws = await eventrefs.read(self.r, job_id, max(after, 0), max(after, 0) + count - 1)
+        """Events with id > ``after``, oldest first. An ``after`` that a restore left behind (an id lost
+        with Redis) gets every event stored, from the restore's ``JOB_RESTORED`` on."""
+        raws = await eventrefs.read_after(self.r, job_id, after, count)
         return [self._event(job_id, raw) for raw in raws]
 
     async def stream_events(self, job_id: str, after: int = 0, poll_s: float = 0.2) -> AsyncIterator[Event]:

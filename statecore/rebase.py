@@ -41,7 +41,9 @@ def box_changes(base: list[Box], now: list[Box]) -> dict[str, list[Any]]:
 
 
 async def base_pause(r: Any, job_id: str, base_version: int) -> dict[str, Any] | None:
-    """The data of the last PAUSE_OPENED event at or before ``base_version`` (None: there is none)."""
+    """The data of the last PAUSE_OPENED event at or before ``base_version`` (None: there is none).
+    Read by position from the end of the list, which a restored job's ``event_base`` (ids that do not
+    start at 1: ``statecore.eventrefs``) leaves as it is."""
     stop = -1
     while True:
         raws = await eventrefs.read(r, job_id, stop - _CHUNK + 1, stop)  # a pause's boxes may be the meta's

@@ -9,7 +9,15 @@ What the job gets back, in one script that refuses a job Redis holds again:
   the old instance is ignored like any superseded one);
 - a job that was already finished is the archive's, and is not restored here.
 
-Every restore starts with a ``JOB_RESTORED`` event naming the version it came back from.
+Every restore starts with a ``JOB_RESTORED`` event naming the version it came back from and the last
+event id the mirror knew (``from_event``).
+
+Event ids survive a restore: the new event list starts after ``event_base`` (kept in the meta), the
+mirror's ``event_seq`` plus :data:`EVENT_ID_GAP`, so an id is never given twice to two different
+events. The gap covers the events the mirror never saw (recorded within its last period before the
+loss, or while it lagged): a reader that asks for the events after an id at or below ``event_base``
+(lost with Redis) gets the whole new list, starting with ``JOB_RESTORED``; after a later id, the
+events after it, with no gap (docs/protocol.md § Events).
 """
 
 from __future__ import annotations
@@ -27,10 +35,19 @@ from .plan import Plan, requeue
 from .states import is_terminal
 
 REASON = "STORE_RESTORED"
+# How far past the mirror's last event id the restored job's ids start: more than one job can record
+# between two mirror writes (a step writes a few events, a segmentation one per box: at most 500).
+EVENT_ID_GAP = 1_000_000
 
 
-def plan_restore(state: JobState, now: str, now_ms: int, workflow: str) -> Plan | None:
-    """The write that brings ``state`` back to life, or None when there is nothing to restore."""
+def event_base(meta: dict[str, str]) -> int:
+    """The id just before the restored job's first event (its ``JOB_RESTORED``)."""
+    return int(meta.get("event_seq") or 0) + EVENT_ID_GAP
+
+
+def plan_restore(state: JobState, now: str, now_ms: int, workflow: str, from_event: int = 0) -> Plan | None:
+    """The write that brings ``state`` back to life, or None when there is nothing to restore;
+    ``from_event``: the last event id the mirror knew."""
     if is_terminal(state.status):
         return None
     pause = state.active_pause
@@ -46,7 +63,12 @@ def plan_restore(state: JobState, now: str, now_ms: int, workflow: str) -> Plan 
         plan = Plan(expect_version=state.version, status=state.status)
         requeue(plan, state, node, reason=REASON, now=now, now_ms=now_ms)
         plan.heartbeats = ("del", 0)
-    restored = {"from_version": state.version, "status": state.status.value, "reason": REASON}
+    restored = {
+        "from_version": state.version,
+        "from_event": from_event,
+        "status": state.status.value,
+        "reason": REASON,
+    }
     plan.events.insert(0, ("JOB_RESTORED", restored))
     return plan
 
@@ -57,7 +79,7 @@ async def restore(store: Any, meta: dict[str, str], pauses: dict[str, str], acto
     restored job's first audit entry names."""
     state = JobState.from_meta(meta)
     now, now_ms = now_iso(), int(time.time() * 1000)
-    plan = plan_restore(state, now, now_ms, store.config.workflow_version)
+    plan = plan_restore(state, now, now_ms, store.config.workflow_version, int(meta.get("event_seq") or 0))
     if plan is None:
         return "FINISHED" if is_terminal(state.status) else "NOTHING_TO_RUN"
     created_ms = int(datetime.fromisoformat(state.created_at).timestamp() * 1000)
@@ -65,6 +87,7 @@ async def restore(store: Any, meta: dict[str, str], pauses: dict[str, str], acto
     res = await store._scripts["restore_job"](
         keys=store._keys(state, jk),
         args=store._args(state.job_id, now, actor)
-        + [json.dumps(meta), json.dumps(pauses), plan.to_json(now, store.config.archive), created_ms],
+        + [json.dumps(meta), json.dumps(pauses), plan.to_json(now, store.config.archive), created_ms]
+        + [event_base(meta)],
     )
     return "RESTORED" if res[0] == "OK" else "PRESENT"

@@ -27,17 +27,21 @@ local JOB_ID, NOW, RETENTION, ACTOR = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[
 -- one digest Redis's Lua has) over the other eight fields, each written as <length>:<text> ('-'
 -- for none), so no two entries share a hashed text. `prev_hash` is read here from the head kept in
 -- the meta (audit_head, audit_seq), inside the script that commits the action: an append can only
--- extend the current head, the chain cannot fork. statecore.audit.verify recomputes it.
+-- extend the current head, the chain cannot fork. statecore.audit.verify recomputes it, so both
+-- write the same bytes: <length> counts bytes (Lua's #; Python counts the UTF-8 encoding), and every
+-- number reaches canon as its digits (seq stays far below 1e14, where tostring would use an exponent).
 local function canon(v)
   if v == nil or v == cjson.null or v == '' then return '-' end
   local s = tostring(v)
   return #s .. ':' .. s
 end
 
--- A version as the client sent it: a JSON number while exact in a double, else its digits as text.
+-- A version as the client sent it: a JSON number while cjson writes it digit for digit (it writes
+-- numbers with 14 significant digits: 123456789012345 would be stored 1.2345678901234e+14, and the
+-- hash covers the digits), else its digits as text (statecore.audit.parse reads both as the integer).
 local function version_value(v)
   if v == nil or v == '' then return cjson.null end
-  if #v <= 15 and string.match(v, '^%d+$') then return tonumber(v) end
+  if #v <= 14 and string.match(v, '^%d+$') then return tonumber(v) end
   return v
 end
 
@@ -92,8 +96,9 @@ local function audit(action, outcome, base_version, snapshot_id)
   return seq
 end
 
--- An event is one JSON string appended to the job's list (its id is its position);
--- the PUBLISH only wakes SSE readers up, the list is the record.
+-- An event is one JSON string appended to the job's list; its id is event_seq, and its position in
+-- the list is id - event_base (event_base: 0, or for a restored job the id just before the first
+-- event its new list holds: restore_job.lua). The PUBLISH only wakes SSE readers up, the list is the record.
 local function append_event(etype, status, data, version)
   local seq = redis.call('HINCRBY', K_META, 'event_seq', 1)
   redis.call('RPUSH', K_EVENTS, '{"id":' .. seq .. ',"type":"' .. etype .. '","version":' .. version ..
@@ -109,15 +114,17 @@ end
 local DATA_REF = '"data":"@meta"}'
 local function settle_pause_event(meta_changes)
   if meta_changes.active_pause == nil and meta_changes.box_list == nil then return end
-  local id = tonumber(redis.call('HGET', K_META, 'pause_event') or '')
+  local ref = redis.call('HMGET', K_META, 'pause_event', 'event_base')
+  local id = tonumber(ref[1] or '')
   if not id then return end
-  local raw = redis.call('LINDEX', K_EVENTS, id - 1)
+  local pos = id - (tonumber(ref[2] or '') or 0) - 1  -- the event's place in the list (0-based)
+  local raw = pos >= 0 and redis.call('LINDEX', K_EVENTS, pos) or nil
   if raw and string.sub(raw, -#DATA_REF) == DATA_REF then
     local m = redis.call('HMGET', K_META, 'active_pause', 'box_list')
     local members = {}  -- a field missing from the meta (removed by hand) is left out
     if m[1] and m[1] ~= '' then members[#members + 1] = '"active_pause":' .. m[1] end
     if m[2] and m[2] ~= '' then members[#members + 1] = '"box_list":' .. m[2] end
-    redis.call('LSET', K_EVENTS, id - 1, string.sub(raw, 1, #raw - #DATA_REF) ..
+    redis.call('LSET', K_EVENTS, pos, string.sub(raw, 1, #raw - #DATA_REF) ..
       '"data":{' .. table.concat(members, ',') .. '}}')
   end
   redis.call('HDEL', K_META, 'pause_event')

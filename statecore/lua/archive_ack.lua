@@ -1,5 +1,6 @@
--- archive_ack: the archive holds the finished job as far as version ARGV[5], event ARGV[6] and audit
--- entry ARGV[7] (docs/protocol.md § Archive): only now do its records get their retention TTL and a place in
+-- archive_ack: the archive holds the finished job as far as version ARGV[5], event ARGV[6] (the last
+-- event's id, which event_seq is, also past a restore: restore_job.lua) and audit entry ARGV[7]
+-- (docs/protocol.md § Archive): only now do its records get their retention TTL and a place in
 -- the expiring index. A job that went further since the copy (a late REPORT_IGNORED) answers
 -- STALE: copy again. ARGV[5] = '' acknowledges whatever the job holds (archiving turned off).
 -- OK also ends the queued copy ('archive_queued', _lib.lua's queue_archive) and takes the job out of

@@ -2,6 +2,9 @@
 -- ARGV[5] the mirrored meta (JSON object of the hash)   ARGV[6] the mirrored pause history
 -- (JSON object token -> pause)   ARGV[7] the plan (a fresh pause, or the node queued again)
 -- ARGV[8] the job's created_at (ms), for the listing index
+-- ARGV[9] event_base: the id just before the first event of the new list (statecore.restore: past
+-- every id the lost list can have held), so the ids go on increasing and a reader finds event id i
+-- at position i - event_base (_lib.lua's append_event, statecore.eventrefs.read_after)
 -- The restored job's audit starts a new chain (its first entry: RESTORE; the earlier entries went with
 -- Redis, and the archive holds those of finished jobs only).
 -- Returns {'OK', version} | {'PRESENT'} (Redis holds the job: nothing is written)
@@ -10,13 +13,15 @@ local meta = cjson.decode(ARGV[5])
 local flat = {}
 for k, v in pairs(meta) do
   -- The audit entries and the events were lost with the rest: a new chain, a new event list (so no
-  -- PAUSE_OPENED of the old one to refer to: 'pause_event').
-  if k ~= 'audit_head' and k ~= 'audit_seq' and k ~= 'pause_event' then
+  -- PAUSE_OPENED of the old one to refer to: 'pause_event'; its ids start after ARGV[9]).
+  if k ~= 'audit_head' and k ~= 'audit_seq' and k ~= 'pause_event' and k ~= 'event_seq' and k ~= 'event_base' then
     flat[#flat + 1] = k
     flat[#flat + 1] = v
   end
 end
 redis.call('HSET', K_META, unpack(flat))
+redis.call('HSET', K_META, 'event_base', ARGV[9], 'event_seq', ARGV[9])
+redis.call('DEL', K_EVENTS)  -- whatever is left of a list without its meta: the new one starts empty
 for token, p in pairs(cjson.decode(ARGV[6])) do
   redis.call('HSET', K_PAUSES, token, p)
 end
