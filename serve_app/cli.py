@@ -20,6 +20,8 @@ from pathlib import Path
 from archive.cli import add_export_command, add_upgrade_command
 from client.commands import HelpFormatter, add_client_commands
 
+from .standalone import add_arguments as add_dispatcher_arguments
+
 DESCRIPTION = """\
 hitl-review: human-in-the-loop review for image cut-out. A detector proposes boxes, a person approves, \
 moves, relabels or draws them in the reviewer UI, and the approved subjects are segmented into masks and \
@@ -341,6 +343,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_up_options(demo)
     demo.set_defaults(func=_run_up)
+    dispatcher = sub.add_parser(
+        "dispatcher",
+        formatter_class=HelpFormatter,
+        help="one more outbox dispatcher next to a running deployment (models in threads)",
+        description="Run an outbox dispatcher in this process, built from the deployment's settings "
+        "(<data-dir>/deployment.json, written by `hitl up`): its retention, archive, node timeouts and "
+        "attempts. Flags override single settings. For more dispatch capacity than the API replicas give.",
+    )
+    add_dispatcher_arguments(dispatcher)
+    dispatcher.set_defaults(func=_run_dispatcher)
     admin_sub = add_client_commands(sub)
     add_upgrade_command(admin_sub, formatter_class=HelpFormatter)
     add_export_command(sub, formatter_class=HelpFormatter)
@@ -375,6 +387,12 @@ def _run_up(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _run_dispatcher(args: argparse.Namespace) -> int:
+    from .standalone import run
+
+    return run(args)
 
 
 def _demo_submitter(data_dir: Path) -> Callable[[str, str | None], None]:

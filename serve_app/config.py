@@ -126,6 +126,29 @@ class Settings(BaseModel):
         return cls(**values)
 
 
+DEPLOYMENT_FILE = "deployment.json"  # in the data directory: the settings `hitl up` runs with
+
+
+def save_deployment(settings: Settings) -> Path:
+    """Write the settings a deployment runs with to ``<data-dir>/deployment.json`` (atomically;
+    tokens left out: they are secrets, and what builds from this file never authenticates anyone).
+    What a standalone dispatcher and the admin tools build their store from
+    (``load_deployment``), so they keep this deployment's retention, archive, timeouts and attempts."""
+    path = settings.data_dir / DEPLOYMENT_FILE
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(settings.model_copy(update={"tokens": None}).model_dump_json(indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def load_deployment(data_dir: str | Path) -> Settings | None:
+    """The settings ``hitl up`` last ran with on ``data_dir``; None when it never ran there."""
+    path = Path(data_dir) / DEPLOYMENT_FILE
+    if not path.exists():
+        return None
+    return Settings.model_validate_json(path.read_text())
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read the `--config` file: YAML (.yaml/.yml) or TOML (.toml)."""
     p = Path(path)

@@ -27,7 +27,7 @@ import httpx
 
 from . import ports, ray_runtime
 from .auth import local_token
-from .config import Settings, load_config_file
+from .config import Settings, load_config_file, save_deployment
 from .durability import appendfsync, check_external
 from .redis_server import RedisServer, free_port
 from .stopping import Stopper, descendants
@@ -148,6 +148,8 @@ def up(
                 durability=settings.durability,
                 timeout_s=settings.store_timeout_s,
             )
+        # What a standalone dispatcher or an admin tool on this data directory builds its store from.
+        save_deployment(settings)
         token = None
         if not settings.tokens:
             if not settings.loopback:

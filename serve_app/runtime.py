@@ -35,7 +35,11 @@ def make_dispatcher(
     store: Any,
     runner: NodeRunner,
     confirm: Confirm | None = None,
+    **process: Any,
 ) -> Dispatcher:
+    """A dispatcher as the deployment's settings make it: every dispatcher is built here (the API
+    replicas', plain uvicorn's, a standalone one's). ``process``: what is this process's own
+    (``consumer``, ``reclaim_every_s``)."""
     return Dispatcher(
         store,
         runner,
@@ -48,6 +52,7 @@ def make_dispatcher(
         data_dir=settings.data_dir,  # its spool/ keeps results Redis could not take yet
         max_deliveries=settings.max_deliveries,
         confirm=confirm,
+        **process,
     )
 
 

@@ -31,7 +31,7 @@ async def test_killed_dispatcher_command_completes_once(store, redis_server, tmp
         [
             sys.executable,
             "-m",
-            "serve_app.dispatcher",
+            "serve_app.standalone",
             "--redis-url",
             redis_server.url,
             "--data-dir",

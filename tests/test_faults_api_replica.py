@@ -43,7 +43,7 @@ def _dispatcher(redis_url: str, data_dir: Path, name: str) -> Child:
         [
             sys.executable,
             "-m",
-            "serve_app.dispatcher",
+            "serve_app.standalone",
             "--redis-url",
             redis_url,
             "--data-dir",

@@ -7,7 +7,7 @@
   inspector's confirmation, the node is re-dispatched; SIGCONT then lets the old call finish, and
   its late answer is REPORT_IGNORED (NODE_SUPERSEDED), never applied, while the new attempt completes;
 - SIGKILL the whole ``hitl up`` tree while a node runs, stay down longer than the node's deadline,
-  start again on the same data directory: the interrupted node runs again (it is not TIMED_OUT
+  start again on the same data directory and port: the interrupted node runs again (it is not TIMED_OUT
   for the downtime) and the job goes on.
 
 Invariants afterwards: every job went on to the review (nothing stuck), exactly one node
@@ -211,9 +211,8 @@ def test_whole_tree_killed_mid_node_and_down_past_the_deadline_resumes_the_node(
         job = submit(c, seed=13)
         first = wait_running(c, job)["current_node"]
     up.kill()  # SIGKILL of every process of the tree, Redis and Ray included, mid-node
-    up.wait_port_free()
     time.sleep(10)  # down longer than the node's 9 s deadline
-    again = HitlUp(up.data_dir, *ARGS, log_path=tmp_path / "hitl-up-again.log").start(timeout=300)
+    again = HitlUp(up.data_dir, *ARGS, api_port=up.api_port, log_path=tmp_path / "hitl-up-again.log").start(timeout=300)
     try:
         with httpx.Client(base_url=again.api_url, headers=headers, timeout=30) as c:
             t0 = time.monotonic()
