@@ -21,7 +21,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from statecore import audit
+from statecore import audit, keys
+from statecore.decide import create_fingerprint
 from statecore.errors import JobNotFound
 from statecore.ids import batch_of
 from statecore.models import Event, JobResults, JobSnapshot, Pause
@@ -52,6 +53,8 @@ class JobRecord:
     pauses: list[dict[str, Any]]
     events: list[Event]
     audit: list[dict[str, Any]]
+    create_hash: str | None = None  # what a creation replay must match (statecore.decide.create_fingerprint)
+    interventions: dict[str, str] | None = None  # the job's intervention records, as Redis kept them
 
     @property
     def progress(self) -> tuple[int, int, int]:
@@ -69,7 +72,8 @@ def _last_seq(audit: Sequence[Mapping[str, Any]]) -> int:
 
 async def read_job(store: Store, job_id: str) -> JobRecord:
     """The finished job as the API would answer for it now, its audit log included
-    (docs/protocol.md § Audit)."""
+    (docs/protocol.md § Audit), and what its writes are answered from once Redis forgot it: the
+    creation's fingerprint and the intervention records (docs/protocol.md § Archive)."""
     state = await store.get(job_id)
     if not is_terminal(state.status):
         raise NotFinished(f"job {job_id} is {state.status.value}; only finished jobs are archived")
@@ -78,6 +82,8 @@ async def read_job(store: Store, job_id: str) -> JobRecord:
     pauses = await store.pause_history(job_id)
     events = await store.events_after(job_id, 0)
     log = await audit.read(store.r, job_id)
+    recorded: dict[str, str] = await store.r.hgetall(keys.job(job_id).idem)
+    quorum = int(state.policy.get("review_quorum") or 1)
     return JobRecord(
         job_id=job_id,
         version=state.version,
@@ -88,6 +94,8 @@ async def read_job(store: Store, job_id: str) -> JobRecord:
         pauses=[p.model_dump(mode="json") for p in pauses],
         events=events,
         audit=[{k: e.get(k) for k in AUDIT_FIELDS} for e in (log or {}).get("entries", [])],
+        create_hash=create_fingerprint(state.image.sha256, quorum) if state.idem_key else None,
+        interventions=recorded or None,
     )
 
 
@@ -197,6 +205,8 @@ def _fill_job(job: ArchivedJob, r: JobRecord) -> None:
     job.archived_at = datetime.now(UTC)
     job.snapshot = r.snapshot
     job.results = r.results
+    job.create_hash = r.create_hash
+    job.interventions = r.interventions
 
 
 def _children(r: JobRecord) -> list[Any]:

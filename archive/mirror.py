@@ -5,12 +5,21 @@ live job looked like (its meta hash and pause history, as Redis holds them) so t
 lost live jobs (a restart without persistence, a failover to an empty replica) can be given them
 back. :class:`Mirror` runs in the archiver's loop (``serve_app.archive_loop``) once per inspector
 period over the partitions whose archiver lease it holds (never on the intervention's path): it
-reads the live indexes, and writes the jobs whose version moved since it last wrote them. A job
-seen finished in Redis leaves the mirror (the archive has it); a job that vanished from Redis
-stays: that is what reconcile restores.
-:func:`reconcile` restores every mirrored job Redis does not hold and the archive does not have
-as finished (``statecore.restore``): a fresh pause for a waiting job (the old token refused), the
-node queued again for a job in model work; a consumed pause is never reopened.
+reads the live indexes and the mirror's own rows of those partitions, and writes the jobs whose
+version moved since it last wrote them. The rows are read back from the database, not from the
+process's memory: a job that ends across a restart of the archiver or a move of its lease still
+gets its row marked as ended, and a row stays until the archive holds the job's copy (then it is
+dropped: the copy is the record). A job that vanished from Redis keeps its row: that is what
+reconcile restores.
+
+:func:`reconcile` restores every mirrored job Redis does not hold and nothing says has ended
+(``statecore.restore``): a fresh pause for a waiting job (the old token refused), the node queued
+again for a job in model work; a consumed pause is never reopened, and a job that ever reached a
+terminal state (its row, its archive copy or its archived audit says so) never moves again.
+
+:func:`write_live` is the one place a row is written (version-ordered, never back);
+:func:`mirror_now` writes one job's row at once, for a caller that cannot wait for the next period
+(the API under ``--durability strict``, right after an intervention).
 """
 
 from __future__ import annotations
@@ -23,116 +32,198 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from statecore import keys
 from statecore.restore import restore
+from statecore.states import TERMINAL
 
 from .db import Archive
-from .schema import ArchivedJob, LiveMirror
+from .schema import ArchivedJob, AuditEntry, LiveMirror
 
 log = logging.getLogger("hitl.mirror")
 
 LIVE = (keys.waiting, keys.queued, keys.running)
+TERMINAL_STATUSES = frozenset(s.value for s in TERMINAL)
+# Audit outcomes that only a job that ended records (docs/protocol.md § Audit): a cancel, a refusal
+# because the job had ended, a report that ended it.
+TERMINAL_OUTCOMES = frozenset(
+    {"CANCELLED", "ALREADY_CANCELLED", "REFUSED:JOB_TERMINAL"} | {f"APPLIED:{s}" for s in TERMINAL_STATUSES}
+)
+ATTEMPTS = 3  # two writers inserting one job's first row at once (the mirror and mirror_now): the loser retries
+
+Row = tuple[str, dict[str, str], dict[str, str]]
+
+
+def ended(meta: dict[str, Any]) -> bool:
+    """Whether a mirrored meta is a finished job's (a row restore must never bring back)."""
+    return str(meta.get("terminal")) == "1" or meta.get("status") in TERMINAL_STATUSES
+
+
+def _put(s: Session, job_id: str, meta: dict[str, str], pauses: dict[str, str], now: datetime) -> None:
+    """Upsert one row, version-ordered: a row never goes back to an older version, so a late
+    writer holding an older read (the periodic mirror racing ``mirror_now``) changes nothing."""
+    version = int(meta["version"])
+    row = s.get(LiveMirror, job_id, with_for_update=True)
+    if row is None:
+        s.add(
+            LiveMirror(job_id=job_id, version=version, status=meta["status"], meta=meta, pauses=pauses, mirrored_at=now)
+        )
+    elif row.version <= version:
+        row.version, row.status, row.meta, row.pauses, row.mirrored_at = version, meta["status"], meta, pauses, now
+
+
+def _write_rows(archive: Archive, rows: list[Row], drop: Iterable[str] = ()) -> None:
+    """``rows`` upserted and the rows of ``drop`` deleted, in one transaction (retried when another
+    writer inserted one of the rows first)."""
+    gone = list(drop)
+    for attempt in range(ATTEMPTS):
+        try:
+            with archive.transaction() as s:
+                now = datetime.now(UTC)
+                for j, meta, pauses in rows:
+                    _put(s, j, meta, pauses, now)
+                if gone:
+                    s.execute(delete(LiveMirror).where(LiveMirror.job_id.in_(gone)))
+            return
+        except IntegrityError:
+            if attempt == ATTEMPTS - 1:
+                raise
+
+
+def write_live(archive: Archive, job_id: str, meta: dict[str, str], pauses: dict[str, str]) -> None:
+    """Write one job's row from its Redis meta and pause history (synchronous: the archive's engine
+    is; an async caller goes through ``asyncio.to_thread``). A finished job's meta is written too:
+    its row is then the proof that the job ended, until the archive holds its copy."""
+    _write_rows(archive, [(job_id, meta, pauses)])
+
+
+async def mirror_now(store: Any, archive: Archive, job_id: str) -> None:
+    """Mirror ``job_id`` at once, from Redis as it is now (meta and pauses in one round trip); a job
+    Redis does not hold is left as the mirror has it."""
+    jk = keys.job(job_id)
+    async with store.r.pipeline(transaction=False) as pipe:
+        pipe.hgetall(jk.meta)
+        pipe.hgetall(jk.pauses)
+        meta, pauses = await pipe.execute()
+    if meta:
+        await asyncio.to_thread(write_live, archive, job_id, meta, pauses)
 
 
 class Mirror:
-    """One archiver's mirror: what it wrote last (job id → version), so an unchanged job costs
-    one HGET per period and nothing in the database."""
+    """One archiver's mirror: what it wrote last (job id → version), so an unchanged live job costs
+    one HMGET per period and nothing written in the database. What it wrote is only a cache: the
+    rows of its partitions are read back each period, so a row another process (or an earlier run
+    of this one) wrote is followed too."""
 
     def __init__(self, store: Any, archive: Archive) -> None:
         self.store = store
         self.archive = archive
         self.written: dict[str, int] = {}
 
+    def _rows(self, parts: set[int]) -> tuple[set[str], list[str]]:
+        """The mirror's rows of ``parts``: those not yet marked ended (to follow), and those whose
+        job the archive holds (obsolete: the copy is the record)."""
+        with self.archive.reading() as s:
+            found = s.execute(
+                select(LiveMirror.job_id, LiveMirror.status, ArchivedJob.job_id).outerjoin(
+                    ArchivedJob, ArchivedJob.job_id == LiveMirror.job_id
+                )
+            ).all()
+        follow: set[str] = set()
+        obsolete: list[str] = []
+        for j, status, archived in found:
+            if keys.partition_of(j) not in parts:
+                continue
+            if archived is not None:
+                obsolete.append(j)
+            elif status not in TERMINAL_STATUSES:
+                follow.add(j)
+        return follow, obsolete
+
     async def sync(self, partitions: Iterable[int]) -> Counter[str]:
         counts: Counter[str] = Counter()
         r = self.store.r
-        parts = list(partitions)
+        parts = set(partitions)
         async with r.pipeline(transaction=False) as pipe:
-            for p in parts:
+            for p in sorted(parts):
                 for index in LIVE:
                     pipe.zrange(index(p), 0, -1)
             res = await pipe.execute()
         live = {j if isinstance(j, str) else j.decode() for ids in res for j in ids}
-        gone = [j for j in self.written if keys.partition_of(j) in set(parts) and j not in live]
-        ids = sorted(live) + gone
+        follow, obsolete = await asyncio.to_thread(self._rows, parts)
+        known = follow | {j for j in self.written if keys.partition_of(j) in parts}
+        ids = sorted(live) + sorted(known - live)
         async with r.pipeline(transaction=False) as pipe:
             for j in ids:
                 pipe.hmget(keys.job(j).meta, "version", "terminal")
             heads = await pipe.execute()
-        changed, finished = [], []
+        changed = []
         for j, (version, terminal) in zip(ids, heads, strict=True):
             if version is None:
-                counts["vanished"] += j in self.written  # lost from Redis: kept for reconcile
-                continue
-            if str(terminal) == "1":
-                finished.append(j)
+                counts["vanished"] += j in known  # lost from Redis: kept for reconcile
+            elif str(terminal) == "1":
+                if j in known:  # its row must say it ended; a job never mirrored needs no row
+                    changed.append(j)
             elif self.written.get(j) != int(version):
                 changed.append(j)
-        rows = []
+        rows: list[Row] = []
         if changed:
             async with r.pipeline(transaction=False) as pipe:
                 for j in changed:
                     pipe.hgetall(keys.job(j).meta)
                     pipe.hgetall(keys.job(j).pauses)
                 got = await pipe.execute()
-            for i, j in enumerate(changed):
-                meta, pauses = got[2 * i], got[2 * i + 1]
-                if meta and meta.get("terminal") != "1":
-                    rows.append((j, meta, pauses))
-        if rows or finished:
-            await asyncio.to_thread(self._write, rows, finished)
+            rows = [(j, got[2 * i], got[2 * i + 1]) for i, j in enumerate(changed) if got[2 * i]]
+        if rows or obsolete:
+            await asyncio.to_thread(_write_rows, self.archive, rows, obsolete)
         for j, meta, _ in rows:
-            self.written[j] = int(meta["version"])
-        for j in finished:
+            if ended(meta):
+                self.written.pop(j, None)
+                counts["finished"] += 1
+            else:
+                self.written[j] = int(meta["version"])
+                counts["mirrored"] += 1
+        for j in obsolete:
             self.written.pop(j, None)
-        counts["mirrored"] += len(rows)
-        counts["finished"] += len(finished)
+        counts["dropped"] += len(obsolete)
         return counts
-
-    def _write(self, rows: list[tuple[str, dict[str, str], dict[str, str]]], finished: list[str]) -> None:
-        now = datetime.now(UTC)
-        with self.archive.transaction() as s:
-            for j, meta, pauses in rows:
-                version = int(meta["version"])
-                row = s.get(LiveMirror, j)
-                if row is None:
-                    s.add(
-                        LiveMirror(
-                            job_id=j, version=version, status=meta["status"], meta=meta, pauses=pauses, mirrored_at=now
-                        )
-                    )
-                elif row.version <= version:
-                    row.version, row.status, row.meta, row.pauses, row.mirrored_at = (
-                        version,
-                        meta["status"],
-                        meta,
-                        pauses,
-                        now,
-                    )
-            if finished:
-                s.execute(delete(LiveMirror).where(LiveMirror.job_id.in_(finished)))
 
 
 async def reconcile(store: Any, archive: Archive) -> dict[str, Any]:
     """Restore every mirrored job Redis lost: ``{"counts": {outcome: n}, "jobs": [{job_id, status,
     version, outcome}]}``; outcomes ``RESTORED``, ``PRESENT`` (Redis holds it), ``ARCHIVED`` (it
-    finished: the archive has it), ``NOTHING_TO_RUN``."""
+    finished: the archive has it), ``TERMINAL`` (it ended, though the archive has no copy: its row
+    says so, or its archived audit does), ``NOTHING_TO_RUN``. A job that ended is never restored,
+    whatever its row last said: a cancelled job never moves again."""
 
-    def load() -> tuple[list[LiveMirror], set[str]]:
+    def load() -> tuple[list[LiveMirror], set[str], set[str]]:
         with archive.reading() as s:
             rows = list(s.scalars(select(LiveMirror).order_by(LiveMirror.job_id)))
             ids = [r.job_id for r in rows]
-            done = set(s.scalars(select(ArchivedJob.job_id).where(ArchivedJob.job_id.in_(ids)))) if ids else set()
+            done: set[str] = set()
+            audited: set[str] = set()
+            if ids:
+                done = set(s.scalars(select(ArchivedJob.job_id).where(ArchivedJob.job_id.in_(ids))))
+                audited = set(
+                    s.scalars(
+                        select(AuditEntry.job_id)
+                        .where(AuditEntry.job_id.in_(ids), AuditEntry.outcome.in_(TERMINAL_OUTCOMES))
+                        .distinct()
+                    )
+                )
             for r in rows:
                 s.expunge(r)
-            return rows, done
+            return rows, done, audited
 
-    rows, archived = await asyncio.to_thread(load)
+    rows, archived, audited = await asyncio.to_thread(load)
     out: list[dict[str, Any]] = []
     for row in rows:
         if row.job_id in archived:
             outcome = "ARCHIVED"
+        elif row.status in TERMINAL_STATUSES or ended(row.meta) or row.job_id in audited:
+            outcome = "TERMINAL"
         elif await store.r.exists(keys.job(row.job_id).meta):
             outcome = "PRESENT"
         else:

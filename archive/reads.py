@@ -1,6 +1,9 @@
 """Reading a job back from the archive with the API's own bodies (docs/archive.md § Reads), for the
 routes to answer from when Redis no longer holds the job: ``GET /jobs/{id}`` (``job(...).snapshot``),
-``/results``, ``/events`` (the history; the stream ends after its ``JOB_FINISHED``) and ``/audit``.
+``/results``, ``/events`` (the history; the stream ends after its ``JOB_FINISHED``) and ``/audit``;
+and what the writes answer a forgotten job with (``serve_app.archived_writes``): the creation under
+a submitter's ``Idempotency-Key`` (:func:`creation`) and a recorded intervention
+(:func:`intervention_record`).
 
 Every function returns None for a job the archive does not hold; the route then answers 404.
 The archive's engine is synchronous: an async route calls these through ``asyncio.to_thread``."""
@@ -57,6 +60,42 @@ def lookup(archive: Archive, job_id: str) -> ArchivedView | None:
     except SQLAlchemyError as e:
         log.warning("archive read failed job=%s: %s: %s", job_id, type(e).__name__, e)
         return None
+
+
+@dataclass(frozen=True)
+class ArchivedCreation:
+    """What a replay of ``POST /jobs`` is answered from once Redis forgot the job: the job, what
+    the creation is compared on (``statecore.decide.create_fingerprint``) and the snapshot a
+    conflict carries."""
+
+    job_id: str
+    fingerprint: str
+    snapshot: dict[str, Any]
+
+
+def creation(archive: Archive, submitter: str, idem_key: str) -> ArchivedCreation | None:
+    """The archived job ``submitter`` created under ``idem_key`` (the first, should there be two: a
+    key rerun before the archive answered replays created another). A job archived before its
+    fingerprint was kept (migration 0004) compares on its image alone, as a one-reviewer job."""
+    with archive.reading() as s:
+        row = s.execute(
+            select(ArchivedJob.job_id, ArchivedJob.create_hash, ArchivedJob.snapshot)
+            .where(ArchivedJob.submitter == submitter, ArchivedJob.idem_key == idem_key)
+            .order_by(ArchivedJob.created_at, ArchivedJob.job_id)
+            .limit(1)
+        ).first()
+    if row is None:
+        return None
+    job_id, create_hash, snap = row
+    return ArchivedCreation(job_id, create_hash or str(snap["image"]["sha256"]), snap)
+
+
+def intervention_record(archive: Archive, job_id: str, intervention_id: str) -> str | None:
+    """The job's record of ``intervention_id`` as Redis kept it (payload hash, a newline, the
+    response), or None."""
+    with archive.reading() as s:
+        recorded = s.scalar(select(ArchivedJob.interventions).where(ArchivedJob.job_id == job_id))
+    return (recorded or {}).get(intervention_id)
 
 
 def snapshot(archive: Archive, job_id: str) -> JobSnapshot | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 ISO = String(40)  # the API's "…Z" timestamps, kept as the API spells them
@@ -21,9 +21,13 @@ class Base(DeclarativeBase):
 
 class ArchivedJob(Base):
     """One finished job: the snapshot and the results exactly as ``GET /jobs/{id}`` and
-    ``/results`` answer them, plus what filtering and the upsert need as columns."""
+    ``/results`` answer them, plus what filtering and the upsert need as columns, and what the
+    job's writes are answered from once Redis forgot it (docs/protocol.md § Archive): the creation's
+    fingerprint (a replay of ``POST /jobs`` under its ``Idempotency-Key``, found by submitter and
+    key) and the intervention records (a replayed ``intervention_id``)."""
 
     __tablename__ = "archived_jobs"
+    __table_args__ = (Index("ix_archived_jobs_submitter_idem_key", "submitter", "idem_key"),)
 
     job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     version: Mapped[int] = mapped_column(Integer)
@@ -40,6 +44,10 @@ class ArchivedJob(Base):
     archived_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     snapshot: Mapped[dict[str, Any]] = mapped_column(JSON)
     results: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # statecore.decide.create_fingerprint of the creation; None without an Idempotency-Key (0004)
+    create_hash: Mapped[str | None] = mapped_column(String(100))
+    # intervention id → payload hash + "\n" + response, as Redis kept them (0004)
+    interventions: Mapped[dict[str, str] | None] = mapped_column(JSON)
 
 
 class ArchivedPause(Base):

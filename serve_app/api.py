@@ -37,7 +37,7 @@ from statecore.models import (
 from statecore.states import JobStatus, is_terminal
 from statecore.store import Reply, Store, StoreConfig
 
-from . import metrics
+from . import archived_writes, metrics
 from .admission import Admission
 from .archived_reads import archived, archived_events
 from .artifact_gc_routes import add_artifact_gc_route
@@ -291,23 +291,26 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         idempotency_key: str | None = Header(default=None, max_length=200),
         review_quorum: int = Query(default=1, ge=1, le=10, description="distinct reviewers each pause needs"),
     ) -> Response:
-        s = rt().settings
-        admission = rt().admission
-        if admission is not None:
+        s, admission, who = rt().settings, rt().admission, identity(request).name
+        if admission is not None and not idempotency_key:
             await admission.admit_job()  # 429 BACKLOG_FULL before the upload is even read
         upload = await read_upload(request, field="image", max_bytes=s.max_upload_bytes)
         checked = await asyncio.to_thread(
             check_image, upload.data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels, filename=upload.filename
         )
+        if idempotency_key:  # a replay is answered before admission control, also once Redis forgot it
+            args = (rt().archive, admission, who, idempotency_key, checked.sha256, review_quorum)
+            if (replay := await archived_writes.keyed_creation(rt().store, *args)) is not None:
+                return replayable(replay)
         name = await asyncio.to_thread(rt().artifacts.put, "image", checked.data, checked.ext)
         ref = ImageRef(sha256=checked.sha256, width=checked.width, height=checked.height, url=ArtifactStore.url(name))
-        reply = await rt().store.create_job(identity(request).name, ref, idempotency_key or None, review_quorum)
+        reply = await rt().store.create_job(who, ref, idempotency_key or None, review_quorum)
         if not reply.replayed:
             metrics.JOBS_CREATED.inc()
             log.info(
                 "job created job=%s submitter=%s image=%dx%d%s",
                 reply.job_id,
-                identity(request).name,
+                who,
                 checked.width,
                 checked.height,
                 " (uprighted by its EXIF orientation)" if checked.rotated else "",
@@ -349,7 +352,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
     )
     async def intervene(request: Request, job_id: str, body: InterventionRequest) -> Response:
         try:
-            reply = await rt().store.intervene(job_id, body, identity(request).name)
+            reply = await archived_writes.intervene(rt().store, rt().archive, job_id, body, identity(request).name)
         except errors.HitlError as e:
             metrics.INTERVENTIONS.labels(e.code).inc()
             raise
@@ -358,7 +361,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
 
     @app.post(f"{API}/jobs/{{job_id}}/cancel", response_model=JobSnapshot, responses={404: {}, 409: {}})
     async def cancel(request: Request, job_id: str) -> JobSnapshot:
-        snap = await rt().store.cancel(job_id, identity(request).name)
+        snap = await archived_writes.cancel(rt().store, rt().archive, job_id, identity(request).name)
         log.info("job cancelled job=%s by=%s", job_id, identity(request).name)
         return snap
 

@@ -18,7 +18,17 @@ from typing import Any
 from .errors import InvalidRequest
 from .ids import canonical_json, new_id
 from .jobstate import JobState, require
-from .models import Box, ConsumedBy, Diff, ImageRef, InterventionRequest, InterventionResponse, NodeCommand, Subject
+from .models import (
+    Box,
+    ConsumedBy,
+    CreateJobResponse,
+    Diff,
+    ImageRef,
+    InterventionRequest,
+    InterventionResponse,
+    NodeCommand,
+    Subject,
+)
 from .nodes import DetectInput
 from .plan import (
     WORKFLOW_VERSION,
@@ -74,6 +84,22 @@ class NextHop(StrEnum):
 
 
 # --------------------------------------------------------------------------- create
+
+
+def create_fingerprint(image_sha256: str, review_quorum: int = 1) -> str:
+    """What a creation's replay is compared on (docs/protocol.md § Routes, Creating a job): the
+    image, and the review quorum asked for, so the same ``Idempotency-Key`` with another quorum is
+    a conflict, not a replay of a job that waits for a different number of reviewers. A one-reviewer
+    creation is its image's sha256 alone: the records written before the quorum counted compare as
+    they did. Redis keeps it in the key's record; the archive keeps it with the job, to answer a
+    replay once Redis has forgotten the job."""
+    return image_sha256 if review_quorum <= 1 else f"{image_sha256}:q{review_quorum}"
+
+
+def create_response(job_id: str) -> str:
+    """The body ``POST /jobs`` answers a new job with, and every replay of it byte for byte, from
+    Redis's record or, once Redis forgot the job, from the archive."""
+    return CreateJobResponse(job_id=job_id, status=S.DETECTING, version=1).model_dump_json()
 
 
 def plan_create(

@@ -25,7 +25,6 @@ from .history import HistoryMixin
 from .ids import canonical_json, now_iso, payload_hash
 from .lifecycle import LifecycleMixin
 from .models import (
-    CreateJobResponse,
     ImageRef,
     InterventionRequest,
     JobSnapshot,
@@ -212,12 +211,13 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
             now = now_iso()
             now_ms = int(time.time() * 1000)
             plan, _cmd = decide.plan_create(job_id, submitter, image, idem_key, now, now_ms, review_quorum)
-            body = CreateJobResponse(job_id=job_id, status=plan.status, version=1).model_dump_json()
+            body = decide.create_response(job_id)
+            fingerprint = decide.create_fingerprint(image.sha256, review_quorum)  # what a replay must match
             ks = jk.for_script() + ([keys.create_idem(submitter, idem_key)] if idem_key else [])
             res = await self._scripts["create_job"](
                 keys=ks,
                 args=self._args(job_id, now, submitter)
-                + [plan.to_json(now, self.config.archive), image.sha256, body, int(time.time() * 1000)],
+                + [plan.to_json(now, self.config.archive), fingerprint, body, int(time.time() * 1000)],
             )
             code = res[0]
             if code == "OK":
@@ -228,7 +228,9 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
                 existing = res[1]
                 snap = self._snapshot_dict(await self._meta(existing))
                 raise errors.IdempotencyConflict(
-                    "this Idempotency-Key was already used for a different image", job_id=existing, snapshot=snap
+                    "this Idempotency-Key was already used for a different image or review_quorum",
+                    job_id=existing,
+                    snapshot=snap,
                 )
             # COLLISION: an 80-bit id collided; draw another.
         raise errors.StaleRead("could not allocate a job id")

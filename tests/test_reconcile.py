@@ -16,18 +16,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
+import pytest_asyncio
 import redis
 
+from archive import migrate
+from archive.archiver import archive_job
+from archive.db import Archive
+from archive.mirror import Mirror, mirror_now, reconcile, write_live
+from archive.schema import LiveMirror
 from harness.ci import require_binary
 from harness.tokens import TOKENS_SPEC, auth
 from harness.uvicorn import LocalServer
 from loadtest.check_invariants import check
+from statecore import keys
 from statecore.store import Store
 from tests.api_util import blank_with_product, intervene, keep_all, submit, wait_status
+from tests.helpers import waiting_job
 
 WAITING = {"WAITING_USER_SELECTION"}
 
@@ -70,6 +78,8 @@ def test_reconcile_restores_the_live_jobs_redis_lost(served):
     body = r.json()
     print(f"\n[reconcile] after FLUSHALL: {body['counts']}")
     outcomes = {j["job_id"]: j["outcome"] for j in body["jobs"]}
+    # The finished job's row left once the archive took its copy; until then it says the job ended.
+    assert outcomes.pop(done, "ARCHIVED") in ("ARCHIVED", "TERMINAL"), body
     assert outcomes == {waiting: "RESTORED", busy: "RESTORED"}, body
     assert c.post("/api/v1/admin/reconcile", headers=auth("rev1")).status_code == 403
 
@@ -99,3 +109,82 @@ def test_reconcile_restores_the_live_jobs_redis_lost(served):
     rep = asyncio.run(checked())
     assert rep.ok, rep.details()
     direct.close()
+
+
+# ------------------------------------------------------------------ a job that ended unseen (issue 19)
+
+
+@pytest_asyncio.fixture
+async def mirror_archive(tmp_path) -> AsyncIterator[Archive]:
+    url = f"sqlite:///{tmp_path / 'archive.sqlite3'}"
+    await asyncio.to_thread(migrate.upgrade, url)
+    archive = Archive(url)
+    yield archive
+    archive.close()
+
+
+async def drop_from_redis(store: Store, job_id: str) -> None:
+    """Redis loses the job: every key of it, and its place in the live indexes."""
+    jk = keys.job(job_id)
+    await store.r.delete(jk.meta, jk.pauses, jk.events, jk.idem, jk.reports, jk.executor, jk.claim, jk.audit)
+    for index in (jk.waiting, jk.queued, jk.running, jk.heartbeats, jk.jobs):
+        await store.r.zrem(index, job_id)
+
+
+def mirror_row(archive: Archive, job_id: str) -> LiveMirror | None:
+    with archive.reading() as s:
+        row = s.get(LiveMirror, job_id)
+        if row is not None:
+            s.expunge(row)
+        return row
+
+
+async def test_reconcile_never_revives_a_job_that_ended_after_a_restart(store: Store, image, mirror_archive):
+    """The mirror wrote the job while it waited; the job was cancelled and the archiver restarted
+    (a new Mirror, which never wrote it) before the archive had its copy; then Redis lost it.
+    A cancelled job never moves again: reconcile reports it TERMINAL and restores nothing."""
+    archive = mirror_archive
+    parts = range(keys.PARTITIONS)
+    job = await waiting_job(store, image)
+    assert (await Mirror(store, archive).sync(parts))["mirrored"] == 1
+    assert mirror_row(archive, job).status == "WAITING_USER_SELECTION"
+    await store.cancel(job, "rev1")
+    await Mirror(store, archive).sync(parts)  # the restarted archiver: its memory is empty
+    row = mirror_row(archive, job)
+    assert row is not None and row.status == "CANCELLED" and row.meta["terminal"] == "1"
+    await drop_from_redis(store, job)
+
+    done = await reconcile(store, archive)
+    assert {j["job_id"]: j["outcome"] for j in done["jobs"]} == {job: "TERMINAL"}, done
+    assert not await store.r.exists(keys.job(job).meta)  # not revived: no fresh pause, no WAITING
+
+
+async def test_reconcile_refuses_a_stale_row_of_a_job_the_archive_holds(store: Store, image, mirror_archive):
+    """The mirror never saw the job end (its row still says waiting) but the archive holds its
+    copy: that copy proves it finished, and the next mirror pass drops the obsolete row."""
+    archive = mirror_archive
+    job = await waiting_job(store, image)
+    await mirror_now(store, archive, job)
+    await store.cancel(job, "rev1")
+    await archive_job(store, archive, job)
+    assert mirror_row(archive, job).status == "WAITING_USER_SELECTION"
+    await drop_from_redis(store, job)
+    assert (await reconcile(store, archive))["counts"] == {"ARCHIVED": 1}
+    assert not await store.r.exists(keys.job(job).meta)
+    await Mirror(store, archive).sync(range(keys.PARTITIONS))
+    assert mirror_row(archive, job) is None
+
+
+async def test_mirror_now_writes_at_once_and_never_goes_back_a_version(store: Store, image, mirror_archive):
+    """``mirror_now`` (the strict durability path) writes the job's row from Redis at once; a row
+    written from an older meta never replaces a newer one."""
+    archive = mirror_archive
+    job = await waiting_job(store, image)
+    old = await store.r.hgetall(keys.job(job).meta)
+    old_pauses = await store.r.hgetall(keys.job(job).pauses)
+    await store.cancel(job, "rev1")
+    await mirror_now(store, archive, job)
+    row = mirror_row(archive, job)
+    assert row is not None and row.status == "CANCELLED" and row.version == int(old["version"]) + 1
+    await asyncio.to_thread(write_live, archive, job, old, old_pauses)  # a late writer with the older meta
+    assert mirror_row(archive, job).status == "CANCELLED"

@@ -1,6 +1,8 @@
 -- create_job: a new job, its first outbox command (DETECT_SUBJECTS) and events, atomically.
 -- KEYS: see _lib.lua; KEYS[20] present when the submitter sent an Idempotency-Key.
--- ARGV[5] plan JSON   ARGV[6] image sha256   ARGV[7] response body   ARGV[8] created_at (ms)
+-- ARGV[5] plan JSON   ARGV[6] the creation's fingerprint (decide.create_fingerprint: the image's
+-- sha256, and the review quorum when it is not 1; kept as the record's image_sha)
+-- ARGV[7] response body   ARGV[8] created_at (ms)
 -- The job's first audit entry: SUBMIT, CREATED (a creation replay writes nothing: the job is unchanged).
 -- Returns {'OK', version} | {'REPLAY', response} | {'IDEMPOTENCY_CONFLICT', existing_job_id} | {'COLLISION'}
 if K_CREATE then
