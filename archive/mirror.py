@@ -121,6 +121,7 @@ class Mirror:
         self.store = store
         self.archive = archive
         self.written: dict[str, int] = {}
+        self.vanished: list[str] = []  # the last pass's: followed jobs Redis no longer holds (lost)
 
     def _rows(self, parts: set[int]) -> tuple[set[str], list[str]]:
         """The mirror's rows of ``parts``: those not yet marked ended (to follow), and those whose
@@ -160,9 +161,10 @@ class Mirror:
                 pipe.hmget(keys.job(j).meta, "version", "terminal")
             heads = await pipe.execute()
         changed = []
+        self.vanished = [j for j, (version, _) in zip(ids, heads, strict=True) if version is None and j in known]
         for j, (version, terminal) in zip(ids, heads, strict=True):
             if version is None:
-                counts["vanished"] += j in known  # lost from Redis: kept for reconcile
+                counts["vanished"] += j in known  # lost from Redis: kept for the recovery (reconcile)
             elif str(terminal) == "1":
                 if j in known:  # its row must say it ended; a job never mirrored needs no row
                     changed.append(j)
@@ -191,16 +193,24 @@ class Mirror:
         return counts
 
 
-async def reconcile(store: Any, archive: Archive) -> dict[str, Any]:
-    """Restore every mirrored job Redis lost: ``{"counts": {outcome: n}, "jobs": [{job_id, status,
-    version, outcome}]}``; outcomes ``RESTORED``, ``PRESENT`` (Redis holds it), ``ARCHIVED`` (it
-    finished: the archive has it), ``TERMINAL`` (it ended, though the archive has no copy: its row
-    says so, or its archived audit does), ``NOTHING_TO_RUN``. A job that ended is never restored,
-    whatever its row last said: a cancelled job never moves again."""
+async def reconcile(
+    store: Any, archive: Archive, job_ids: Iterable[str] | None = None, actor: str = "reconcile"
+) -> dict[str, Any]:
+    """Restore every mirrored job Redis lost (of ``job_ids`` only, when given): ``{"counts":
+    {outcome: n}, "jobs": [{job_id, status, version, outcome}]}``; outcomes ``RESTORED``, ``PRESENT``
+    (Redis holds it), ``ARCHIVED`` (it finished: the archive has it), ``TERMINAL`` (it ended, though
+    the archive has no copy: its row says so, or its archived audit does), ``NOTHING_TO_RUN``. A job
+    that ended is never restored, whatever its row last said: a cancelled job never moves again.
+    ``actor``: whom a restored job's first audit entry names (an admin's reconcile, or the automatic
+    recovery: ``serve_app.recovery``)."""
+    only = None if job_ids is None else sorted(set(job_ids))
 
     def load() -> tuple[list[LiveMirror], set[str], set[str]]:
         with archive.reading() as s:
-            rows = list(s.scalars(select(LiveMirror).order_by(LiveMirror.job_id)))
+            query = select(LiveMirror).order_by(LiveMirror.job_id)
+            if only is not None:
+                query = query.where(LiveMirror.job_id.in_(only))
+            rows = list(s.scalars(query))
             ids = [r.job_id for r in rows]
             done: set[str] = set()
             audited: set[str] = set()
@@ -227,11 +237,11 @@ async def reconcile(store: Any, archive: Archive) -> dict[str, Any]:
         elif await store.r.exists(keys.job(row.job_id).meta):
             outcome = "PRESENT"
         else:
-            outcome = await restore(store, dict(row.meta), dict(row.pauses))
+            outcome = await restore(store, dict(row.meta), dict(row.pauses), actor=actor)
         out.append({"job_id": row.job_id, "status": row.status, "version": row.version, "outcome": outcome})
         if outcome == "RESTORED":
             log.warning(
-                "reconcile: restored job=%s (%s, v%d) from the live mirror", row.job_id, row.status, row.version
+                "%s: restored job=%s (%s, v%d) from the live mirror", actor, row.job_id, row.status, row.version
             )
     counts = Counter(j["outcome"] for j in out)
     return {"counts": dict(counts), "jobs": out}

@@ -35,7 +35,7 @@ from statecore.models import (
     JobSnapshot,
 )
 from statecore.states import JobStatus, is_terminal
-from statecore.store import Reply, Store, StoreConfig
+from statecore.store import Reply, Store
 
 from . import archived_writes, metrics
 from .admission import Admission
@@ -45,6 +45,7 @@ from .audit_routes import add_audit_routes
 from .auth import Authenticator, Identity
 from .claim_routes import add_claim_routes
 from .config import Settings
+from .recovery import Recovery
 from .uploads import check_image, read_upload
 
 if TYPE_CHECKING:
@@ -138,6 +139,7 @@ class Runtime:
     closing: list[Store] = field(default_factory=list)  # more stores to close on shutdown (background ones)
     admission: Admission | None = None  # built from settings.max_backlog when not given
     archive: Archive | None = None  # finished jobs, also those Redis no longer holds (docs/protocol.md § Archive)
+    recovery: Recovery | None = None  # live jobs Redis lost, back from the archive's mirror (with an archive)
 
 
 def _error(e: errors.HitlError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -189,6 +191,9 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         rt = holder["rt"]
         if rt.admission is None:
             rt.admission = Admission(rt.store, rt.settings.max_backlog)
+        if rt.archive is not None and rt.recovery is None:  # a job Redis lost is restored when asked for
+            rt.recovery = Recovery(rt.store, rt.archive, data_dir=rt.settings.data_dir)
+            rt.store.on_missing = rt.recovery.restore_missing
         log.info(
             "control plane ready: detector=%s validator=%s segmenter=%s redis=%s",
             rt.settings.detector,
@@ -273,6 +278,12 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
             raise errors.JobNotFound(f"job {job_id} not found", job_id=job_id)
         return await rt().store.snapshot_of(state), None
 
+    async def acknowledged(job_id: str) -> None:
+        """Under --durability strict with an archive: the job's mirror row before the answer."""
+        recovery = rt().recovery
+        if recovery is not None and rt().settings.durability == "strict":
+            await recovery.acknowledged(job_id)
+
     def replayable(reply: Reply) -> Response:
         headers = {"Idempotent-Replayed": "true"} if reply.replayed else {}
         return Response(reply.body, status_code=reply.status_code, media_type="application/json", headers=headers)
@@ -315,6 +326,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
                 checked.height,
                 " (uprighted by its EXIF orientation)" if checked.rotated else "",
             )
+        await acknowledged(reply.job_id)
         return replayable(reply)
 
     @app.get(f"{API}/jobs", response_model=JobList)
@@ -357,11 +369,13 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
             metrics.INTERVENTIONS.labels(e.code).inc()
             raise
         metrics.INTERVENTIONS.labels("REPLAY" if reply.replayed else "OK").inc()
+        await acknowledged(job_id)
         return replayable(reply)
 
     @app.post(f"{API}/jobs/{{job_id}}/cancel", response_model=JobSnapshot, responses={404: {}, 409: {}})
     async def cancel(request: Request, job_id: str) -> JobSnapshot:
         snap = await archived_writes.cancel(rt().store, rt().archive, job_id, identity(request).name)
+        await acknowledged(job_id)
         log.info("job cancelled job=%s by=%s", job_id, identity(request).name)
         return snap
 
@@ -494,21 +508,3 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
-
-
-def store_for(settings: Settings, redis_url: str, *, blocking_s: float = 0.0) -> Store:
-    """The store with the settings' operation timeout; ``blocking_s`` more for a store whose
-    commands block on purpose (the dispatchers' XREADGROUP BLOCK), so waiting is not a timeout."""
-    return Store.from_url(
-        redis_url,
-        StoreConfig(
-            retention_s=settings.retention_s,
-            node_timeout_s=settings.node_timeout_s,
-            node_timeouts=settings.node_timeouts,
-            max_attempts=settings.max_attempts,
-            retry_backoff_s=settings.retry_backoff_s,
-            claim_ttl_s=settings.claim_ttl_s,
-            archive=settings.archive,
-        ),
-        timeout_s=settings.store_timeout_s + blocking_s,
-    )

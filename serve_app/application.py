@@ -47,7 +47,7 @@ from statecore.execution import RunSpec
 from statecore.models import NodeCommand
 
 from . import durability
-from .api import Runtime, create_app, store_for
+from .api import Runtime, create_app
 from .archive_loop import archive_loop
 from .archiver_deployment import Archiver
 from .archiving import open_archive
@@ -58,6 +58,7 @@ from .events import EventHub, sse_lines
 from .ray_runtime import reuse_ingress_address
 from .runtime import make_dispatcher
 from .serve_options import CONTROL_PLANE
+from .stores import store_for
 
 log = logging.getLogger("hitl.application")
 

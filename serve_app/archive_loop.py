@@ -11,7 +11,9 @@ dead-lettered, and the job's records do not expire meanwhile. A periodic sweep q
 of a job waiting for it longer than ``requeue_after_ms`` whose entry was lost.
 
 The same loop mirrors the live jobs (docs/protocol.md § Reconcile) of the partitions whose archiver
-lease it holds (one archiver per partition, however many run), beside the copies, one pass at a time.
+lease it holds (one archiver per partition, however many run), beside the copies, one pass at a time;
+a followed job a pass finds gone from Redis (it came back empty) is restored from the mirror at once
+(:mod:`serve_app.recovery`), with an incident report.
 
 It runs in the ``Archiver`` deployment's replica on Ray Serve (:mod:`serve_app.archiver_deployment`)
 and in the server's own process under plain uvicorn (:func:`serve_app.runtime.local_runtime`). With
@@ -29,6 +31,7 @@ import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -40,6 +43,7 @@ from statecore.archive_queue import ArchiveEntry
 from statecore.durable import reraise_if_cancelled
 
 from .archiving import archive_job
+from .recovery import Recovery
 
 if TYPE_CHECKING:
     from archive.db import Archive
@@ -68,6 +72,7 @@ class ArchiveLoop:
         requeue_after_ms: int = 60_000,
         mirror_every_s: float = 5.0,
         copy: Copy | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         self.store = store
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{random.randrange(1 << 30):x}"
@@ -80,13 +85,16 @@ class ArchiveLoop:
         self.mirror_every_s = mirror_every_s
         self.copy: Copy = copy or functools.partial(archive_job, store, archive)
         self.mirror: Mirror | None = None
+        self.recovery: Recovery | None = None
         if archive is not None:
             from archive.mirror import Mirror
 
             self.mirror = Mirror(store, archive)
+            # The jobs a mirror pass finds gone from Redis are restored at once (no admin needed).
+            self.recovery = Recovery(store, archive, data_dir=data_dir, who=f"archiver-{self.consumer}")
         self._mirroring: asyncio.Task[None] | None = None
         self._pruned = 0.0
-        self.counts = {"copied": 0, "failed": 0, "stale": 0, "requeued": 0, "mirrors": 0}
+        self.counts = {"copied": 0, "failed": 0, "stale": 0, "requeued": 0, "mirrors": 0, "restored": 0}
 
     async def run_forever(self) -> None:
         while True:
@@ -190,6 +198,9 @@ class ArchiveLoop:
             held = await archive_queue.acquire_leases(self.store, self.consumer, ttl_ms)
             if held:
                 await asyncio.wait_for(self.mirror.sync(held), self.copy_timeout_s)
+                if self.mirror.vanished and self.recovery is not None:
+                    report = await self.recovery.restore_lost(self.mirror.vanished)
+                    self.counts["restored"] += len(report["restored"]) if report else 0
             self.counts["mirrors"] += 1
         except asyncio.CancelledError:
             raise
@@ -198,5 +209,6 @@ class ArchiveLoop:
 
 
 def archive_loop(settings: Any, store: Any, archive: Archive | None) -> ArchiveLoop:
-    """The loop as the settings configure it: the mirror once per inspector period."""
-    return ArchiveLoop(store, archive, mirror_every_s=settings.inspector_period_s)
+    """The loop as the settings configure it: the mirror (and the restore of what Redis lost) once
+    per inspector period; incident reports in the data directory."""
+    return ArchiveLoop(store, archive, mirror_every_s=settings.inspector_period_s, data_dir=settings.data_dir)

@@ -23,11 +23,11 @@ from typing import Any
 from ray import serve
 
 from . import durability
-from .api import store_for
 from .archive_loop import ArchiveLoop, archive_loop
 from .archiving import open_archive
 from .config import Settings
 from .serve_options import CONTROL_PLANE
+from .stores import store_for
 
 log = logging.getLogger("hitl.archiver")
 

@@ -44,6 +44,13 @@ STORE_RESETS = Counter(
     "Times this process found Redis come back empty (its store identity changed); each writes a report",
     registry=REGISTRY,
 )
+JOBS_RESTORED = Counter(
+    "hitl_jobs_restored_total",
+    "Live jobs Redis had lost, given back from the archive's live mirror without an admin, by how they were "
+    "found (read: a request asked for one; sweep: the archiver's mirror pass) and outcome",
+    ["how", "outcome"],
+    registry=REGISTRY,
+)
 EMBEDDING_CACHE = Gauge(
     "hitl_embedding_cache",
     "SAM image-embedding cache counters per model deployment "

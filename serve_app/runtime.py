@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from statecore.artifacts import ArtifactStore
 
 from . import durability
-from .api import Runtime, create_app, store_for
+from .api import Runtime, create_app
 from .archive_loop import archive_loop
 from .archiving import open_archive
 from .auth import Authenticator
@@ -26,6 +26,7 @@ from .config import Settings
 from .dispatcher import Dispatcher, LocalRunner, NodeRunner
 from .events import EventHub, sse_lines
 from .inspector import Confirm
+from .stores import store_for
 
 log = logging.getLogger("hitl.runtime")
 

@@ -81,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
     from deployments.executor import build_models
     from statecore.artifacts import ArtifactStore
 
-    from .api import store_for
     from .dispatcher import LocalRunner
     from .runtime import make_dispatcher
+    from .stores import store_for
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_for(args)

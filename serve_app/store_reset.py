@@ -74,16 +74,22 @@ class ResetWatch:
         return report
 
     def _write(self, report: dict[str, Any]) -> Path | None:
-        if self.dir is None:
-            return None
-        self.dir.mkdir(parents=True, exist_ok=True)
-        stamp = report["detected_at"].replace(":", "").replace("-", "")
-        path = self.dir / f"store-reset-{stamp}-{self.who}.json"
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        with tmp.open("w") as f:
-            json.dump(report, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        report["report_path"] = str(path)
-        return path
+        return write_incident(self.dir, "store-reset", self.who, report)
+
+
+def write_incident(folder: Path | None, kind: str, who: str, report: dict[str, Any]) -> Path | None:
+    """``report`` as ``<folder>/<kind>-<stamp>-<who>.json`` (fsynced, renamed into place; it must
+    outlive Redis and this process), its path added as ``report_path``; None without a folder."""
+    if folder is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = now_iso().replace(":", "").replace("-", "")
+    path = folder / f"{kind}-{stamp}-{who}.json"
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with tmp.open("w") as f:
+        json.dump(report, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    report["report_path"] = str(path)
+    return path

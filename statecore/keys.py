@@ -10,6 +10,7 @@ deployment (changing it would orphan existing jobs).
 from __future__ import annotations
 
 import hashlib
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -31,6 +32,15 @@ def partition_of(job_id: str) -> int:
 
 def tag(p: int) -> str:
     return f"{PREFIX}:{{p{p}}}"
+
+
+_JOB_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def is_job_id(job_id: str) -> bool:
+    """Whether ``job_id`` could name a job (what ``new_job_id`` makes, and ids the archive holds):
+    anything else is not looked up further (a miss of such an id costs no archive read)."""
+    return bool(_JOB_ID.match(job_id))
 
 
 def new_job_id(partition: int | None = None) -> str:

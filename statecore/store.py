@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,9 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
         self.url: str | None = None  # as given to from_url (executors record node starts there)
         self.sync_command: tuple[Any, ...] | None = None  # --durability strict: see statecore.durable
         self.sync_acks = 0
+        # Asked when a job is not in Redis: True when it is there again (restored from the archive's
+        # live mirror: serve_app.recovery, docs/protocol.md § Redis outages). None: a miss is a miss.
+        self.on_missing: Callable[[str], Awaitable[bool]] | None = None
         self._scripts = {name: durable.synced(self, s) for name, s in scripts.register(client).items()}
 
     # ------------------------------------------------------------------ lifecycle
@@ -165,6 +169,8 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
 
     async def _meta(self, job_id: str) -> dict[str, str]:
         meta: dict[str, str] = await self.r.hgetall(keys.job(job_id).meta)
+        if not meta and self.on_missing is not None and keys.is_job_id(job_id) and await self.on_missing(job_id):
+            meta = await self.r.hgetall(keys.job(job_id).meta)
         return meta
 
     async def metas(self, job_ids: list[str]) -> list[dict[str, str]]:

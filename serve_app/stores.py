@@ -1,0 +1,28 @@
+"""The store every part of the control plane builds from the deployment's settings: the API
+replicas, plain uvicorn, the Archiver, a standalone dispatcher (``hitl dispatcher``). One function,
+so none of them runs with another retention, archive flag, node timeout or attempt count than the
+deployment's (a store built with defaults started finished jobs' retention without an archive copy)."""
+
+from __future__ import annotations
+
+from statecore.store import Store, StoreConfig
+
+from .config import Settings
+
+
+def store_for(settings: Settings, redis_url: str, *, blocking_s: float = 0.0) -> Store:
+    """The store with the settings' operation timeout; ``blocking_s`` more for a store whose
+    commands block on purpose (the dispatchers' XREADGROUP BLOCK), so waiting is not a timeout."""
+    return Store.from_url(
+        redis_url,
+        StoreConfig(
+            retention_s=settings.retention_s,
+            node_timeout_s=settings.node_timeout_s,
+            node_timeouts=settings.node_timeouts,
+            max_attempts=settings.max_attempts,
+            retry_backoff_s=settings.retry_backoff_s,
+            claim_ttl_s=settings.claim_ttl_s,
+            archive=settings.archive,
+        ),
+        timeout_s=settings.store_timeout_s + blocking_s,
+    )
