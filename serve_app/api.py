@@ -194,6 +194,8 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         if rt.archive is not None and rt.recovery is None:  # a job Redis lost is restored when asked for
             rt.recovery = Recovery(rt.store, rt.archive, data_dir=rt.settings.data_dir)
             rt.store.on_missing = rt.recovery.restore_missing
+        # This process's counters reach the deployment's totals in Redis (serve_app.shared_metrics).
+        rt.background.append(asyncio.create_task(metrics.SHARED.flush_forever(rt.store.r)))
         log.info(
             "control plane ready: detector=%s validator=%s segmenter=%s redis=%s",
             rt.settings.detector,
@@ -498,6 +500,8 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
             # From the counters in Redis: the same on every replica, O(partitions) per scrape.
             metrics.REDIS_STATE.update(await counters.read(store.r, rt().settings.coverage_window_s))
             metrics.OUTBOX_LAG.set(await store.outbox_pending())
+            await metrics.SHARED.flush(store.r)  # this replica's increments, then everyone's totals
+            await metrics.SHARED.refresh(store.r)
             model_stats = rt().model_stats
             if model_stats is not None:
                 for deployment, info in (await asyncio.wait_for(model_stats(), 5)).items():

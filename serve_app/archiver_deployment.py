@@ -22,7 +22,7 @@ from typing import Any
 
 from ray import serve
 
-from . import durability
+from . import durability, metrics
 from .archive_loop import ArchiveLoop, archive_loop
 from .archiving import open_archive
 from .config import Settings
@@ -56,6 +56,7 @@ class Archiver:
         assert settings.redis_url
         # The loop blocks in XREADGROUP for up to 1 s: its store's timeout allows for it.
         store = store_for(settings, settings.redis_url, blocking_s=2.0)
+        flusher = asyncio.create_task(metrics.SHARED.flush_forever(store.r))  # its counters, to the shared totals
         try:
             await durability.configure(store, settings.durability, settings.store_timeout_s)
             archive = await open_archive(settings)
@@ -67,6 +68,7 @@ class Archiver:
         except Exception:
             log.exception("archiver loop ended; the next health check starts it again")
         finally:
+            flusher.cancel()
             await store.close()
 
     async def check_health(self) -> None:

@@ -1,4 +1,10 @@
-"""Prometheus metrics, all prefixed ``hitl_``. One registry per process."""
+"""Prometheus metrics, all prefixed ``hitl_``.
+
+Three kinds, so that every replica serves the same figures and scrapes through a load balancer
+agree: figures read from Redis at each scrape (``RedisState``); counters and histograms each
+process increments in ``LOCAL`` and adds up in Redis (:mod:`serve_app.shared_metrics`, rendered
+from there); and gauges of this process alone (its dispatcher's calls, its embedding cache).
+Aggregate across instances with ``max()``, never ``sum()``, except the per-process gauges."""
 
 from __future__ import annotations
 
@@ -10,46 +16,47 @@ from prometheus_client.registry import Collector
 
 from statecore.counters import STATUSES, Snapshot
 
-REGISTRY = CollectorRegistry(auto_describe=True)
+from .shared_metrics import Shared
 
-JOBS_CREATED = Counter("hitl_jobs_created_total", "Jobs accepted by POST /jobs (replays excluded)", registry=REGISTRY)
+REGISTRY = CollectorRegistry(auto_describe=True)  # what /metrics renders
+LOCAL = CollectorRegistry(auto_describe=True)  # this process's counters and histograms: rendered via Redis
+
+JOBS_CREATED = Counter("hitl_jobs_created_total", "Jobs accepted by POST /jobs (replays excluded)", registry=LOCAL)
 INTERVENTIONS = Counter(
-    "hitl_interventions_total", "Intervention requests by outcome code", ["outcome"], registry=REGISTRY
+    "hitl_interventions_total", "Intervention requests by outcome code", ["outcome"], registry=LOCAL
 )
 OUTBOX_LAG = Gauge("hitl_outbox_pending", "Outbox commands not yet acknowledged by a dispatcher", registry=REGISTRY)
 NODE_SECONDS = Histogram(
     "hitl_node_duration_seconds",
     "Model node run time by node type and outcome",
     ["node_type", "outcome"],
-    registry=REGISTRY,
+    registry=LOCAL,
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
 )
-REPORTS = Counter(
-    "hitl_reports_total", "Node reports by result (OK, DUPLICATE, IGNORED)", ["result"], registry=REGISTRY
-)
+REPORTS = Counter("hitl_reports_total", "Node reports by result (OK, DUPLICATE, IGNORED)", ["result"], registry=LOCAL)
 INSPECTOR_TIMEOUTS = Counter(
     "hitl_inspector_timeouts_total",
     "Nodes timed out by the inspector after their deadline",
     ["node_type"],
-    registry=REGISTRY,
+    registry=LOCAL,
 )
 INSPECTOR_LOST = Counter(
     "hitl_inspector_lost_total",
     "Running nodes whose heartbeat lapsed, re-dispatched (or failed after their last attempt) by the inspector",
     ["node_type"],
-    registry=REGISTRY,
+    registry=LOCAL,
 )
 STORE_RESETS = Counter(
     "hitl_store_resets_total",
     "Times this process found Redis come back empty (its store identity changed); each writes a report",
-    registry=REGISTRY,
+    registry=LOCAL,
 )
 JOBS_RESTORED = Counter(
     "hitl_jobs_restored_total",
     "Live jobs Redis had lost, given back from the archive's live mirror without an admin, by how they were "
     "found (read: a request asked for one; sweep: the archiver's mirror pass) and outcome",
     ["how", "outcome"],
-    registry=REGISTRY,
+    registry=LOCAL,
 )
 EMBEDDING_CACHE = Gauge(
     "hitl_embedding_cache",
@@ -76,7 +83,7 @@ HTTP_SECONDS = Histogram(
     "hitl_http_request_duration_seconds",
     "HTTP request latency by route and status",
     ["route", "status"],
-    registry=REGISTRY,
+    registry=LOCAL,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
 
@@ -171,6 +178,8 @@ class RedisState(Collector):
 
 REDIS_STATE = RedisState()
 REGISTRY.register(REDIS_STATE)
+SHARED = Shared(LOCAL)
+REGISTRY.register(SHARED)
 
 
 def render() -> bytes:

@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from deployments.executor import build_models
     from statecore.artifacts import ArtifactStore
 
+    from . import metrics
     from .dispatcher import LocalRunner
     from .runtime import make_dispatcher
     from .stores import store_for
@@ -99,8 +100,12 @@ def run(args: argparse.Namespace) -> int:
     store = store_for(settings, settings.redis_url, blocking_s=2.0)  # XREADGROUP blocks up to 1 s
     runner = LocalRunner(build_models(settings.backend_config()), ArtifactStore(settings.artifacts))
     dispatcher = make_dispatcher(settings, store, runner, consumer=args.consumer, reclaim_every_s=args.reclaim_every_s)
+
+    async def serve() -> None:  # its dispatch counters reach the deployment's totals in Redis
+        await asyncio.gather(dispatcher.run_forever(), metrics.SHARED.flush_forever(store.r))
+
     try:
-        asyncio.run(dispatcher.run_forever())
+        asyncio.run(serve())
     except KeyboardInterrupt:
         pass
     return 0
