@@ -23,7 +23,12 @@ terminal or ``--settle-timeout`` runs out. Then: the invariant checker (``loadte
   is a new instance, so visible retries are counted apart);
 - time from the end of the last fault until every job was seen settled.
 
+``--scenario flushall`` (the store comes back empty) and ``--scenario crash-restart`` (the whole
+tree SIGKILLed and started again on its data directory and port) fire one fault instead, with
+their own figures: see ``benchmarks/chaos_recovery.py``.
+
     .venv/bin/python benchmarks/chaos.py --jobs 10 --seconds 30
+    .venv/bin/python benchmarks/chaos.py --scenario flushall --jobs 20 --seconds 40 --fault-at-s 20
 """
 
 from __future__ import annotations
@@ -75,10 +80,13 @@ class JobRun:
     status: str | None = None
     settled_at: float | None = None  # monotonic time the reviewer saw it terminal
     answered: int = 0  # pauses answered
+    created_at: float | None = None  # monotonic time of its 202
     codes: Counter[int] = field(default_factory=Counter)
 
 
 class Run:
+    tries = 60  # a request is sent this often (0.5 s apart) on 503s and connection errors
+
     def __init__(self, up: HitlUp, args: argparse.Namespace) -> None:
         self.up = up
         self.args = args
@@ -93,9 +101,9 @@ class Run:
     # -------------------------------------------------------------------------------- reviewers
 
     def _call(self, c: httpx.Client, method: str, url: str, deadline: float, **kw: Any) -> httpx.Response | None:
-        """One request, retried on 503/connection errors (bounded by ``deadline`` and 60 tries)."""
+        """One request, retried on 503/connection errors (bounded by ``deadline`` and ``tries``)."""
         headers = {**self.headers, **kw.pop("headers", {})}
-        for _ in range(60):
+        for _ in range(self.tries):
             if time.monotonic() > deadline:
                 return None
             try:
@@ -124,6 +132,7 @@ class Run:
                 job.status = f"NOT_CREATED({r.status_code if r is not None else 'timeout'})"
                 return
             job.job_id = str(r.json()["job_id"])
+            job.created_at = time.monotonic()
             answered: set[str] = set()
             while time.monotonic() < deadline:
                 r = self._call(c, "GET", f"/api/v1/jobs/{job.job_id}", deadline)
@@ -132,6 +141,7 @@ class Run:
                     continue
                 snap = r.json()
                 job.status = snap["status"]
+                self.seen(job, snap)
                 if job.status in TERMINAL:
                     job.settled_at = time.monotonic()
                     return
@@ -139,6 +149,8 @@ class Run:
                 token = pause.get("pause_token")
                 # Round 1 (WAITING_USER_SELECTION) and round 2 (WAITING_BOX_BATCH_REVISION) alike.
                 if job.status.startswith("WAITING_") and token and token not in answered:
+                    if self.args.think_s > 0:  # a person looks before answering (the pause stays open)
+                        time.sleep(random.uniform(0, self.args.think_s))
                     if self._answer(c, job, snap, deadline):
                         answered.add(token)
                 time.sleep(self.args.poll_s)
@@ -175,11 +187,18 @@ class Run:
             if r.status_code == 200:
                 with self.lock:
                     self.acks.append(Ack(str(job.job_id), body["intervention_id"], body["pause_token"], r.text))
+                self.acked(job, snap, body)
                 done = True
             elif r.status_code == 409:  # the pause moved on (consumed or superseded): read it again
                 done = True
         job.answered += int(done)
         return done
+
+    def seen(self, job: JobRun, snap: dict[str, Any]) -> None:
+        """Each 200 of a reviewer's GET (a hook: benchmarks/chaos_recovery.py records the pauses)."""
+
+    def acked(self, job: JobRun, snap: dict[str, Any], body: dict[str, Any]) -> None:
+        """Each 200 to an intervention, ``snap`` the GET it answered (a hook, as :meth:`seen`)."""
 
     # -------------------------------------------------------------------------------------- faults
 
@@ -323,6 +342,15 @@ async def measure(run: Run, jobs: list[JobRun]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--scenario",
+        choices=("random", "flushall", "crash-restart"),
+        default="random",
+        help="random: faults at random (below); flushall: FLUSHALL of the embedded Redis mid-run; "
+        "crash-restart: SIGKILL of the whole tree, then hitl up again on the same data directory and port",
+    )
+    ap.add_argument("--fault-at-s", type=float, default=20, help="flushall, crash-restart: when the one fault fires")
+    ap.add_argument("--think-s", type=float, default=0.0, help="a reviewer looks up to this long before answering")
     ap.add_argument("--jobs", type=int, default=40)
     ap.add_argument("--seconds", type=float, default=120, help="how long faults fire")
     ap.add_argument("--fault-gap-s", type=float, default=6.0, help="mean time between two faults")
@@ -357,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
             "--max-attempts",
             "5",
         ]
+        if args.scenario != "random":
+            from chaos_recovery import run_scenario  # benchmarks/ is the script's directory
+
+            return run_scenario(args, data_dir, flags)
         up = HitlUp(data_dir, *flags, log_path=data_dir / "chaos-hitl-up.log").start()
         try:
             run = Run(up, args)

@@ -38,7 +38,7 @@ from serve_app.recovery import Recovery
 from statecore import errors, keys
 from statecore.store import Store
 from tests.api_util import blank_with_product, intervene, keep_all, submit, wait_status
-from tests.helpers import waiting_job
+from tests.helpers import iv, waiting_job
 
 WAITING = {"WAITING_USER_SELECTION"}
 
@@ -233,3 +233,21 @@ async def test_read_through_never_restores_an_ended_job_or_an_unknown_id(store: 
         with pytest.raises(errors.JobNotFound):
             await store.get(missing)
     assert not await store.r.exists(keys.job(job).meta)
+
+
+async def test_the_checker_accepts_a_restored_job_whose_pause_was_consumed_before_the_loss(
+    store: Store, image, mirror_archive
+):
+    """The restored log starts at JOB_RESTORED; the pause consumed before the loss is CONSUMED in the
+    pause history without its INTERVENTION_ACCEPTED (gone with Redis): not a breach."""
+    archive = mirror_archive
+    job = await waiting_job(store, image)
+    state = await store.get(job)
+    subjects = [{"box_id": b.box_id, "bbox": b.bbox} for b in state.box_list]
+    assert (await store.intervene(job, iv(state, subjects), "rev1")).status_code == 200
+    await mirror_now(store, archive, job)
+    await drop_from_redis(store, job)
+    assert (await reconcile(store, archive))["counts"] == {"RESTORED": 1}
+    rep = await check(store, quiet_timeout=1)
+    assert "pause_consumed_once" not in rep.breached(), rep.details()
+    assert rep.inv["pause_consumed_once"].checked == 1  # the consumed pause was looked at

@@ -119,6 +119,9 @@ def check_pauses(job: Job, rep: Report) -> set[str]:
             accepted[e["data"].get("pause_token")].append(e["data"].get("intervention_id"))
     tokens = set(opened) | set(accepted) | set(job.pauses)
     rep.checked(name, len(tokens))
+    # A job restored from the live mirror: its log starts at JOB_RESTORED, the pauses consumed before
+    # are in its pause history without their INTERVENTION_ACCEPTED (gone with the rest of the log).
+    restored_at = job.events[0]["at"] if job.events and job.events[0]["type"] == "JOB_RESTORED" else None
     for token in sorted(tokens, key=str):
         if opened[token] > 1:
             rep.breach(name, job.job_id, f"pause {token} opened {opened[token]} times")
@@ -136,8 +139,10 @@ def check_pauses(job: Job, rep: Report) -> set[str]:
             )
         if hist and hist.get("status") == "CONSUMED":
             by = (hist.get("consumed_by") or {}).get("intervention_id")
+            before_restore = restored_at is not None and (hist.get("consumed_at") or "") < restored_at
             if not ivs:
-                rep.breach(name, job.job_id, f"pause {token} CONSUMED (by {by}) without INTERVENTION_ACCEPTED")
+                if not before_restore:
+                    rep.breach(name, job.job_id, f"pause {token} CONSUMED (by {by}) without INTERVENTION_ACCEPTED")
             elif by not in ivs:
                 rep.breach(name, job.job_id, f"pause {token} consumed_by {by}, but the log accepted {ivs[0]}")
     active = job.j("active_pause")
