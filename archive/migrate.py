@@ -1,6 +1,12 @@
 """Schema migrations of the archive through Alembic (docs/archive.md § Migrations): ``upgrade(url)``
 brings a database, empty or older, to the newest revision; ``schema_version(url)`` reports where
-it is. ``hitl`` runs the upgrade before it writes; ``hitl admin archive-upgrade`` runs it alone."""
+it is. ``hitl`` runs the upgrade before it writes; ``hitl admin archive-upgrade`` runs it alone.
+
+Every replica that opens the archive upgrades it as it starts, so on a cluster several processes call
+:func:`upgrade` at once (and a Kubernetes Job, deploy/kuberay/archive-migrate.yaml, may too): on
+PostgreSQL the upgrade's transaction first takes an advisory lock (``pg_advisory_xact_lock``,
+released at its commit or rollback), so one process migrates and the others, waiting, find the
+schema at head and do nothing. SQLite's ``BEGIN IMMEDIATE`` (archive.db) serializes them the same way."""
 
 from __future__ import annotations
 
@@ -12,11 +18,15 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
 
 from .db import archive_url, make_engine
 from .options import add_upgrade_arguments
 
 SCRIPTS = Path(__file__).resolve().parent / "alembic"
+# The advisory lock every upgrade of a PostgreSQL archive holds (one number, the same in every process
+# and every build: the bytes of "hitl-arc" as a signed 64-bit integer).
+LOCK_KEY = int.from_bytes(b"hitl-arc", "big", signed=True)
 
 
 def _config() -> Config:
@@ -38,6 +48,8 @@ def upgrade(url: str | None = None, revision: str = "head") -> str:
     engine = make_engine(archive_url(url=url))
     try:
         with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":  # one upgrade at a time; the others wait, then find it done
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": LOCK_KEY})
             cfg = _config()
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)

@@ -37,8 +37,11 @@ from .redis_server import free_port
 log = logging.getLogger("hitl.ray")
 
 DEFAULT_DASHBOARD_PORT = 8265  # Ray's
-# What the Serve replicas import: shipped to every node of a joined cluster.
-REPLICA_PACKAGES = ("statecore", "serve_app", "deployments")
+# The project's packages the Serve application imports (its replicas, and the builder): the one list
+# of what a cluster needs. Shipped to every node of a joined cluster (runtime_env), copied into the
+# KubeRay image (deploy/kuberay/Dockerfile); tests/test_cluster_packages.py checks both against the
+# import graph of serve_app.application, serve_app.archiver_deployment and deployments.serve.
+REPLICA_PACKAGES = ("statecore", "serve_app", "deployments", "archive")
 RUNTIME_ENV_EXCLUDES = ["__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache"]
 
 
@@ -276,12 +279,62 @@ def cluster_problems(settings: Settings, node_ips: Iterable[str], local: set[str
     return problems
 
 
-def check_joined_cluster(settings: Settings) -> None:
-    """Refuse, with every reason at once, a setting the other nodes of the cluster could not use."""
+def sqlite_archive(settings: Settings) -> str | None:
+    """The SQLite archive these settings write (``archive_url``, else ``HITL_ARCHIVE_URL``, else
+    ``<data_dir>/archive.sqlite3``); None when archiving is off or the archive is another database."""
+    if not settings.archive:
+        return None
+    from archive.db import archive_url
+
+    url = archive_url(settings.data_dir, settings.archive_url)
+    return url if url.startswith("sqlite") else None
+
+
+def archive_problems(settings: Settings, node_ips: Iterable[str], local: set[str]) -> list[str]:
+    """Why the archive cannot be shared by replicas on these nodes; [] when every node is this machine.
+
+    A SQLite archive is one file: the Archiver writes it and the Api replicas read it, wherever Serve
+    placed them. On nodes of other machines it would be a file on a network volume, where SQLite's
+    locks and WAL (shared memory) are unsafe, or a different file on each node."""
+    ips = sorted(set(node_ips))
+    sqlite = sqlite_archive(settings)
+    if sqlite is None or all_nodes_local(ips, local):
+        return []
+    remote = ", ".join(ip for ip in ips if ip not in local and not _is_loopback(ip))
+    return [
+        f"the archive {sqlite} is a SQLite file, which replicas on the nodes {remote} cannot share "
+        "(SQLite is unsafe on a network filesystem): set archive_url (HITL_ARCHIVE_URL) to a PostgreSQL "
+        "every node can reach (postgresql://user@host/db), or turn archiving off"
+    ]
+
+
+def alive_node_ips() -> list[str] | None:
+    """The addresses of the Ray cluster this process is connected to; None when it is connected to none."""
     import ray
 
-    ips = [str(n["NodeManagerAddress"]) for n in ray.nodes() if n.get("Alive")]
-    problems = cluster_problems(settings, ips, local_addresses())
+    if not ray.is_initialized():
+        return None
+    return [str(n["NodeManagerAddress"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def shared_archive_problem(settings: Settings) -> str | None:
+    """For a Serve application being built: why its archive cannot serve the cluster the builder
+    runs in (``serve deploy``, KubeRay: the build runs on the cluster), or None. Not connected to a
+    cluster (``serve run`` and ``serve build`` validate first), nothing to say."""
+    if sqlite_archive(settings) is None:
+        return None
+    ips = alive_node_ips()
+    if ips is None:
+        return None
+    problems = archive_problems(settings, ips, local_addresses())
+    return problems[0] if problems else None
+
+
+def check_joined_cluster(settings: Settings) -> None:
+    """Refuse, with every reason at once, a setting the other nodes of the cluster could not use."""
+    ips = alive_node_ips() or []
+    local = local_addresses()
+    problems = cluster_problems(settings, ips, local) + archive_problems(settings, ips, local)
     if problems:
         raise SystemExit("hitl up: cannot join this cluster as configured:\n  - " + "\n  - ".join(problems))
     log.info("joined a Ray cluster of %d node(s) at %s: %s", len(ips), settings.ray_address, ", ".join(sorted(ips)))

@@ -2,17 +2,22 @@
 makes from its own ``args`` (same deployments, same options) and a valid Ray Serve config;
 ``deploy/kuberay/rayservice.yaml`` validates against the RayService CRD's openAPIV3Schema (the copy
 in ``deploy/kuberay/schema/``, unknown fields refused as ``kubectl apply --validate=strict`` does),
-embeds exactly that Serve config, and points at what ``deploy/kuberay/redis.yaml`` provides.
+embeds exactly that Serve config, and points at what the other manifests of ``deploy/kuberay/``
+provide (Redis with a password and a NetworkPolicy, PostgreSQL and its migration Job, the volumes,
+the reviewer UI, the Prometheus Operator objects).
 
 Also the application's own guards on that path (no launcher runs under ``serve run``/``serve
-deploy``): typed builder arguments, and an API replica that refuses a Redis that could lose state.
+deploy``): typed builder arguments, an API replica that refuses a Redis that could lose state and
+fails its health check when its loops died, and no SQLite archive shared across machines.
 
 No Ray cluster here: building an application (``.bind()``, Serve's ``build_app``) needs none.
 ``tests/test_serve_cli.py`` runs the same files through Ray's CLI."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +35,8 @@ from ray.serve._private.build_app import build_app
 from ray.serve.schema import DeploymentSchema, ServeDeploySchema
 
 from harness.ci import require_binary
-from serve_app.application import ENV_FALLBACK, AppArgs, refuse_volatile_redis
+from serve_app import ray_runtime
+from serve_app.application import ENV_FALLBACK, Api, AppArgs, refuse_volatile_redis
 from serve_app.config import Settings
 from serve_app.redis_server import RedisServer, free_port
 
@@ -48,6 +54,7 @@ def no_env_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
         for name in names:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("HITL_APP_ARGS", raising=False)
+    monkeypatch.delenv("HITL_ARCHIVE_URL", raising=False)
 
 
 @pytest.fixture
@@ -176,6 +183,66 @@ async def test_api_replica_refuses_a_redis_that_could_lose_state(tmp_path: Path)
     await refuse_volatile_redis(Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", store_timeout_s=1))
 
 
+async def test_api_replica_health_check_fails_when_a_background_loop_died():
+    """Serve calls ``check_health``: a replica whose dispatcher (the inspector's sweeps run in it) or
+    archive loop ended would otherwise stay HEALTHY and never take work from the outbox again."""
+    # The class as written, not Serve's ingress wrapper around it (whose __init__ builds the ASGI app).
+    [cls] = [c for c in Api.func_or_class.__mro__[1:] if c.__module__ == "serve_app.application"]
+    api = cls(Settings(redis_url="redis://r:6379/0").model_dump_json(), None, None, None, None)
+    await api.check_health()  # before the lifespan started any loop: healthy
+
+    async def crashes() -> None:
+        raise ValueError("dispatcher crashed")
+
+    alive = asyncio.create_task(asyncio.sleep(3600), name="archive loop")
+    dead = asyncio.create_task(crashes(), name="dispatcher")
+    await asyncio.gather(dead, return_exceptions=True)
+    try:
+        api.background = [alive]
+        await api.check_health()
+        api.background = [dead, alive]
+        with pytest.raises(RuntimeError, match="dispatcher.*dispatcher crashed"):
+            await api.check_health()
+        alive.cancel()
+        await asyncio.gather(alive, return_exceptions=True)
+        api.background = [alive]  # cancelled (not by a stop: Serve stops asking then) is dead too
+        with pytest.raises(RuntimeError, match="archive loop"):
+            await api.check_health()
+    finally:
+        alive.cancel()
+
+
+def test_a_sqlite_archive_is_refused_across_machines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """As loopback Redis and file:// artifacts are: one machine may share a SQLite file, several may not
+    (SQLite's locks and WAL on a network volume). ``hitl up --ray-address`` checks the joined cluster's
+    nodes; the builder, the cluster it runs in (serve deploy, KubeRay)."""
+    local = {"127.0.0.1", "10.0.0.7"}
+    sqlite = Settings(data_dir=tmp_path)
+    assert ray_runtime.archive_problems(sqlite, ["10.0.0.7", "127.0.0.1"], local) == []
+    [problem] = ray_runtime.archive_problems(sqlite, ["10.0.0.7", "10.0.0.8"], local)
+    assert "SQLite" in problem and "10.0.0.8" in problem and "archive_url" in problem and str(tmp_path) in problem
+    postgres = Settings(data_dir=tmp_path, archive_url="postgresql://hitl@db:5432/hitl")
+    assert ray_runtime.archive_problems(postgres, ["10.0.0.8"], local) == []
+    assert ray_runtime.archive_problems(Settings(archive=False), ["10.0.0.8"], local) == []
+    monkeypatch.setenv("HITL_ARCHIVE_URL", "postgresql://hitl@db:5432/hitl")  # where replicas also read it
+    assert ray_runtime.archive_problems(sqlite, ["10.0.0.8"], local) == []
+    monkeypatch.delenv("HITL_ARCHIVE_URL")
+    # Not connected to a cluster (serve run, serve build validate first): nothing to refuse yet.
+    assert not ray.is_initialized()
+    assert ray_runtime.shared_archive_problem(sqlite) is None
+    AppArgs.model_validate({"redis_url": "redis://r", "data_dir": str(tmp_path)})
+
+
+def test_builder_arguments_take_secrets_from_the_environment(monkeypatch: pytest.MonkeyPatch):
+    """``${NAME}`` in redis_url / archive_url: the config names the Secret, the building pod has it."""
+    url = "redis://:${HITL_REDIS_PASSWORD}@hitl-redis:6379/0"
+    assert AppArgs.model_validate({"redis_url": url}).redis_url == url  # not set: left as written
+    monkeypatch.setenv("HITL_REDIS_PASSWORD", "s3cret")
+    args = AppArgs.model_validate({"redis_url": url, "archive_url": "postgresql://u:${HITL_REDIS_PASSWORD}@db/h"})
+    assert (args.redis_url, args.archive_url) == ("redis://:s3cret@hitl-redis:6379/0", "postgresql://u:s3cret@db/h")
+    assert args.settings().redis_url == "redis://:s3cret@hitl-redis:6379/0"  # what the replicas get
+
+
 # ---------------------------------------------------------------------------- KubeRay
 
 
@@ -274,11 +341,32 @@ def test_rayservice_nodes_have_what_the_application_args_name():
         assert args.sam_checkpoint and mounted(group["template"]["spec"], args.sam_checkpoint)
 
 
-def test_redis_manifest_provides_the_redis_the_config_names():
-    docs = list(yaml.safe_load_all((KUBERAY / "redis.yaml").read_text()))
+def manifests(name: str) -> dict[str, dict[str, Any]]:
+    """A multi-document manifest of deploy/kuberay/, by kind (one object of each kind per file)."""
+    docs = list(yaml.safe_load_all((KUBERAY / name).read_text()))
     by_kind = {d["kind"]: d for d in docs}
-    assert sorted(by_kind) == ["Service", "StatefulSet"]
-    service, sts = by_kind["Service"], by_kind["StatefulSet"]
+    assert len(by_kind) == len(docs), f"{name}: two objects of one kind"
+    return by_kind
+
+
+def secret_env(container: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """A container's environment variables taken from Secrets: name -> (secret, key)."""
+    refs = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in container.get("env", [])}
+    return {name: (ref["name"], ref["key"]) for name, ref in refs.items() if ref}
+
+
+def memory_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (4Gi) or a redis-server size (2gb) in bytes."""
+    m = re.fullmatch(r"(\d+)\s*(Ki|Mi|Gi|kb|mb|gb)?", quantity, re.IGNORECASE)
+    assert m, quantity
+    scale = {"ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30}
+    return int(m[1]) * scale.get((m[2] or "").lower(), 1)
+
+
+def test_redis_manifest_provides_the_redis_the_config_names():
+    by_kind = manifests("redis.yaml")
+    assert sorted(by_kind) == ["NetworkPolicy", "Service", "StatefulSet"]
+    service, sts, policy = by_kind["Service"], by_kind["StatefulSet"], by_kind["NetworkPolicy"]
     [app] = serve_config()["applications"]
     url = urlparse(app["args"]["redis_url"])
     assert url.scheme == "redis"
@@ -295,6 +383,109 @@ def test_redis_manifest_provides_the_redis_the_config_names():
     assert flags["--appendonly"] == "yes" and flags["--maxmemory-policy"] == "noeviction"
     data_mount = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}[flags["--dir"]]
     assert data_mount in {t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]}
+    # Room for the AOF rewrite's fork: copy-on-write may double the data set while it runs.
+    assert 2 * memory_bytes(flags["--maxmemory"]) <= memory_bytes(container["resources"]["limits"]["memory"])
+    # A password from a Secret (Kubernetes expands $(VAR) in args); the config's URL takes the same
+    # Secret from the Ray pods' environment, and the probe's redis-cli authenticates with it.
+    env = secret_env(container)
+    [var] = re.fullmatch(r"\$\((\w+)\)", flags["--requirepass"]).groups()  # type: ignore[union-attr]
+    assert env["REDISCLI_AUTH"] == env[var]
+    [placeholder] = re.findall(r"\$\{(\w+)\}", url.password or "")
+    for pod in pods(rayservice()):
+        for c in pod["containers"]:
+            assert secret_env(c)[placeholder] == env[var]
+    # Only the Ray pods reach it (KubeRay labels them ray.io/is-ray-node; ours add part-of).
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    [rule] = policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [6379]
+    [source] = rule["from"]
+    selected = source["podSelector"]["matchLabels"]
+    allowed = dict(selected)
+    assert allowed.pop("ray.io/is-ray-node") == "yes"
+    cluster = rayservice()["spec"]["rayClusterConfig"]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        assert allowed.items() <= group["template"]["metadata"]["labels"].items()
+    assert not selected.items() <= manifests("ui.yaml")["Deployment"]["spec"]["template"]["metadata"]["labels"].items()
+    # KubeRay's GCS fault tolerance: the same Redis and password.
+    gcs = cluster["gcsFaultToleranceOptions"]
+    assert urlparse(gcs["redisAddress"]).hostname == url.hostname
+    ref = gcs["redisPassword"]["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == env[var]
+
+
+def test_the_archive_is_postgresql_migrated_once_by_a_job():
+    """SQLite cannot be shared by replicas on several nodes: the shipped config names the PostgreSQL
+    of postgres.yaml, whose password reaches the Ray pods and the migration Job as PGPASSWORD."""
+    [app] = serve_config()["applications"]
+    url = urlparse(app["args"]["archive_url"])
+    assert url.scheme == "postgresql" and not url.password  # the password is never in the config
+    pg = manifests("postgres.yaml")
+    assert url.hostname == pg["Service"]["metadata"]["name"] == pg["StatefulSet"]["spec"]["serviceName"]
+    assert url.port == pg["Service"]["spec"]["ports"][0]["port"]
+    [db] = pg["StatefulSet"]["spec"]["template"]["spec"]["containers"]
+    plain = {e["name"]: e.get("value") for e in db["env"]}
+    assert (plain["POSTGRES_USER"], plain["POSTGRES_DB"]) == (url.username, url.path.lstrip("/"))
+    password = secret_env(db)["POSTGRES_PASSWORD"]
+    job = manifests("archive-migrate.yaml")["Job"]
+    [migrate] = job["spec"]["template"]["spec"]["containers"]
+    assert migrate["command"][:3] == ["python", "-m", "archive.migrate"]
+    assert migrate["command"][migrate["command"].index("--archive-url") + 1] == app["args"]["archive_url"]
+    assert secret_env(migrate)["PGPASSWORD"] == password
+    assert job["spec"]["template"]["spec"]["restartPolicy"] in ("OnFailure", "Never")
+    for pod in pods(rayservice()):
+        assert all(secret_env(c)["PGPASSWORD"] == password for c in pod["containers"])
+
+
+def test_the_volumes_the_pods_mount_are_claimed():
+    claims = {d["metadata"]["name"]: d for d in yaml.safe_load_all((KUBERAY / "volumes.yaml").read_text())}
+    assert {d["kind"] for d in claims.values()} == {"PersistentVolumeClaim"}
+    used = {
+        v["persistentVolumeClaim"]["claimName"]
+        for pod in pods(rayservice())
+        for v in pod.get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
+    assert used == set(claims)
+    assert claims["hitl-data"]["spec"]["accessModes"] == ["ReadWriteMany"]  # every node, the same files
+
+
+def test_monitoring_scrapes_the_pods_and_alerts_as_deploy_prometheus_does():
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for doc in yaml.safe_load_all((KUBERAY / "monitoring.yaml").read_text()):
+        by_kind.setdefault(doc["kind"], []).append(doc)
+    [rule] = by_kind["PrometheusRule"]
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "rules.yml").read_text())
+    assert rule["spec"]["groups"] == rules["groups"], "regenerate monitoring.yaml from deploy/prometheus/rules.yml"
+    cluster = rayservice()["spec"]["rayClusterConfig"]
+    groups = {"head": cluster["headGroupSpec"], **{g["groupName"]: g for g in cluster["workerGroupSpecs"]}}
+    for monitor in by_kind["PodMonitor"]:
+        wanted = dict(monitor["spec"]["selector"]["matchLabels"])
+        node_type = {"yes": None, "head": "head"}[
+            wanted.pop("ray.io/node-type", None) or wanted.pop("ray.io/is-ray-node")
+        ]
+        chosen = [g for name, g in groups.items() if node_type in (None, name)]
+        for group in chosen:
+            template = group["template"]
+            assert wanted.items() <= template["metadata"]["labels"].items()
+            names = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+            assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= names, monitor["metadata"]["name"]
+
+
+def test_the_reviewer_ui_deploys_with_its_own_image_and_logins():
+    by_kind = manifests("ui.yaml")
+    deployment, service = by_kind["Deployment"], by_kind["Service"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--require-login" in container["command"]  # each reviewer's own token, none in the pod
+    assert not any("TOKEN" in e["name"] for e in container.get("env", []))
+    dockerfile = (KUBERAY / "ui.Dockerfile").read_text()
+    [tag] = [w for line in dockerfile.splitlines() if "docker build" in line for w in line.split()[1:] if ":" in w]
+    assert container["image"] == tag
+    api = urlparse({e["name"]: e.get("value") for e in container["env"]}["HITL_API_URL"])
+    assert api.hostname == f"{rayservice()['metadata']['name']}-serve-svc"  # KubeRay's Serve service
+    assert api.port == serve_config()["http_options"]["port"]
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    [port] = service["spec"]["ports"]
+    assert port["targetPort"] in [p[k] for p in container["ports"] for k in ("name", "containerPort")]
 
 
 def test_the_image_is_the_one_the_dockerfile_builds():
@@ -305,4 +496,6 @@ def test_the_image_is_the_one_the_dockerfile_builds():
     assert base.startswith(f"rayproject/ray:{ray.__version__}-") and base.endswith("-gpu")
     [tag] = [w for line in dockerfile.splitlines() if "docker build" in line for w in line.split()[1:] if ":" in w]
     images = {c["image"] for pod in pods(rayservice()) for c in pod["containers"]}
+    job = manifests("archive-migrate.yaml")["Job"]
+    images |= {c["image"] for c in job["spec"]["template"]["spec"]["containers"]}
     assert images == {tag}

@@ -226,6 +226,6 @@ def test_ready_line():
 def test_runtime_env_ships_the_replicas_packages():
     env = ray_runtime.runtime_env()
     names = {Path(m).name for m in env["py_modules"]}
-    assert names == {"statecore", "serve_app", "deployments"}
+    assert names == {"statecore", "serve_app", "deployments", "archive"}
     assert all((Path(m) / "__init__.py").exists() for m in env["py_modules"])
     assert "__pycache__" in env["excludes"]
