@@ -499,6 +499,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
             metrics.REDIS_STATE.update(None)  # down until this scrape's read succeeds
             # From the counters in Redis: the same on every replica, O(partitions) per scrape.
             metrics.REDIS_STATE.update(await counters.read(store.r, rt().settings.coverage_window_s))
+            await metrics.refresh_stuck(store.r, rt().settings.coverage_window_s)
             metrics.OUTBOX_LAG.set(await store.outbox_pending())
             await metrics.SHARED.flush(store.r)  # this replica's increments, then everyone's totals
             await metrics.SHARED.refresh(store.r)

@@ -11,6 +11,10 @@ list (``Store.events_after`` translates; an id the restore left behind reads the
 new list whole), so a stream open across the loss goes on with ``JOB_RESTORED``
 and still ends with ``JOB_FINISHED``.
 
+Who watches: every ``watchers.BEACON_S`` the hub writes the jobs it streams and its count of open
+streams to Redis (``statecore.watchers``), so ``/metrics`` on any replica reads the deployment's
+open streams and the waiting jobs nobody follows.
+
 Ordering argument: a subscriber registers before it reads the history, so a
 wake-up after registration triggers a fetch from a position no later than what
 the history covered; ids already yielded are dropped.
@@ -21,14 +25,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import socket
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
-from statecore import keys
+from statecore import keys, watchers
 from statecore.models import Event
 from statecore.store import Store
-
-from . import metrics
 
 log = logging.getLogger("hitl.events")
 
@@ -44,11 +48,14 @@ class EventHub:
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self.open_streams = 0
+        # Who watches which job, in Redis for every replica to count (statecore.watchers).
+        self.server = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
 
     def _ensure_started(self) -> None:
         if self._tasks and not all(t.done() for t in self._tasks):
             return
-        self._tasks = [asyncio.create_task(self._fetch_loop())]
+        self._tasks = [asyncio.create_task(self._fetch_loop()), asyncio.create_task(self._beacon_loop())]
         if not self.store.cluster:
             self._tasks.append(asyncio.create_task(self._listen()))
 
@@ -93,6 +100,17 @@ class EventHub:
                 except Exception:
                     pass
 
+    async def _beacon_loop(self) -> None:
+        """Every ``watchers.BEACON_S``: the jobs streamed here are watched, and how many streams are open."""
+        while True:
+            try:
+                await watchers.beacon(self.store.r, self.server, list(self._subs), self.open_streams)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # Redis away: the next beacon renews
+                log.debug("watchers beacon failed: %s", e)
+            await asyncio.sleep(watchers.BEACON_S)
+
     async def _fetch_loop(self) -> None:
         """Fetch the new tail of every woken job; every ``poll_s``, of every watched job."""
         while True:
@@ -122,7 +140,7 @@ class EventHub:
     async def stream(self, job_id: str, after: int = 0) -> AsyncIterator[Event]:
         """The whole history after ``after``; then, for a live job, live events until JOB_FINISHED."""
         q = self.subscribe(job_id, after)
-        metrics.SSE_STREAMS.inc()
+        self.open_streams += 1
         last = after
         try:
             finished = False
@@ -146,7 +164,7 @@ class EventHub:
                 last = ev.id
                 finished = ev.type == "JOB_FINISHED"
         finally:
-            metrics.SSE_STREAMS.dec()
+            self.open_streams -= 1
             self.unsubscribe(job_id, q)
 
 

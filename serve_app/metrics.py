@@ -8,13 +8,19 @@ Aggregate across instances with ``max()``, never ``sum()``, except the per-proce
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from statecore.counters import STATUSES, Snapshot
+from statecore import counters, keys, watchers
+from statecore.counters import STATUSES, Coverage, Snapshot
 
 from .shared_metrics import Shared
 
@@ -48,8 +54,9 @@ INSPECTOR_LOST = Counter(
 )
 STORE_RESETS = Counter(
     "hitl_store_resets_total",
-    "Times this process found Redis come back empty (its store identity changed); each writes a report",
-    registry=LOCAL,
+    "Times this process found Redis come back empty (its store identity changed); each writes a report. Kept "
+    "per process, not in Redis: the Redis that came back empty would have lost the count",
+    registry=REGISTRY,
 )
 JOBS_RESTORED = Counter(
     "hitl_jobs_restored_total",
@@ -78,7 +85,6 @@ DISPATCH_LIMIT = Gauge(
     ["deployment"],
     registry=REGISTRY,
 )
-SSE_STREAMS = Gauge("hitl_sse_streams", "Open SSE streams in this process", registry=REGISTRY)
 HTTP_SECONDS = Histogram(
     "hitl_http_request_duration_seconds",
     "HTTP request latency by route and status",
@@ -178,6 +184,136 @@ class RedisState(Collector):
 
 REDIS_STATE = RedisState()
 REGISTRY.register(REDIS_STATE)
+
+
+# ---------------------------------------------------------------------------- refreshed from Redis
+# Stuck-job figures (seed 002) and the settled coverage the coverage alert reads, computed from
+# Redis at each scrape by ``refresh_stuck`` (called by the /metrics route after ``counters.read``).
+# The same on every API replica: aggregate with max(), never sum().
+
+STALE_AFTER_S = 3600.0  # a running node not heard from for this long is stale
+SETTLE_S = 900.0  # the settled coverage leaves out the jobs submitted in the last 15 minutes
+
+
+@dataclass(frozen=True)
+class StuckFigures:
+    running: int  # nodes RUNNING now (the running index)
+    mean_running_age_s: float  # their mean time since start; 0 when none runs
+    stale_running: int  # of them, those whose last heartbeat (or start, without one) is over STALE_AFTER_S old
+    settled: Coverage  # the coverage window without its last min(SETTLE_S, window / 2)
+
+    @property
+    def stale_ratio(self) -> float:
+        return self.stale_running / self.running if self.running else 0.0
+
+
+def _started_s(raw: str | None) -> float | None:
+    started = json.loads(raw).get("started_at") if raw else None
+    return datetime.fromisoformat(started).timestamp() if started else None
+
+
+async def read_stuck(r: Any, window_s: float = 3600.0, now_ms: int | None = None) -> StuckFigures:
+    """Two pipelined round trips: per partition the running and heartbeat indexes and the coverage
+    buckets of the settled window, then the start of every running node (O(running nodes), which
+    the deployments' capacity and the deadlines bound; never O(stored jobs))."""
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    minutes = counters.window_minutes(window_s, now_ms)
+    settle_min = int(min(SETTLE_S, window_s / 2) // 60)
+    settled = minutes[: len(minutes) - settle_min] if settle_min else minutes
+    fields = [f"{kind}:{m}" for kind in counters.BUCKET_KINDS for m in settled]
+    async with r.pipeline(transaction=False) as pipe:
+        for p in range(keys.PARTITIONS):
+            pipe.zrange(keys.running(p), 0, -1)
+            pipe.zrange(keys.heartbeats(p), 0, -1, withscores=True)
+            pipe.hmget(keys.counts(p), fields)
+        res = await pipe.execute()
+    running: list[str] = []
+    beats: dict[str, float] = {}
+    sums = dict.fromkeys(counters.BUCKET_KINDS, 0)
+    for i in range(0, len(res), 3):
+        running.extend(res[i])
+        beats.update((job_id, score / 1000) for job_id, score in res[i + 1])
+        values = res[i + 2]
+        for k, kind in enumerate(counters.BUCKET_KINDS):
+            sums[kind] += sum(int(v) for v in values[k * len(settled) : (k + 1) * len(settled)] if v is not None)
+    now_s = now_ms / 1000
+    ages: list[float] = []
+    stale = 0
+    if running:
+        async with r.pipeline(transaction=False) as pipe:
+            for job_id in running:
+                pipe.hget(keys.job(job_id).meta, "current_node")
+            nodes = await pipe.execute()
+        for job_id, raw in zip(running, nodes, strict=True):
+            started = _started_s(raw)
+            if started is not None:
+                ages.append(max(0.0, now_s - started))
+            last_sign = beats.get(job_id, started)
+            stale += last_sign is None or now_s - last_sign > STALE_AFTER_S
+    coverage = Coverage(len(settled) * 60.0, sums["sub"], sums["term"], sums["wait"], sums["ucan"])
+    return StuckFigures(len(running), sum(ages) / len(ages) if ages else 0.0, stale, coverage)
+
+
+class StuckState(Collector):
+    """The figures of the last ``refresh_stuck``; absent until one succeeded."""
+
+    def __init__(self) -> None:
+        self.figures: StuckFigures | None = None
+        self.watch: watchers.Watch | None = None  # who follows which job (statecore.watchers)
+
+    def collect(self) -> Iterator[Metric]:
+        w = self.watch
+        if w is not None:
+            yield GaugeMetricFamily(
+                "hitl_sse_streams", "SSE streams open on every event server of the deployment", value=w.streams
+            )
+            yield GaugeMetricFamily(
+                "hitl_waiting_unwatched",
+                "Jobs waiting on a person whose events nobody follows (no SSE stream for 30 s)",
+                value=w.waiting_unwatched,
+            )
+            yield GaugeMetricFamily(
+                "hitl_oldest_unwatched_pause_age_seconds",
+                "Age of the oldest waiting pause nobody watches (0 when none): page on this, not on age alone",
+                value=w.oldest_unwatched_pause_age_s,
+            )
+        f = self.figures
+        if f is None:
+            return
+        yield GaugeMetricFamily("hitl_running_nodes", "Nodes RUNNING now (from Redis)", value=f.running)
+        yield GaugeMetricFamily(
+            "hitl_running_node_mean_age_seconds",
+            "Mean time since start of the RUNNING nodes (0 when none)",
+            value=f.mean_running_age_s,
+        )
+        yield GaugeMetricFamily(
+            "hitl_running_nodes_stale_ratio",
+            "Share of the RUNNING nodes not heard from (heartbeat, or start without one) for over an hour",
+            value=f.stale_ratio,
+        )
+        yield GaugeMetricFamily(
+            "hitl_terminal_coverage_settled_ratio",
+            "hitl_terminal_coverage_ratio over the jobs submitted in the coverage window at least "
+            "min(15 min, window / 2) ago: work in flight in a healthy burst does not lower it, a stuck job does",
+            value=f.settled.ratio,
+        )
+
+
+STUCK_STATE = StuckState()
+REGISTRY.register(STUCK_STATE)
+
+
+async def refresh_stuck(r: Any, window_s: float) -> None:
+    STUCK_STATE.figures = await read_stuck(r, window_s)
+    STUCK_STATE.watch = await watchers.read(r)
+
+
+WRITEBACK_SPOOLED = Gauge(
+    "hitl_writeback_spooled",
+    "Model results in this process's write-back spool that Redis has not taken yet (per process: sum() "
+    "them); above 0 while Redis is unreachable, when the Redis-held hitl_writeback_failures_total cannot move",
+    registry=REGISTRY,
+)
 SHARED = Shared(LOCAL)
 REGISTRY.register(SHARED)
 

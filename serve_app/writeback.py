@@ -12,7 +12,8 @@ written when Redis is back. The spool file is deleted once Redis took the report
 earlier process (a replica restart) is resumed when the dispatcher starts.
 
 Each report that needed the spool counts once in ``writeback_failures`` (``/metrics``), in Redis,
-when it is settled.
+when it is settled; while it waits, this process's ``hitl_writeback_spooled`` gauge counts it (the
+alert that must fire while Redis is down reads that).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from statecore.durable import reraise_if_cancelled, store_unavailable
 from statecore.models import NodeReport
 from statecore.outbox import OutboxEntry
 from statecore.store import Store
+
+from . import metrics
 
 log = logging.getLogger("hitl.writeback")
 
@@ -120,6 +123,7 @@ class WriteBack:
         report = rec.node_report
         nid = report.node_instance_id
         self._active.add(nid)
+        metrics.WRITEBACK_SPOOLED.inc()  # per process: visible while Redis is down
         try:
             max_s = self.store.config.max_execution_s(report.node_type)
             gap = self.first_gap_s
@@ -158,6 +162,7 @@ class WriteBack:
                     await self._until_next(min(max(gap, self.first_gap_s), max_s))
         finally:
             self._active.discard(nid)
+            metrics.WRITEBACK_SPOOLED.dec()
 
     async def _settle(self, rec: Spooled, result: str) -> str:
         report = rec.node_report

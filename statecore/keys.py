@@ -92,6 +92,15 @@ def all_archive_streams() -> list[str]:
     return [archive_stream(p) for p in range(PARTITIONS)]
 
 
+def watched(p: int) -> str:
+    """ZSET job_id -> until when (ms) someone follows its events: every SSE server renews the jobs it
+    streams (``statecore.watchers``), so a waiting pause nobody watches is seen whichever replica serves."""
+    return f"{tag(p)}:watched"
+
+
+STREAMS = f"{PREFIX}:metrics:streams"  # HASH: event server -> "<open streams>:<ms written>"
+
+
 def waiting(p: int) -> str:
     """ZSET job_id -> pause created_at (ms): the review queue, oldest first."""
     return f"{tag(p)}:waiting"

@@ -13,11 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.executor import report
 from serve_app import metrics
+from serve_app.redis_server import RedisServer
+from serve_app.writeback import WriteBack
 from statecore import counters, keys
+from statecore.models import NodeReport
 from statecore.states import TERMINAL, WAITING
 from statecore.store import Store, StoreConfig
 
-from .helpers import create, waiting_job
+from .helpers import THREE_BOXES, create, waiting_job
 
 LIB = Path(__file__).resolve().parents[1] / "statecore" / "lua" / "_lib.lua"
 
@@ -164,3 +167,96 @@ async def test_counters_read_on_a_redis_cluster(cluster_store, image):
     assert snap.by_status["DETECTING"] == 2 and snap.coverage.submitted == 2 and snap.backlog == 1
     assert snap.totals["node_starts"] == 1 and snap.oldest_running_age_s < 60
     assert await cluster_store.count_by_status() == snap.by_status
+
+
+# ---------------------------------------------------------------------------- stuck jobs, settled coverage
+
+
+def _gauges(*names: str) -> dict[str, float]:
+    text = metrics.render().decode()
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name in names}
+
+
+async def test_stuck_figures_mean_running_age_and_stale_share(store, image):
+    """Seed 002's figures: the mean age of RUNNING nodes and the share of them not heard from for over
+    an hour; a queued node is not running, and a node whose heartbeat lapsed an hour ago is stale."""
+    now_ms = int(time.time() * 1000)
+    empty = await metrics.read_stuck(store.r, now_ms=now_ms)
+    assert (empty.running, empty.mean_running_age_s, empty.stale_ratio) == (0, 0.0, 0.0)
+    running = [await create(store, image) for _ in range(2)]
+    for job_id in running:
+        await _start(store, job_id)
+    await create(store, image)  # queued: not running
+    fresh = await metrics.read_stuck(store.r, now_ms=now_ms + 20 * 60_000)
+    assert fresh.running == 2 and fresh.stale_running == 0
+    assert 20 * 60 - 5 < fresh.mean_running_age_s < 20 * 60 + 5  # started ~20 minutes before that "now"
+    # One node's last heartbeat 2 h before now: stale; the other beat a minute ago.
+    later_ms = now_ms + 3 * 3600_000
+    await store.r.zadd(keys.heartbeats(keys.partition_of(running[0])), {running[0]: later_ms - 2 * 3600_000})
+    await store.r.zadd(keys.heartbeats(keys.partition_of(running[1])), {running[1]: later_ms - 60_000})
+    stuck = await metrics.read_stuck(store.r, now_ms=later_ms)
+    assert (stuck.running, stuck.stale_running, stuck.stale_ratio) == (2, 1, 0.5)
+    assert 3 * 3600 - 5 < stuck.mean_running_age_s < 3 * 3600 + 5
+    # Rendered, as /metrics shows them once refreshed.
+    await metrics.refresh_stuck(store.r, 3600)
+    shown = _gauges("hitl_running_nodes", "hitl_running_node_mean_age_seconds", "hitl_running_nodes_stale_ratio")
+    assert shown["hitl_running_nodes"] == 2 and shown["hitl_running_nodes_stale_ratio"] == 0.0
+    assert 0 <= shown["hitl_running_node_mean_age_seconds"] < 60
+
+
+async def test_settled_coverage_leaves_out_work_in_flight_but_not_stuck_jobs(store, image):
+    """A burst just submitted, its nodes queued and running, lowers the raw coverage at once; the
+    settled coverage (jobs submitted at least 15 minutes ago) stays 1 until those jobs are old and
+    still not terminal: age, not presence, makes a job count as stuck."""
+    now_ms = int(time.time() * 1000)
+    burst = [await create(store, image) for _ in range(5)]
+    await _start(store, burst[0])
+    done = await create(store, image)
+    await _start(store, done)
+    assert await report(store, done, {}, outcome="FAILED", error_code="MODEL_ERROR") == "OK"
+    raw = (await counters.read(store.r, 3600, now_ms=now_ms)).coverage
+    assert (raw.submitted, raw.terminal) == (6, 1) and raw.ratio < 0.98  # what paged during a healthy burst
+    settled = (await metrics.read_stuck(store.r, 3600, now_ms=now_ms)).settled
+    assert (settled.submitted, settled.ratio) == (0, 1.0)
+    # 20 minutes on, the same jobs still not terminal are stuck: the settled ratio sees them.
+    later = (await metrics.read_stuck(store.r, 3600, now_ms=now_ms + 20 * 60_000)).settled
+    assert (later.submitted, later.terminal) == (6, 1) and later.ratio == 1 / 6
+    # A short window settles after half of it (here 2 of 5 minutes), never after all of it.
+    short = (await metrics.read_stuck(store.r, 300, now_ms=now_ms + 3 * 60_000)).settled
+    assert short.window_s == 180 and short.submitted == 6
+
+
+async def test_a_write_back_waiting_for_a_down_redis_shows_on_this_process_gauge(tmp_path, image):
+    """While Redis is down the Redis-held hitl_writeback_failures_total cannot move (and /metrics
+    cannot read it); this process's hitl_writeback_spooled says a result is waiting, at once."""
+    server = RedisServer(tmp_path / "redis").start()
+    store = Store.from_url(server.url, StoreConfig(retention_s=3600, node_timeout_s=60), timeout_s=1)
+    try:
+        await store.ensure_groups()
+        job_id = await create(store, image)
+        node = (await store.get(job_id)).current_node
+        assert node is not None
+        nr = NodeReport(
+            node_instance_id=node.node_instance_id,
+            node_type=node.node_type,
+            job_id=job_id,
+            outcome="SUCCEEDED",
+            output={"boxes": THREE_BOXES},
+        )
+        wb = WriteBack(store, tmp_path / "data", first_gap_s=0.2)
+        base = _gauges("hitl_writeback_spooled")["hitl_writeback_spooled"]
+        await asyncio.to_thread(server.stop)
+        applying = asyncio.create_task(wb.apply(nr))
+        deadline = time.monotonic() + 20
+        while _gauges("hitl_writeback_spooled")["hitl_writeback_spooled"] != base + 1:
+            assert not applying.done(), applying.result()
+            assert time.monotonic() < deadline, "the spooled result never showed on the gauge"
+            await asyncio.sleep(0.05)
+        assert wb.spooled() == [node.node_instance_id]
+        await asyncio.to_thread(server.start)
+        assert await asyncio.wait_for(applying, 30) == "OK"
+        assert _gauges("hitl_writeback_spooled")["hitl_writeback_spooled"] == base
+        assert (await counters.read(store.r)).totals["writeback_failures"] == 1  # counted once Redis is back
+    finally:
+        await store.close()
+        server.stop()
