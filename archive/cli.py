@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .export_flags import add_output_arguments
 from .options import EXPORT_DESCRIPTION, add_export_arguments, add_upgrade_arguments
 
 EXTRA_HINT = "`hitl {command}` needs the archive's packages: pip install 'hitl-review[{extra}]' (missing: {name})"
@@ -19,7 +20,7 @@ def add_export_command(sub: Any, **kw: Any) -> argparse.ArgumentParser:
     """``hitl export`` on ``hitl``'s subparsers (``kw``: e.g. its ``formatter_class``)."""
     p = sub.add_parser("export", help="archived jobs' approved boxes and masks as COCO or YOLO", **kw)
     p.description = EXPORT_DESCRIPTION
-    add_export_arguments(p).set_defaults(func=run_export)
+    add_output_arguments(add_export_arguments(p)).set_defaults(func=run_export)
     return p
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from statecore.artifacts import ArtifactStore
 from . import corrections
 from .archiver import artifact_name
 from .db import Archive, archive_url
+from .export_flags import add_output_arguments
 from .migrate import not_ready
 from .options import EXPORT_DESCRIPTION, add_export_arguments
 from .schema import ArchivedEvent, ArchivedJob
@@ -59,7 +61,24 @@ class ExportSummary:
     annotations: int = 0
     masks: int = 0
     categories: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)  # artifacts the store does not hold
+    # Artifacts the store does not hold: the set is written without them.
+    missing_images: list[str] = field(default_factory=list)
+    missing_masks: list[str] = field(default_factory=list)
+
+    @property
+    def expected_masks(self) -> int:
+        return self.masks + len(self.missing_masks)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "out": str(self.out),
+            "images": self.images,
+            "annotations": self.annotations,
+            "masks": self.masks,
+            "labels": self.categories,
+            "missing": {"images": self.missing_images, "masks": self.missing_masks},
+        }
 
 
 def select_jobs(archive: Archive, *, since: datetime | None = None, batch: str | None = None) -> list[ExportJob]:
@@ -119,7 +138,7 @@ def _copy_image(artifacts: ArtifactStore, job: ExportJob, out: Path, summary: Ex
     if artifacts.exists(job.image_name):
         (out / file_name).write_bytes(artifacts.get(job.image_name))
     else:
-        summary.missing.append(job.image_name)
+        summary.missing_images.append(job.image_name)
     return file_name
 
 
@@ -155,7 +174,7 @@ def export_coco(jobs: Sequence[ExportJob], artifacts: ArtifactStore, out: Path) 
                 ann["segmentation"] = {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
                 summary.masks += 1
             elif name is not None:
-                summary.missing.append(name)
+                summary.missing_masks.append(name)
             annotations.append(ann)
     coco = {
         "info": {"description": "hitl-review: reviewer-approved boxes and masks", "date_created": _now()},
@@ -189,7 +208,7 @@ def export_yolo(jobs: Sequence[ExportJob], artifacts: ArtifactStore, out: Path) 
                 Image.fromarray(mask * 255).save(out / "masks" / f"{job.job_id}_{box['box_id']}.png")
                 summary.masks += 1
             elif name is not None:
-                summary.missing.append(name)
+                summary.missing_masks.append(name)
         (out / "labels" / f"{job.job_id}.txt").write_text("".join(line + "\n" for line in lines))
         summary.annotations += len(lines)
     summary.images = len(jobs)
@@ -231,32 +250,64 @@ def export(
     raise ValueError(f"unknown export format {fmt!r}")
 
 
+def missing_line(s: ExportSummary, artifacts_root: str) -> str | None:
+    """One line for the artifacts the store lacked (the set was written without them), or None."""
+    if not s.missing_images and not s.missing_masks:
+        return None
+    first = (s.missing_masks or s.missing_images)[0]
+    return (
+        f"{len(s.missing_masks)} of {s.expected_masks} masks and {len(s.missing_images)} of {s.images} images "
+        f"are not in the artifact store {artifacts_root} (e.g. {first}), so the set in {s.out} lacks them: "
+        "point --artifacts (or HITL_ARTIFACTS) at the store the server wrote to, or pass --allow-missing "
+        "to accept the set as it is"
+    )
+
+
+def _fail(args: argparse.Namespace, code: str, message: str, body: dict[str, Any] | None = None) -> int:
+    if getattr(args, "json", False):
+        print(json.dumps({**(body or {}), "error": {"code": code, "message": message}}))
+    else:
+        print(f"export: {message}", file=sys.stderr)
+    return 1
+
+
 def run(args: argparse.Namespace) -> int:
-    """``hitl export`` with parsed arguments (archive.cli)."""
-    data_dir = (args.data_dir or Path(".hitl")).resolve()
+    """``hitl export`` with parsed arguments (archive.cli). The data directory is ``--data-dir``, else
+    ``HITL_DATA_DIR``, else ``.hitl``; the artifact store ``--artifacts``, else ``HITL_ARTIFACTS``, else
+    the data directory's. Exit 1 when the archive is not there or, unless ``--allow-missing``, when the
+    store lacked masks or images (the set is written without them); ``--json``: one JSON object on stdout."""
+    data_dir = Path(args.data_dir or os.environ.get("HITL_DATA_DIR") or ".hitl").resolve()
     url = archive_url(data_dir, args.archive_url)
     problem = not_ready(url)
     if problem is not None:
-        print(f"export: {problem}", file=sys.stderr)
-        return 1
+        return _fail(args, "ARCHIVE_NOT_READY", problem)
+    root = str(args.artifacts or os.environ.get("HITL_ARTIFACTS") or f"file://{data_dir / 'artifacts'}")
     archive = Archive(url)
     try:
-        artifacts = ArtifactStore(args.artifacts or f"file://{data_dir / 'artifacts'}")
-        s = export(archive, artifacts, args.out, args.format, since=args.since, batch=args.batch)
+        s = export(archive, ArtifactStore(root), args.out, args.format, since=args.since, batch=args.batch)
     finally:
         archive.close()
+    missing = missing_line(s, root)
+    failed = missing is not None and not getattr(args, "allow_missing", False)
+    if getattr(args, "json", False):
+        if failed:
+            assert missing is not None
+            return _fail(args, "ARTIFACTS_MISSING", missing, s.as_json())
+        print(json.dumps(s.as_json()))
+        return 0
     print(
         f"export: {s.format} in {s.out}: {s.images} images, {s.annotations} boxes, {s.masks} masks, "
         f"{len(s.categories)} labels"
     )
-    for name in s.missing:
-        print(f"export: warning: artifact {name} is not in the artifact store", file=sys.stderr)
-    return 0
+    if missing is not None:
+        print(f"export: {'' if failed else 'warning: '}{missing}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``hitl export ARGS`` (archive.options)."""
     parser = add_export_arguments(argparse.ArgumentParser(prog="hitl export", description=EXPORT_DESCRIPTION))
+    add_output_arguments(parser)
     return run(parser.parse_args(argv))
 
 

@@ -29,7 +29,7 @@ from .tokens import token_file
 READY = re.compile(r"^READY (.*)$")
 EMBEDDED_REDIS = re.compile(r"embedded redis-server on (redis://\S+)")
 # Inherited from the caller's shell they would point `hitl up` elsewhere: unset unless ``env`` sets them.
-FOREIGN_ENV = ("HITL_TOKENS", "REDIS_URL")
+FOREIGN_ENV = ("HITL_TOKENS", "REDIS_URL", "HITL_REDIS_URL")
 
 
 class HitlUp:

@@ -33,6 +33,7 @@ import functools
 import json
 import logging
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -53,9 +54,9 @@ from .archiver_deployment import Archiver
 from .archiving import open_archive
 from .auth import Authenticator
 from .capacity import ServeCapacity
-from .config import Settings
+from .config import ENV_FALLBACK, Settings
 from .events import EventHub, sse_lines
-from .ray_runtime import reuse_ingress_address
+from .ray_runtime import reuse_ingress_address, shared_archive_problem
 from .runtime import make_dispatcher
 from .serve_options import CONTROL_PLANE
 from .stores import store_for
@@ -169,6 +170,16 @@ class Api:
         )
         handles = {"Detector": detector, "BoxValidator": validator, "Segmenter": segmenter}
         self.runner = ServeRunner(handles, capacity)
+        self.background: list[asyncio.Task[Any]] = []  # the runtime's loops, once its lifespan started them
+
+    async def check_health(self) -> None:
+        """Serve's health check: a replica whose dispatcher (which also runs the inspector's sweeps) or
+        archive loop has ended, crashed or not, takes no more work from the outbox; failing here makes
+        Serve replace it."""
+        for task in self.background:
+            if task.done():
+                error = None if task.cancelled() else task.exception()
+                raise RuntimeError(f"a background loop of this Api replica has ended ({task.get_name()}): {error!r}")
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return create_app(self._runtime)
@@ -199,6 +210,7 @@ class Api:
                 "mode": "ray-serve",
                 "backends": settings.backends(),
                 "deployments": await self.runner.describe(),
+                "instance": settings.instance_id,  # hitl up says READY only for its own instance
             }
 
         rt = Runtime(
@@ -214,9 +226,11 @@ class Api:
         )
         confirm = functools.partial(confirm_replica, background_store)
         dispatcher = make_dispatcher(settings, background_store, self.runner, confirm)
-        rt.background.append(asyncio.create_task(dispatcher.run_forever()))
+        rt.background.append(asyncio.create_task(dispatcher.run_forever(), name="dispatcher"))
         if self.archiver is None:  # --no-archive: copies queued earlier only get their retention started
-            rt.background.append(asyncio.create_task(archive_loop(settings, background_store, None).run_forever()))
+            loop = archive_loop(settings, background_store, None)
+            rt.background.append(asyncio.create_task(loop.run_forever(), name="archive loop"))
+        self.background = rt.background
         return rt
 
 
@@ -253,13 +267,12 @@ def build_application(settings: Settings, gpu: bool | None = None) -> Any:
     )
 
 
-# Environment variables an argument falls back to when it is not given (first one set wins).
-ENV_FALLBACK = {
-    "redis_url": ("HITL_REDIS_URL", "REDIS_URL"),
-    "artifacts_root": ("HITL_ARTIFACTS",),
-    "tokens": ("HITL_TOKENS",),
-    "data_dir": ("HITL_DATA_DIR",),
-}
+# ENV_FALLBACK (serve_app.config): the environment variables an argument falls back to when it is not
+# given (first one set wins), the same table ``hitl up`` reads them by.
+# ``${NAME}`` in these arguments is replaced by the environment variable NAME of the building process
+# (a Secret on KubeRay), so a config file can name a Redis that requires a password without holding it.
+ENV_EXPANDED = ("redis_url", "archive_url")
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # ``hitl up`` options with no meaning inside a Serve application, and where that setting lives.
 LAUNCHER_ONLY = {
     "api_port": "http_options.port of the Serve config (serve run: --port is not an app argument)",
@@ -277,7 +290,10 @@ class AppArgs(Settings):
     in the process that builds the application (on a cluster: the config's ``runtime_env.env_vars``
     or the nodes' environment). ``host`` is the address the API is reached on (Serve's
     ``http_options.host`` decides where it listens): beyond loopback ``HITL_TOKENS`` is required,
-    on loopback without it the API writes an admin token to ``<data_dir>/api-token``."""
+    on loopback without it the API writes an admin token to ``<data_dir>/api-token``. ``${NAME}`` in
+    ``redis_url`` or ``archive_url`` is NAME from that environment (a password kept in a Secret).
+    Built on a cluster of several machines (``serve deploy``, KubeRay), a SQLite archive is refused:
+    the replicas that share it may run on any node (``ray_runtime.shared_archive_problem``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -299,6 +315,9 @@ class AppArgs(Settings):
                 found = next((os.environ[n] for n in names if os.environ.get(n)), None)
                 if found is not None:
                     values[field] = found
+        for field in ENV_EXPANDED:
+            if isinstance(values.get(field), str):  # unset names are left as written
+                values[field] = _ENV_REFERENCE.sub(lambda m: os.environ.get(m[1], m[0]), values[field])
         return values
 
     @model_validator(mode="after")
@@ -310,6 +329,9 @@ class AppArgs(Settings):
             )
         if not self.tokens and not self.loopback:
             raise ValueError(f"host {self.host} is beyond loopback: set HITL_TOKENS (name:role:token,...)")
+        problem = shared_archive_problem(self)  # built on a cluster of several machines: no SQLite
+        if problem:
+            raise ValueError(problem)
         return self
 
     @classmethod

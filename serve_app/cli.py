@@ -11,6 +11,7 @@ server (Redis, Ray Serve, the models, the UI) is imported when ``up`` or
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import sys
@@ -40,11 +41,13 @@ examples:
   hitl status JOB_ID ; hitl watch JOB_ID ; hitl results JOB_ID --out DIR
 
 environment:
-  REDIS_URL      an external Redis (redis://… or redis+cluster://…) instead of the embedded one
+  HITL_REDIS_URL an external Redis (redis://… or redis+cluster://…) instead of the embedded one (also
+                 REDIS_URL; HITL_REDIS_URL wins, as in the Serve builder)
   HITL_TOKENS    name:role:token,… (roles: submitter, reviewer, admin, executor); needed off loopback
   HITL_API_URL   the server client commands talk to (default http://127.0.0.1:8000)
   HITL_TOKEN     the token client commands send
-  HITL_DATA_DIR  the data directory (default .hitl)
+  HITL_DATA_DIR  the data directory (default .hitl); also where `hitl export` reads
+  HITL_ARTIFACTS the artifact store (default file://<data-dir>/artifacts; s3://…), also for `hitl export`
   RAY_ADDRESS    an existing Ray cluster to join
   HITL_ARCHIVE_URL  the archive of finished jobs (default <data-dir>/archive.sqlite3; postgresql://…)
 
@@ -52,6 +55,14 @@ installing: the client commands need only `pip install hitl-review`; `up` and `d
 the models and the UI: `pip install 'hitl-review[demo]'`."""
 
 SERVER_EXTRA_HINT = "`hitl {command}` needs the server's packages: pip install 'hitl-review[demo]' (missing: {name})"
+
+
+def _version() -> str:
+    """This build's version (the installed distribution's; a source tree without one says so)."""
+    try:
+        return importlib.metadata.version("hitl-review")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: a source tree)"
 
 
 def _add_up_options(p: argparse.ArgumentParser) -> None:
@@ -77,7 +88,8 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="URL",
         help="use this Redis (or Valkey, or redis+cluster://…) instead of starting the embedded one "
-        "(default $REDIS_URL)",
+        "(default $HITL_REDIS_URL, else $REDIS_URL); it must answer and keep what it is given, else hitl up "
+        "refuses in one line",
     )
     g.add_argument(
         "--ray-address",
@@ -317,6 +329,7 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``hitl`` command line: server commands here, client commands from ``client.commands``."""
     parser = argparse.ArgumentParser(prog="hitl", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"hitl {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     up = sub.add_parser(
         "up",
@@ -360,26 +373,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_up(args: argparse.Namespace) -> int:
-    """``hitl up`` / ``hitl demo``: the server is imported only now."""
+    """``hitl up`` / ``hitl demo``: the server is imported only now. What cannot start is said in one
+    line (``serve_app.preflight``): exit status 2 for a usage error, 1 for a start that failed."""
     try:
         from .launcher import settings_from_args, up
+        from .preflight import UpError, check, exit_code_of
     except ModuleNotFoundError as exc:
         top = (exc.name or "").partition(".")[0]
         if top in {"serve_app", "statecore", "deployments", "ui", "client"}:
             raise
         print(SERVER_EXTRA_HINT.format(command=args.command, name=exc.name), file=sys.stderr)
         return 2
-    settings = settings_from_args(args)
+    try:  # before anything starts: a refusal leaves nothing behind
+        settings = settings_from_args(args)
+        check(settings)
+    except UpError as e:
+        print(f"hitl {args.command}: {e}", file=sys.stderr)
+        return e.code
     on_ready = _demo_submitter(settings.data_dir.resolve()) if args.command == "demo" else None
-    code = up(
-        settings,
-        ui=not args.no_ui,
-        dashboard=not args.no_dashboard,
-        dashboard_port=args.dashboard_port,
-        on_ready=on_ready,
-        verbose=args.verbose,
-        ingress=args.ingress,
-    )
+    try:
+        code = up(
+            settings,
+            ui=not args.no_ui,
+            dashboard=not args.no_dashboard,
+            dashboard_port=args.dashboard_port,
+            on_ready=on_ready,
+            verbose=args.verbose,
+            ingress=args.ingress,
+        )
+    except UpError as e:  # everything it started is stopped by now
+        print(f"hitl {args.command}: {e}", file=sys.stderr)
+        code = e.code
+    except SystemExit as e:
+        code = exit_code_of(e)
     # Everything `up` started is stopped or killed by now. What is left is this interpreter's own
     # teardown: Ray's core worker and its threads (and a stop step abandoned past its limit) take
     # seconds on a busy machine (2.6 s measured at a load of 10), so leave at once.

@@ -6,13 +6,32 @@ Set from `hitl up` flags, environment variables and an optional YAML/TOML file
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# Environment variables a setting falls back to when it is not given (the first one set wins): read
+# the same way by ``hitl up`` (``Settings.from_env``) and the Serve builder
+# (``serve_app.application.AppArgs``).
+ENV_FALLBACK: dict[str, tuple[str, ...]] = {
+    "redis_url": ("HITL_REDIS_URL", "REDIS_URL"),
+    "artifacts_root": ("HITL_ARTIFACTS",),
+    "tokens": ("HITL_TOKENS",),
+    "data_dir": ("HITL_DATA_DIR",),
+}
+
+
+def from_environment() -> dict[str, str]:
+    """The settings of ``ENV_FALLBACK`` that the environment sets: {field: value}."""
+    found = {
+        field: next((os.environ[n] for n in names if os.environ.get(n)), None) for field, names in ENV_FALLBACK.items()
+    }
+    return {k: v for k, v in found.items() if v is not None}
 
 
 class Settings(BaseModel):
@@ -72,6 +91,9 @@ class Settings(BaseModel):
     api_replicas: int = 1
     events_replicas: int = 1
     models: dict[str, Any] = Field(default_factory=dict)  # per-deployment overrides from --config
+    # Made by each `hitl up` and answered by its Api replicas' /readyz, so READY is said only for
+    # this launcher's own server, never for another one that answers on the same address.
+    instance_id: str | None = None
 
     @property
     def artifacts(self) -> str:
@@ -114,14 +136,9 @@ class Settings(BaseModel):
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
-        env = {
-            "redis_url": os.environ.get("REDIS_URL"),
-            "tokens": os.environ.get("HITL_TOKENS"),
-            "data_dir": os.environ.get("HITL_DATA_DIR"),
-            "artifacts_root": os.environ.get("HITL_ARTIFACTS"),
-            "ray_address": os.environ.get("RAY_ADDRESS"),
-        }
-        values = {k: v for k, v in env.items() if v}
+        values: dict[str, Any] = from_environment()
+        if os.environ.get("RAY_ADDRESS"):
+            values["ray_address"] = os.environ["RAY_ADDRESS"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -149,13 +166,91 @@ def load_deployment(data_dir: str | Path) -> Settings | None:
     return Settings.model_validate_json(path.read_text())
 
 
+class DeploymentSection(BaseModel):
+    """One deployment's section of the ``--config`` file (what ``deployments.serve`` reads): a key
+    not here is a mistake, refused rather than ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    initial_replicas: int | None = None
+    target_ongoing_requests: float | None = None
+    upscale_delay_s: float | None = None
+    downscale_delay_s: float | None = None
+    metrics_interval_s: float | None = None
+    look_back_period_s: float | None = None
+    upscale_smoothing_factor: float | None = None
+    downscale_smoothing_factor: float | None = None
+    autoscaling_config: dict[str, Any] | None = None
+    num_replicas: int | None = None
+    max_ongoing_requests: int | None = None
+    num_gpus: float | None = None
+    num_cpus: float | None = None
+    ray_actor_options: dict[str, Any] | None = None
+    max_batch_size: int | None = None
+    batch_wait_timeout_s: float | None = None
+    health_check_period_s: float | None = None
+    health_check_timeout_s: float | None = None
+    graceful_shutdown_wait_loop_s: float | None = None
+    graceful_shutdown_timeout_s: float | None = None
+    options: dict[str, Any] | None = None  # the backend's own settings (e.g. the validator's threshold)
+
+
+DeploymentName = Literal["Detector", "BoxValidator", "Segmenter", "detector", "validator", "segmenter"]
+
+
+class ConfigFile(BaseModel):
+    """The ``--config`` file: ``deployments`` (one section per deployment, by name or role) and ``labels``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    deployments: dict[DeploymentName, DeploymentSection] = Field(default_factory=dict)
+    labels: list[str] | str | None = None
+
+
+class ConfigError(ValueError):
+    """A ``--config`` file that cannot be read or holds what ``hitl up`` does not know, in one line."""
+
+
+def _problem(error: Any) -> str:
+    """One pydantic error of the config file in words: where, what, and the likely key meant."""
+    loc = [str(x) for x in error["loc"] if x != "[key]"]
+    where = ".".join(loc) or "the top level"
+    if error["type"] == "extra_forbidden":
+        parent: type[BaseModel] = DeploymentSection if len(loc) > 1 else ConfigFile
+        known = list(parent.model_fields)
+        near = difflib.get_close_matches(loc[-1], known, n=1)
+        hint = f"did you mean {near[0]}?" if near else f"known keys: {', '.join(known)}"
+        return f"unknown key {where} ({hint})"
+    if error["type"] == "literal_error" and loc[:1] == ["deployments"]:
+        names = "Detector, BoxValidator, Segmenter, or by role: detector, validator, segmenter"
+        return f"unknown deployment {where} ({names})"
+    return f"{where}: {error['msg']}"
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read the `--config` file: YAML (.yaml/.yml) or TOML (.toml)."""
+    """Read and check the `--config` file: YAML (.yaml/.yml) or TOML (.toml). FileNotFoundError
+    when it is not there, ConfigError (one line) when it cannot be parsed or holds an unknown key."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"config file {p} does not exist")
     text = p.read_text()
-    data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
+    try:
+        data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        detail = " ".join(str(e).split())
+        raise ConfigError(
+            f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {detail}"
+        ) from None
     if not isinstance(data, dict):
-        raise ValueError(f"config file {p} must hold a mapping at the top level")
+        raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    try:
+        ConfigFile.model_validate(data)
+    except ValidationError as e:
+        problems = [_problem(err) for err in e.errors()]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(
+            f"config file {p}: {problems[0]}{more}; its keys are listed in docs/scaling.md (The --config file)"
+        ) from None
     return data

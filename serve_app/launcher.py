@@ -1,6 +1,7 @@
 """`hitl up` / `hitl demo`: everything on one machine (or this driver on a joined Ray cluster).
 
-Order: lock the data directory, start the embedded redis-server (AOF) unless REDIS_URL is given,
+Order (after ``serve_app.preflight`` checked the flags, the model files and the Redis): lock the
+data directory, start the embedded redis-server (AOF) unless REDIS_URL is given,
 make the local token, start or join Ray (``serve_app.ray_runtime``), run the Serve application,
 wait until /readyz answers ready where the ingress really listens, start the UI, print READY.
 SIGINT or SIGTERM, reaching this process alone or its whole process group, stops everything in
@@ -20,15 +21,17 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
-from . import ports, ray_runtime
+from . import ports, preflight, ray_runtime
 from .auth import local_token
-from .config import Settings, load_config_file, save_deployment
-from .durability import appendfsync, check_external
+from .config import ConfigError, Settings, load_config_file, save_deployment
+from .durability import appendfsync
 from .redis_server import RedisServer, free_port
 from .stopping import Stopper, descendants
 
@@ -65,15 +68,31 @@ def setup_logging(data_dir: Path, verbose: bool = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=fmt, handlers=handlers, force=True)
 
 
-def _wait_ready(api_url: str, token: str | None, timeout: float) -> dict[str, Any]:
+def _wait_ready(
+    api_url: str, token: str | None, timeout: float, instance: str | None = None, foreign_s: float = 30.0
+) -> dict[str, Any]:
+    """/readyz's answer once it is ready, and (with ``instance``) it is this ``hitl up``'s own server:
+    a ready answer naming another instance (or none: an older build) is another server on that
+    address; it may be a predecessor's replica still draining, so it is waited out for ``foreign_s``."""
     deadline = time.monotonic() + timeout
     last: Any = None
+    foreign_since: float | None = None
     while time.monotonic() < deadline:
         try:
             r = httpx.get(f"{api_url}/readyz", timeout=5)
             last = r.json()
-            if r.status_code == 200:
+            answered = last.get("instance") if isinstance(last, dict) else None
+            if r.status_code == 200 and (instance is None or answered == instance):
                 return last
+            if r.status_code == 200:
+                foreign_since = foreign_since or time.monotonic()
+                if time.monotonic() - foreign_since >= foreign_s:
+                    raise SystemExit(
+                        f"hitl up: another server answers on {api_url} (its /readyz names instance {answered}, "
+                        f"not this hitl up's {instance}): stop it, or pass another --api-port"
+                    )
+            else:
+                foreign_since = None
         except (httpx.HTTPError, ValueError) as e:
             last = str(e)
         time.sleep(0.5)
@@ -95,7 +114,9 @@ def up(
     verbose: bool = False,
     ingress: str = "auto",
 ) -> int:
-    """Run until SIGINT or SIGTERM, then stop everything (``serve_app.stopping``); 0 on a clean stop."""
+    """Run until SIGINT or SIGTERM, then stop everything (``serve_app.stopping``); 0 on a clean stop.
+    The caller has run ``preflight.check(settings)``; a start that fails raises ``preflight.UpError``
+    or ``SystemExit`` with its line, after stopping what it started."""
     # Read when ray is first imported: a Ray call from a stop step still running after ray.shutdown
     # (serve_app.stopping bounds each step) must fail, not start a new local cluster behind our back.
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
@@ -135,19 +156,17 @@ def up(
             if ui and settings.ui_port:
                 wanted["--ui-port"] = settings.ui_port
             ports.check(settings.host, wanted)
-        if not settings.redis_url:
-            redis = RedisServer(settings.data_dir / "redis", appendfsync=appendfsync(settings.durability)).start()
+        if not settings.redis_url:  # an external one was checked by preflight.check_redis
+            redis = RedisServer(settings.data_dir / "redis", appendfsync=appendfsync(settings.durability))
+            try:
+                redis.start()
+            except RuntimeError as e:
+                raise preflight.UpError(f"the embedded redis-server did not start: {e}", preflight.FAILED) from None
             settings.redis_url = redis.url
             log.info(
                 "embedded redis-server on %s (AOF in %s, appendfsync %s)", redis.url, redis.data_dir, redis.appendfsync
             )
-        else:
-            check_external(
-                settings.redis_url,
-                allow_volatile=settings.allow_volatile_redis,
-                durability=settings.durability,
-                timeout_s=settings.store_timeout_s,
-            )
+        settings.instance_id = settings.instance_id or uuid.uuid4().hex  # /readyz names it: READY for ours only
         # What a standalone dispatcher or an admin tool on this data directory builds its store from.
         save_deployment(settings)
         token = None
@@ -177,10 +196,13 @@ def up(
             gpus,
         )
         app_name, deployed = APP_NAME, True
-        serve.run(build_application(settings, gpu=gpus > 0), name=APP_NAME, route_prefix="/", blocking=False)
+        try:
+            serve.run(build_application(settings, gpu=gpus > 0), name=APP_NAME, route_prefix="/", blocking=False)
+        except RuntimeError as e:  # "Deploying application hitl failed": say the replica's own error
+            raise preflight.deploy_failure(APP_NAME, e) from None
         _own_signals()
         api_url = ray_runtime.ingress_url(settings, ray_info.ingress)
-        info = _wait_ready(api_url, token, ready_timeout)
+        info = _wait_ready(api_url, token, ready_timeout, instance=settings.instance_id)
         log.info("ready: %s", info)
         log.info("%s", ingress_line(ray_info, api_url))
         ui_url = None
@@ -306,20 +328,32 @@ def parse_node_timeouts(items: list[str] | None) -> dict[str, float] | None:
     for item in items:
         name, _, value = item.partition("=")
         if name not in NodeType.__members__:
-            raise SystemExit(
-                f"hitl up: --node-timeout {item!r}: unknown node type (one of {', '.join(NodeType.__members__)})"
+            raise preflight.UpError(
+                f"--node-timeout {item}: unknown node type (one of {', '.join(NodeType.__members__)})"
             )
         try:
             out[name] = float(value)
         except ValueError:
-            raise SystemExit(f"hitl up: --node-timeout {item!r}: give TYPE=SECONDS") from None
+            raise preflight.UpError(f"--node-timeout {item}: give TYPE=SECONDS") from None
     return out
 
 
 def settings_from_args(args: Any) -> Settings:
+    """The settings of ``hitl up ARGS`` (flags, then the environment, then the defaults); a flag or a
+    ``--config`` file that cannot be used is a ``preflight.UpError`` saying which and why."""
+    try:
+        return _settings_from_args(args)
+    except ValidationError as e:
+        raise preflight.flag_error(e) from None
+
+
+def _settings_from_args(args: Any) -> Settings:
     models: dict[str, Any] = {}
     if getattr(args, "config", None):
-        models = load_config_file(args.config)
+        try:
+            models = load_config_file(args.config)
+        except (FileNotFoundError, ConfigError) as e:
+            raise preflight.config_error(args.config, e) from None
     labels = getattr(args, "labels", None) or models.pop("labels", None)  # the flag, then the config file's
     if isinstance(labels, str):
         labels = [s.strip() for s in labels.split(",") if s.strip()]

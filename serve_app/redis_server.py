@@ -62,8 +62,8 @@ def redis_binary() -> str:
     path = find_binary("redis-server")
     if not path:
         raise RuntimeError(
-            "redis-server not found: run `make setup` (Debian: apt-get install redis-server), "
-            "or point REDIS_URL at an existing Redis"
+            "redis-server not found (PATH, /usr/bin): run `make setup` (Debian: apt-get install redis-server), "
+            "or use an existing Redis with --redis-url (or HITL_REDIS_URL)"
         )
     return path
 

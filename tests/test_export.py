@@ -159,3 +159,62 @@ def _box_ids(out: Path, job_id: str) -> list[str]:
     corrections = json.loads((out / "corrections.json").read_text())
     job = next(j for j in corrections["jobs"] if j["job_id"] == job_id)
     return [m["box_id"] for m in job["moved"]]
+
+
+def _without_location_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HITL_DATA_DIR", "HITL_ARTIFACTS", "HITL_ARCHIVE_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+async def test_export_finds_the_archive_and_artifacts_by_hitl_data_dir_and_hitl_artifacts(
+    exported_world, monkeypatch, capsys
+):
+    """The fixture's layout is a data directory's: HITL_DATA_DIR alone finds the archive and the
+    artifacts; artifacts moved elsewhere are found by HITL_ARTIFACTS."""
+    _without_location_env(monkeypatch)
+    tmp = exported_world["tmp"]
+    monkeypatch.setenv("HITL_DATA_DIR", str(tmp))
+    assert export_main(["--format", "yolo", "--out", str(tmp / "by-env")]) == 0
+    assert "3 images, 9 boxes, 9 masks" in capsys.readouterr().out
+    (tmp / "artifacts").rename(tmp / "moved")
+    monkeypatch.setenv("HITL_ARTIFACTS", f"file://{tmp / 'moved'}")
+    assert export_main(["--format", "coco", "--out", str(tmp / "by-env-2")]) == 0
+    assert "3 images, 9 boxes, 9 masks" in capsys.readouterr().out
+
+
+async def test_export_with_masks_missing_exits_non_zero_in_one_line(exported_world, monkeypatch, capsys):
+    """A training set without its masks is a failure (exit 1, one line saying what and what to do),
+    not a warning per mask; --allow-missing accepts it."""
+    _without_location_env(monkeypatch)
+    tmp = exported_world["tmp"]
+    empty = tmp / "empty-store"
+    empty.mkdir()
+    argv = ["--format", "coco", "--archive-url", exported_world["url"], "--artifacts", str(empty)]
+    assert export_main([*argv, "--out", str(tmp / "a")]) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "9 of 9 masks" in err and "3 of 3 images" in err and "--artifacts" in err and "--allow-missing" in err
+    assert "0 masks" in captured.out  # what was written is still said
+    assert export_main([*argv, "--out", str(tmp / "b"), "--allow-missing"]) == 0
+    assert "9 of 9 masks" in capsys.readouterr().err
+
+
+async def test_export_json_summary(exported_world, monkeypatch, capsys):
+    _without_location_env(monkeypatch)
+    tmp_path = exported_world["tmp"] / "elsewhere"  # no archive, no artifacts
+    tmp_path.mkdir()
+    out = exported_world["tmp"] / "json"
+    _export(exported_world, "yolo", out, "--json", "--batch", "spring")
+    body = json.loads(capsys.readouterr().out)
+    assert body["format"] == "yolo" and body["out"] == str(out)
+    assert (body["images"], body["annotations"], body["masks"]) == (2, 6, 6)
+    assert body["labels"] == ["bag", "shoe"] and body["missing"] == {"images": [], "masks": []}
+    # Errors are JSON on stdout too, and the exit status says them.
+    assert export_main(["--format", "coco", "--out", str(tmp_path / "o"), "--data-dir", str(tmp_path), "--json"]) == 1
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["code"] == "ARCHIVE_NOT_READY" and "no archive at" in error["message"]
+    argv = ["--format", "coco", "--archive-url", exported_world["url"], "--artifacts", str(tmp_path), "--json"]
+    assert export_main([*argv, "--out", str(tmp_path / "p")]) == 1
+    body = json.loads(capsys.readouterr().out)
+    assert body["error"]["code"] == "ARTIFACTS_MISSING" and len(body["missing"]["masks"]) == 9

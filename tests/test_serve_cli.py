@@ -252,6 +252,9 @@ def site_config(redis_url: str, tmp_path: Path, checkpoint: str, port: int) -> d
         redis_url=redis_url,
         artifacts_root=f"file://{tmp_path / 'artifacts'}",
         data_dir=str(tmp_path / "data"),
+        # The committed config names the PostgreSQL of the KubeRay manifests; this cluster is one
+        # machine, where a SQLite archive is allowed.
+        archive_url=f"sqlite:///{tmp_path / 'data' / 'archive.sqlite3'}",
         sam_checkpoint=checkpoint,
         sam_model_type="vit_tiny",
     )
