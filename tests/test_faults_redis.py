@@ -259,7 +259,11 @@ def test_redis_back_empty_groups_are_recreated_new_jobs_run_and_the_loss_is_repo
     direct.flushall()
     direct.close()
     r = c.get(f"/api/v1/jobs/{old['job_id']}", headers=auth("rev1"))
-    assert r.status_code == 404, r.text  # the API keeps answering: the job is gone, not a 500
+    # The API keeps answering, and the job the mirror had seen is back (restored on this request from
+    # the archive's live mirror: docs/protocol.md § Reconcile) with a fresh pause.
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "WAITING_USER_SELECTION"
+    assert r.json()["active_pause"]["pause_token"] != old["active_pause"]["pause_token"]
     assert c.get("/api/v1/jobs", headers=auth("rev1")).status_code == 200
     r = submit(c, blank_with_product(3))
     assert r.status_code == 202, r.text
