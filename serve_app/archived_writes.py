@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from statecore import decide, errors, keys, scripts
+from statecore import decide, errors, keys, rebase, scripts
 from statecore.ids import payload_hash
-from statecore.models import Box, InterventionRequest, JobSnapshot
-from statecore.rebase import box_changes
+from statecore.models import InterventionRequest, JobSnapshot
 from statecore.states import JobStatus
 from statecore.store import Reply, Store
 
@@ -101,22 +100,10 @@ def _refuse(code: str, job_id: str, snapshot: dict[str, Any]) -> errors.HitlErro
 def rebase_from_history(history: list[Any], base_version: int, snapshot: dict[str, Any]) -> dict[str, Any]:
     """``statecore.rebase.rebase_for`` over the archived events: the boxes of the last pause opened
     at or before ``base_version`` against the job's box list now."""
-    version = int(snapshot["version"])
     base = None
-    if base_version <= version:
+    if base_version <= int(snapshot["version"]):
         base = next((e.data for e in reversed(history) if e.type == "PAUSE_OPENED" and e.version <= base_version), None)
-    out: dict[str, Any] = {
-        "base_version": base_version,
-        "version": version,
-        "base_found": base is not None,
-        "base_pause_token": base["active_pause"]["pause_token"] if base else None,
-    }
-    if base is None:
-        out.update({"added": [], "removed": [], "moved": [], "relabelled": []})
-    else:
-        now = [Box(**b) for b in snapshot.get("box_list", [])]
-        out.update(box_changes([Box(**b) for b in base["box_list"]], now))
-    return out
+    return rebase.answer(base, base_version, snapshot)
 
 
 async def intervene(store: Store, archive: Archive | None, job_id: str, req: InterventionRequest, who: str) -> Reply:

@@ -64,8 +64,15 @@ async def rebase_for(r: Any, job_id: str, base_version: int, snapshot: dict[str,
     the same 409 shows it). ``base_found`` is false when no pause had opened by ``base_version`` or
     it lies beyond the job's version: then there is nothing to compare and the lists are empty."""
     version = int(snapshot["version"]) if snapshot else 0
-    now = [Box(**b) for b in (snapshot or {}).get("box_list", [])]
     base = await base_pause(r, job_id, base_version) if snapshot and base_version <= version else None
+    return answer(base, base_version, snapshot)
+
+
+def answer(base: dict[str, Any] | None, base_version: int, snapshot: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``rebase`` member from the data of the pause opened at ``base_version`` (``base``: its
+    PAUSE_OPENED data, None when there is none) and the job as the 409 shows it; the one place the
+    answer is shaped, for Redis's history and the archive's alike."""
+    version = int(snapshot["version"]) if snapshot else 0
     out: dict[str, Any] = {
         "base_version": base_version,
         "version": version,
@@ -75,5 +82,6 @@ async def rebase_for(r: Any, job_id: str, base_version: int, snapshot: dict[str,
     if base is None:
         out.update({"added": [], "removed": [], "moved": [], "relabelled": []})
     else:
+        now = [Box(**b) for b in (snapshot or {}).get("box_list", [])]
         out.update(box_changes([Box(**b) for b in base["box_list"]], now))
     return out
