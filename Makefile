@@ -1,11 +1,15 @@
-# One command per intent; each runs `setup` first so it works on a fresh machine.
+# One command per intent; each runs its set-up first so it works on a fresh machine.
+# `make demo` has a lean environment of its own (.venv-demo: server, UI, sample photographs, classical
+# models; no torch) and needs only redis-server; everything else uses the full .venv (`make setup`).
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
+DEMO_VENV  := .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo up test test-fast lint format bench loadtest loadtest-short clean
+.PHONY: setup setup-demo demo up test test-fast lint format bench loadtest loadtest-short clean
 
 setup: $(STAMP)
 	@bash scripts/ensure_system_deps.sh
@@ -15,12 +19,25 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch and torchvision as a matching pair first, so nothing pulls another build.
 	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
-	# Everything: the client (base), server, ui, models and demo extras, and the dev tools.
-	$(PIP) install -q -e '.[demo,dev]'
+	# Everything: the client (base), the server, UI, demo, models and export extras, and the dev tools.
+	$(PIP) install -q -e '.[demo,models,export,dev]'
+	# The test code (harness/, loadtest/, tests/, benchmarks/) is not in the distribution: the checkout
+	# itself goes on this venv's path, so `python benchmarks/x.py` and locust find it from anywhere.
+	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "hitl-checkout.pth").write_text("$(CURDIR)\n")'
 	@touch $(STAMP)
 
-demo: setup
-	$(VENV)/bin/hitl demo
+# What `hitl demo` runs and nothing more: `pip install '.[demo]'` (no torch, no dev tools), redis-server.
+setup-demo: $(DEMO_STAMP)
+	@bash scripts/ensure_system_deps.sh demo
+
+$(DEMO_STAMP): pyproject.toml
+	@test -x $(DEMO_VENV)/bin/python || python3 -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/pip install -q --upgrade pip
+	$(DEMO_VENV)/bin/pip install -q -e '.[demo]'
+	@touch $(DEMO_STAMP)
+
+demo: setup-demo
+	$(DEMO_VENV)/bin/hitl demo
 
 up: setup
 	$(VENV)/bin/hitl up
@@ -62,4 +79,4 @@ loadtest-short: setup
 	$(PY) -m loadtest.run --seconds 20 --users 10 --no-bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(DEMO_VENV) .pytest_cache

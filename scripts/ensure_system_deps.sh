@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# Provide the system programs the project needs: redis-server (always), promtool (Debian package
-# prometheus: checks deploy/prometheus/rules.yml), PostgreSQL's server (Debian package postgresql: the
-# archive's tests and benchmark start their own with initdb/pg_ctl, see harness/postgres.py; Debian
-# keeps its binaries under /usr/lib/postgresql/<version>/bin) and Chromium (for the browser tests). Uses what
-# is on PATH; otherwise installs Debian's packages when running as root; otherwise says what to do.
+# Provide the system programs the project needs. `ensure_system_deps.sh demo` (make demo): redis-server
+# only, what `hitl demo` / `hitl up` start. `ensure_system_deps.sh` (make setup: tests, lint, benchmarks):
+# also redis-cli, promtool (Debian package prometheus: checks deploy/prometheus/rules.yml), PostgreSQL's
+# server (Debian package postgresql: the archive's tests and benchmark start their own with
+# initdb/pg_ctl, see harness/postgres.py; Debian keeps its binaries under
+# /usr/lib/postgresql/<version>/bin) and Chromium (for the browser tests). Uses what is on PATH;
+# otherwise installs Debian's packages when running as root; otherwise says what to do.
 set -euo pipefail
+mode="${1:-all}"
+case "$mode" in
+  all | demo) ;;
+  *) echo "usage: $0 [all|demo]" >&2; exit 2 ;;
+esac
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
-command -v promtool >/dev/null 2>&1 || need+=(prometheus)
-command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
-if [ "${HITL_SKIP_CHROMIUM:-0}" != "1" ]; then
-  command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || need+=(chromium)
+if [ "$mode" = "all" ]; then
+  command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+  command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+  command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
+  if [ "${HITL_SKIP_CHROMIUM:-0}" != "1" ]; then
+    command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || need+=(chromium)
+  fi
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
@@ -21,5 +30,7 @@ if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   exit 0
 fi
 echo "setup: missing ${need[*]}. Install them (Debian: sudo apt-get install ${need[*]})," >&2
-echo "       or point REDIS_URL at an existing Redis and set HITL_SKIP_CHROMIUM=1." >&2
+if [ "$mode" = "all" ]; then
+  echo "       or point REDIS_URL at an existing Redis and set HITL_SKIP_CHROMIUM=1." >&2
+fi
 exit 1

@@ -46,6 +46,7 @@ from .auth import Authenticator, Identity
 from .claim_routes import add_claim_routes
 from .config import Settings
 from .recovery import Recovery
+from .request_log import RequestLog, log_intervention
 from .uploads import check_image, read_upload
 
 if TYPE_CHECKING:
@@ -181,8 +182,9 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
 
-def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
-    """``build_runtime`` runs in the app's lifespan, inside the serving process."""
+def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id: bool = True) -> FastAPI:
+    """``build_runtime`` runs in the app's lifespan, inside the serving process. ``echo_request_id``:
+    False under Ray Serve, whose HTTP server echoes X-Request-ID itself (``serve_app.request_log``)."""
     holder: dict[str, Runtime] = {}
 
     @asynccontextmanager
@@ -225,6 +227,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         lifespan=lifespan,
     )
     app.add_middleware(AuthMiddleware, runtime_of=rt)
+    app.add_middleware(RequestLog, echo=echo_request_id)  # outside the auth: a 401 is logged and echoed too
 
     @app.exception_handler(errors.HitlError)
     async def _hitl_error(_req: Request, e: errors.HitlError) -> JSONResponse:
@@ -248,16 +251,6 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
     async def _http(_req: Request, e: StarletteHTTPException) -> JSONResponse:
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(e.status_code, "HTTP_ERROR")
         return JSONResponse({"code": code, "message": str(e.detail)}, status_code=e.status_code)
-
-    @app.middleware("http")
-    async def _timing(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        t0 = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        metrics.HTTP_SECONDS.labels(getattr(route, "path", "unmatched"), str(response.status_code)).observe(
-            time.perf_counter() - t0
-        )
-        return response
 
     def identity(request: Request) -> Identity:
         return request.state.identity
@@ -365,13 +358,16 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]]) -> FastAPI:
         responses={400: {}, 404: {}, 409: {"description": INTERVENTION_409}},
     )
     async def intervene(request: Request, job_id: str, body: InterventionRequest) -> Response:
+        t0, who = time.perf_counter(), identity(request).name
         try:
-            reply = await archived_writes.intervene(rt().store, rt().archive, job_id, body, identity(request).name)
+            reply = await archived_writes.intervene(rt().store, rt().archive, job_id, body, who)
         except errors.HitlError as e:
             metrics.INTERVENTIONS.labels(e.code).inc()
+            log_intervention(job_id, who, e.code, t0, body.intervention_id)
             raise
         metrics.INTERVENTIONS.labels("REPLAY" if reply.replayed else "OK").inc()
         await acknowledged(job_id)
+        log_intervention(job_id, who, "REPLAY" if reply.replayed else "OK", t0, body.intervention_id)
         return replayable(reply)
 
     @app.post(f"{API}/jobs/{{job_id}}/cancel", response_model=JobSnapshot, responses={404: {}, 409: {}})

@@ -56,6 +56,7 @@ from .auth import Authenticator
 from .capacity import ServeCapacity
 from .config import ENV_FALLBACK, Settings
 from .events import EventHub, sse_lines
+from .logging_setup import configure_component, drop_serve_access_lines
 from .ray_runtime import reuse_ingress_address, shared_archive_problem
 from .runtime import make_dispatcher
 from .serve_options import CONTROL_PLANE
@@ -158,6 +159,8 @@ class Api:
         self, settings_json: str, events: Any, detector: Any, validator: Any, segmenter: Any, archiver: Any = None
     ) -> None:
         self.settings = Settings.model_validate_json(settings_json)
+        configure_component(self.settings.log_format)  # its hitl.* lines, in the launcher's format
+        drop_serve_access_lines()  # serve_app.request_log writes the line of each request instead
         self.events_handle = events
         reuse_ingress_address()  # the API port again at once after a crash (before Serve binds it)
         # The Archiver deployment runs its own loop; bound here so Serve deploys it. None: --no-archive.
@@ -182,7 +185,7 @@ class Api:
                 raise RuntimeError(f"a background loop of this Api replica has ended ({task.get_name()}): {error!r}")
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(self._runtime)
+        return create_app(self._runtime, echo_request_id=False)  # Serve's HTTP server echoes X-Request-ID
 
     async def _runtime(self) -> Runtime:
         settings = self.settings
@@ -240,6 +243,7 @@ class Events:
 
     def __init__(self, settings_json: str) -> None:
         settings = Settings.model_validate_json(settings_json)
+        configure_component(settings.log_format)
         assert settings.redis_url
         self.hub = EventHub(store_for(settings, settings.redis_url))
 

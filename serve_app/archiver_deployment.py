@@ -26,6 +26,7 @@ from . import durability, metrics
 from .archive_loop import ArchiveLoop, archive_loop
 from .archiving import open_archive
 from .config import Settings
+from .logging_setup import configure_component
 from .serve_options import CONTROL_PLANE
 from .stores import store_for
 
@@ -40,6 +41,7 @@ class Archiver:
 
     def __init__(self, settings_json: str) -> None:
         self.settings = Settings.model_validate_json(settings_json)
+        configure_component(self.settings.log_format)
         self.loop: ArchiveLoop | None = None
         self._task: asyncio.Task[None] | None = None
         try:

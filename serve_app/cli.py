@@ -133,7 +133,15 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="YAML or TOML file with per-deployment replica and autoscaling settings (see docs/config)",
     )
-    g.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    g.add_argument("--verbose", "-v", action="store_true", help="debug logging (also a line per read request)")
+    g.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default=None,
+        help="how log lines are written to stderr, <data-dir>/logs/hitl.log and the replicas' logs: json (one "
+        "object per line: ts, level, logger, msg, request_id, job_id, …) or text (default: text on a terminal, "
+        "json otherwise)",
+    )
     r = p.add_argument_group("reliability")
     r.add_argument(
         "--store-timeout-s",

@@ -94,6 +94,9 @@ class Settings(BaseModel):
     # Made by each `hitl up` and answered by its Api replicas' /readyz, so READY is said only for
     # this launcher's own server, never for another one that answers on the same address.
     instance_id: str | None = None
+    # How the control plane's lines are written (README § Logs): json (one object per line), text, or
+    # auto: text on a terminal, json otherwise (hitl up resolves it, so its replicas write the same).
+    log_format: Literal["auto", "json", "text"] = "auto"
 
     @property
     def artifacts(self) -> str:

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 from pydantic import ValidationError
@@ -32,6 +32,7 @@ from . import ports, preflight, ray_runtime
 from .auth import local_token
 from .config import ConfigError, Settings, load_config_file, save_deployment
 from .durability import appendfsync
+from .logging_setup import BACKUPS, MAX_BYTES, rotate_file, setup_logging
 from .redis_server import RedisServer, free_port
 from .stopping import Stopper, descendants
 
@@ -56,16 +57,6 @@ class DataDirLock:
             ) from None
         os.ftruncate(self.fd, 0)
         os.write(self.fd, str(os.getpid()).encode())
-
-
-def setup_logging(data_dir: Path, verbose: bool = False) -> None:
-    (data_dir / "logs").mkdir(parents=True, exist_ok=True)
-    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    handlers: list[logging.Handler] = [
-        logging.StreamHandler(sys.stderr),
-        logging.FileHandler(data_dir / "logs" / "hitl.log"),
-    ]
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=fmt, handlers=handlers, force=True)
 
 
 def _wait_ready(
@@ -122,7 +113,8 @@ def up(
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     settings.data_dir = settings.data_dir.resolve()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    setup_logging(settings.data_dir, verbose)
+    # Resolved here (a terminal: text; else json), so that the replicas write what this process writes.
+    settings.log_format = setup_logging(settings.data_dir, verbose, settings.log_format)
     DataDirLock(settings.data_dir).acquire()
     stop = threading.Event()
     stopper = Stopper()
@@ -186,7 +178,11 @@ def up(
         from .application import APP_NAME, build_application
 
         # Applied only when Serve is not running on the cluster yet; ray_runtime.ingress_url says where it is.
-        serve.start(http_options=ray_runtime.serve_http_options(settings, ray_info))
+        # Without the proxies' line per request (each queue poll among them): the Api replica logs its
+        # requests itself (serve_app.request_log).
+        serve.start(
+            http_options=ray_runtime.serve_http_options(settings, ray_info), logging_config={"enable_access_log": False}
+        )
         gpus = ray_runtime.cluster_gpus()  # the cluster's, not this machine's: they may be on other nodes
         log.info(
             "deploying the Serve application (detector=%s, validator=%s, segmenter=%s; %g GPU in the cluster)",
@@ -217,6 +213,7 @@ def up(
         while not stop.wait(1.0):
             if redis is not None:
                 supervise_redis(redis)
+                redis.rotate_log()
             if ui_proc is not None and ui_proc.poll() is not None:
                 log.error("the UI process exited with %s; restarting it", ui_proc.returncode)
                 ui_proc, ui_url = _start_ui(settings, api_url, token, stop)
@@ -283,7 +280,7 @@ def _start_ui(
     """Start the UI and wait until it answers; a stop meanwhile returns at once (it is stopped next)."""
     port = settings.ui_port or free_port()
     args = [sys.executable, "-m", "ui", "--api-url", api_url, "--host", settings.host, "--port", str(port)]
-    env = dict(os.environ)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # its lines reach ui.log as they are written
     if token:
         env["HITL_TOKEN"] = token
     if settings.tokens:
@@ -292,7 +289,11 @@ def _start_ui(
         args += ["--labels", ",".join(settings.labels)]
     # A session of its own: a terminal's Ctrl-C reaches `hitl up`, which stops the UI in order; and
     # it dies with `hitl up` even when that is SIGKILLed.
-    proc = subprocess.Popen(args, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    # Its output (Gradio's banner, its errors) goes to <data-dir>/logs/ui.log, not to this terminal.
+    with ui_log(settings.data_dir) as out:
+        proc = subprocess.Popen(
+            args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+        )
     url = f"http://{settings.host}:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -304,9 +305,20 @@ def _start_ui(
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
-            raise SystemExit(f"hitl up: the UI failed to start (exit {proc.returncode})")
+            raise SystemExit(
+                f"hitl up: the UI failed to start (exit {proc.returncode}); see {settings.data_dir / 'logs' / 'ui.log'}"
+            )
         time.sleep(0.5)
     raise SystemExit("hitl up: the UI did not answer within 120s")
+
+
+def ui_log(data_dir: Path, max_bytes: int = MAX_BYTES, backups: int = BACKUPS) -> BinaryIO:
+    """``<data-dir>/logs/ui.log``, opened for the UI's output. The UI holds it open, so it is
+    rotated when the UI (re)starts: once it reached ``max_bytes``, it becomes ui.log.1."""
+    path = data_dir / "logs" / "ui.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rotate_file(path, max_bytes, backups)
+    return open(path, "ab")  # the caller closes it once the child has it
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -392,5 +404,6 @@ def _settings_from_args(args: Any) -> Settings:
         archive=False if getattr(args, "no_archive", False) else None,
         archive_url=getattr(args, "archive_url", None),
         retention_s=int(days * 86400) if days is not None else None,
+        log_format=getattr(args, "log_format", None),
         models=models or None,
     )

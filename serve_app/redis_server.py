@@ -14,6 +14,8 @@ from pathlib import Path
 
 import redis
 
+from .logging_setup import BACKUPS, MAX_BYTES, rotate_file
+
 # Small hashes stay listpack-encoded: a job's meta (with its box list) is a few
 # hundred bytes, so this keeps a waiting job well under 4 KiB.
 # A job's event stream is a handful of entries: Redis 7.0 preallocates a stream node
@@ -81,13 +83,27 @@ class RedisServer:
     proc: subprocess.Popen[bytes] | None = None
     appendfsync: str = "everysec"
     restarts: int = 0
+    # redis.log (redis-server's own logfile): rotated by renaming at this size, on each start and
+    # whenever ``rotate_log`` is called (``hitl up`` does each second while it supervises the server);
+    # redis-server opens the file for every line it writes, so it carries on in a new redis.log.
+    log_max_bytes: int = MAX_BYTES
+    log_backups: int = BACKUPS
 
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "redis.log"
+
+    def rotate_log(self) -> bool:
+        """redis.log to redis.log.1 (and so on) once it reached ``log_max_bytes``; True if it did."""
+        return rotate_file(self.log_path, self.log_max_bytes, self.log_backups)
+
     def start(self, timeout: float = 15.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.rotate_log()
         if not self.port:
             self.port = free_cluster_port() if self.cluster else free_port()
         args = [
@@ -109,7 +125,7 @@ class RedisServer:
             "--daemonize",
             "no",
             "--logfile",
-            str(self.data_dir / "redis.log"),
+            str(self.log_path),
             *TUNING,
         ]
         if self.cluster:
@@ -135,7 +151,7 @@ class RedisServer:
                 pass
             except redis.exceptions.ConnectionError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server exited; see {self.data_dir / 'redis.log'}") from None
+                    raise RuntimeError(f"redis-server exited; see {self.log_path}") from None
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"redis-server on port {self.port} did not start in {timeout}s")
