@@ -68,6 +68,8 @@ class HitlUp:
             *args,
         ]
         cmd += ["--ui-port", str(self.ui_port)] if ui else ["--no-ui"]
+        if "--log-format" not in args:  # its lines are read here (ports, URLs, what it logged): as text
+            cmd += ["--log-format", "text"]
         if not dashboard:
             cmd.append("--no-dashboard")
         full_env = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV}
