@@ -5,6 +5,7 @@ Locally a missing redis-server skips; under CI it fails the run (``harness.ci``)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,17 @@ from serve_app.redis_server import RedisServer
 from statecore.models import ImageRef
 from statecore.store import Store, StoreConfig
 from tests.client_fakes import CLIENT_KINDS, ClientFactory, client_factory
+
+
+@pytest.fixture(autouse=True)
+def hitl_logger_restored() -> Iterator[None]:
+    """A test that builds a Serve replica in-process configures the ``hitl`` logger for a replica
+    (its own stderr handler, no propagation: serve_app.logging_setup.configure_component); put it
+    back, so later tests' log capture and files see the lines again."""
+    logger = logging.getLogger("hitl")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
 
 
 @pytest.fixture(scope="session")
