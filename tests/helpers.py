@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from harness.executor import report
-from statecore.models import ImageRef, InterventionRequest
+from statecore.models import ImageRef, InterventionRequest, NodeReport
 from statecore.store import Store
 
 THREE_BOXES = [
@@ -24,6 +24,19 @@ async def waiting_job(store: Store, image: ImageRef, boxes=THREE_BOXES, submitte
     job_id = await create(store, image, submitter)
     assert await report(store, job_id, {"boxes": boxes}) == "OK"
     return job_id
+
+
+async def detection_done(store: Store, job_id: str) -> NodeReport:
+    """The report a detector would send for the job's current node: THREE_BOXES, succeeded."""
+    node = (await store.get(job_id)).current_node
+    assert node is not None
+    return NodeReport(
+        node_instance_id=node.node_instance_id,
+        node_type=node.node_type,
+        job_id=job_id,
+        outcome="SUCCEEDED",
+        output={"boxes": THREE_BOXES},
+    )
 
 
 def iv(state, subjects, iid: str | None = None, **over) -> InterventionRequest:

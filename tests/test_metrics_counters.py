@@ -16,11 +16,10 @@ from serve_app import metrics
 from serve_app.redis_server import RedisServer
 from serve_app.writeback import WriteBack
 from statecore import counters, keys
-from statecore.models import NodeReport
 from statecore.states import TERMINAL, WAITING
 from statecore.store import Store, StoreConfig
 
-from .helpers import THREE_BOXES, create, waiting_job
+from .helpers import create, detection_done, waiting_job
 
 LIB = Path(__file__).resolve().parents[1] / "statecore" / "lua" / "_lib.lua"
 
@@ -234,15 +233,7 @@ async def test_a_write_back_waiting_for_a_down_redis_shows_on_this_process_gauge
     try:
         await store.ensure_groups()
         job_id = await create(store, image)
-        node = (await store.get(job_id)).current_node
-        assert node is not None
-        nr = NodeReport(
-            node_instance_id=node.node_instance_id,
-            node_type=node.node_type,
-            job_id=job_id,
-            outcome="SUCCEEDED",
-            output={"boxes": THREE_BOXES},
-        )
+        nr = await detection_done(store, job_id)
         wb = WriteBack(store, tmp_path / "data", first_gap_s=0.2)
         base = _gauges("hitl_writeback_spooled")["hitl_writeback_spooled"]
         await asyncio.to_thread(server.stop)
@@ -252,7 +243,7 @@ async def test_a_write_back_waiting_for_a_down_redis_shows_on_this_process_gauge
             assert not applying.done(), applying.result()
             assert time.monotonic() < deadline, "the spooled result never showed on the gauge"
             await asyncio.sleep(0.05)
-        assert wb.spooled() == [node.node_instance_id]
+        assert wb.spooled() == [nr.node_instance_id]
         await asyncio.to_thread(server.start)
         assert await asyncio.wait_for(applying, 30) == "OK"
         assert _gauges("hitl_writeback_spooled")["hitl_writeback_spooled"] == base

@@ -29,11 +29,10 @@ from serve_app.redis_server import RedisServer
 from serve_app.writeback import WriteBack
 from statecore import errors
 from statecore.durable import store_unavailable
-from statecore.models import NodeReport
 from statecore.store import Store, StoreConfig
 from tests.api_util import keep_all
 from tests.asgi_util import asgi_client
-from tests.helpers import THREE_BOXES, create, waiting_job
+from tests.helpers import create, detection_done, waiting_job
 
 RDB_NAME = "refusals.rdb"  # a directory of this name in the data dir makes every BGSAVE fail
 
@@ -279,15 +278,9 @@ async def test_a_write_back_refused_is_spooled_and_applied_once_redis_takes_writ
     store = await _store(own_redis.url)
     try:
         job_id = await create(store, image)
+        report = await detection_done(store, job_id)
         node = (await store.get(job_id)).current_node
         assert node is not None
-        report = NodeReport(
-            node_instance_id=node.node_instance_id,
-            node_type=node.node_type,
-            job_id=job_id,
-            outcome="SUCCEEDED",
-            output={"boxes": THREE_BOXES},
-        )
         wb = WriteBack(store, tmp_path / "data", first_gap_s=0.2)
         await asyncio.to_thread(condition.enter)
         try:
