@@ -9,11 +9,16 @@ JOB_ID = re.compile(r"job_[0-9A-Za-z]+")
 MISS_TEXT = re.compile(r"No other job is waiting|Every other waiting job")  # N found nothing to open
 
 # Counts the banner's DOM changes, so a wait can tell a fresh answer from the one already shown.
+# Every text the banner showed, in order, with when (a banner can be replaced before a poll reads it:
+# "Submitted …" by "The job ended: SUCCEEDED." when the job ends right after the deciding answer).
 WATCH_JS = """() => {
+  const el = document.querySelector('#banner [data-testid="markdown"]');
   window.__hitlBannerN = 0;
-  new MutationObserver(() => { window.__hitlBannerN += 1; }).observe(
-    document.querySelector('#banner [data-testid="markdown"]'),
-    { subtree: true, childList: true, characterData: true });
+  window.__hitlBanners = [];
+  new MutationObserver(() => {
+    window.__hitlBannerN += 1;
+    window.__hitlBanners.push({ text: el.innerText.trim(), t: Date.now() });
+  }).observe(el, { subtree: true, childList: true, characterData: true });
 }"""
 # After N: the new job's panel interactive (its pause on the stage line, Submit on, the image drawn),
 # or the banner's fresh answer that nothing could be opened.
@@ -37,13 +42,18 @@ OPENED_JS = """([prev, mark]) => {
   return { kind: 'open', job: job[0], pause: pause[0], t: Date.now() };
 }"""
 # After Enter: the confirmation, a refusal under the panel, or a fresh banner of a conflict (409).
+# The banners shown since ``mark`` are read from the watcher's log, so a confirmation replaced at once
+# still counts.
 ANSWERED_JS = """([mark]) => {
   const MD = ' [data-testid="markdown"]';
   const text = (sel) => { const el = document.querySelector(sel + MD); return el ? el.innerText.trim() : ''; };
-  const banner = text('#banner'), error = text('#review-error');
-  if (banner.startsWith('Submitted')) { return { kind: 'ok', t: Date.now(), text: banner }; }
+  const error = text('#review-error');
+  const before = mark > 0 ? window.__hitlBanners[mark - 1].text : null;  // on screen at the press
+  const shown = window.__hitlBanners.slice(mark).filter((b) => b.text && b.text !== before);
+  const ok = shown.find((b) => b.text.startsWith('Submitted'));
+  if (ok) { return { kind: 'ok', t: ok.t, text: ok.text }; }
   if (error) { return { kind: 'refused', t: Date.now(), text: error }; }
-  if (window.__hitlBannerN > mark && banner) { return { kind: 'conflict', t: Date.now(), text: banner }; }
+  if (shown.length) { return { kind: 'conflict', t: shown[0].t, text: shown[0].text }; }
   return false;
 }"""
 BLUR_JS = "document.activeElement && document.activeElement.blur()"

@@ -49,9 +49,10 @@ def test_reviewer_benchmark_runs(tmp_path: Path, reviewers: str, quorum: int):
     results = json.loads(out.read_text())["results"]
     assert set(results) == set(reviewers.split(","))
     for r in results.values():
-        assert r["jobs_decided"] == 1 and r["quorum"] == quorum, r
-        assert r["confirmed"] == r["submissions"] == quorum and r["conflicts_409"] == 0, r
-        assert r["server_refusals"] == [] and r["odd"] == [], r  # read from the job's audit trail
-        assert 0 < r["pause_to_interactive_p50_ms"] < 60_000 and 0 < r["submit_to_banner_p50_ms"] < 60_000, r
-        assert 0 < r["pause_to_decided_p50_ms"] < 120_000, r
+        said = json.dumps(r, indent=1)  # in full: pytest shortens a dict's repr
+        assert r["jobs_decided"] == 1 and r["quorum"] == quorum, said
+        assert r["confirmed"] == r["submissions"] == quorum and r["conflicts_409"] == 0, said
+        assert r["server_refusals"] == [] and r["odd"] == [], said  # read from the job's audit trail
+        assert 0 < r["pause_to_interactive_p50_ms"] < 60_000 and 0 < r["submit_to_banner_p50_ms"] < 60_000, said
+        assert 0 < r["pause_to_decided_p50_ms"] < 120_000, said
     assert "pause → interactive" in proc.stdout
