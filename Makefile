@@ -43,7 +43,7 @@ up: setup
 	$(VENV)/bin/hitl up
 
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30 $(PYTEST_ARGS)
 
 # The quick loop: real redis-server (and the 3-node cluster), no Ray, no browser, nothing slow.
 test-fast: setup

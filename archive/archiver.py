@@ -21,13 +21,13 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from statecore import audit, keys
-from statecore.decide import create_fingerprint
-from statecore.errors import JobNotFound
-from statecore.ids import batch_of
-from statecore.models import Event, JobResults, JobSnapshot, Pause
-from statecore.states import is_terminal
-from statecore.store import Store
+from hitl_review.statecore import audit, keys
+from hitl_review.statecore.decide import create_fingerprint
+from hitl_review.statecore.errors import JobNotFound
+from hitl_review.statecore.ids import batch_of
+from hitl_review.statecore.models import Event, JobResults, JobSnapshot, Pause
+from hitl_review.statecore.states import is_terminal
+from hitl_review.statecore.store import Store
 
 from .db import Archive
 from .schema import AUDIT_FIELDS, ArchivedEvent, ArchivedJob, ArchivedPause, ArtifactRef, AuditEntry

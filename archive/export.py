@@ -28,7 +28,7 @@ import numpy as np
 from PIL import Image
 from sqlalchemy import select
 
-from statecore.artifacts import ArtifactStore
+from hitl_review.statecore.artifacts import ArtifactStore
 
 from . import corrections
 from .archiver import artifact_name

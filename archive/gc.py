@@ -21,10 +21,10 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
 
-from statecore import keys
-from statecore.artifacts import ArtifactStore
-from statecore.errors import JobNotFound
-from statecore.store import Store
+from hitl_review.statecore import keys
+from hitl_review.statecore.artifacts import ArtifactStore
+from hitl_review.statecore.errors import JobNotFound
+from hitl_review.statecore.store import Store
 
 from .archiver import artifact_name
 from .db import Archive

@@ -35,9 +35,9 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from statecore import keys
-from statecore.restore import restore
-from statecore.states import TERMINAL
+from hitl_review.statecore import keys
+from hitl_review.statecore.restore import restore
+from hitl_review.statecore.states import TERMINAL
 
 from .db import Archive
 from .schema import ArchivedJob, AuditEntry, LiveMirror

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
-from statecore.models import Event, JobResults, JobSnapshot, Pause
+from hitl_review.statecore.models import Event, JobResults, JobSnapshot, Pause
 
 from .db import Archive
 from .schema import AUDIT_FIELDS, ArchivedEvent, ArchivedJob, ArchivedPause, AuditEntry

@@ -52,11 +52,11 @@ from typing import Any
 
 import httpx
 
-from client import HitlClient
-from client.batch import run_batch
 from harness.hitl_up import HitlUp
 from harness.uvicorn import UvicornServer
-from serve_app.samples import product_composite
+from hitl_review.client import HitlClient
+from hitl_review.client.batch import run_batch
+from hitl_review.serve_app.samples import product_composite
 
 TARGET_RATIO = 0.80
 WIDTH, HEIGHT = 160, 120

@@ -30,14 +30,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from archive import migrate
-from archive.archiver import JobRecord, archive_job, read_job, write_record
-from archive.db import Archive
 from harness.executor import report
 from harness.postgres import PostgresServer, find_pg_bin
-from serve_app.redis_server import RedisServer
-from statecore.models import ImageRef, InterventionRequest
-from statecore.store import Store, StoreConfig
+from hitl_review.archive import migrate
+from hitl_review.archive.archiver import JobRecord, archive_job, read_job, write_record
+from hitl_review.archive.db import Archive
+from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.statecore.models import ImageRef, InterventionRequest
+from hitl_review.statecore.store import Store, StoreConfig
 
 BOXES = [
     {"bbox": [10, 10, 100, 120], "label": "shoe", "score": 0.93},

@@ -49,11 +49,11 @@ import httpx
 from harness.hitl_up import HitlUp
 from harness.tokens import resolve_token
 from harness.uvicorn import UvicornServer
+from hitl_review.statecore.store import Store
 from loadtest.intervention_bench.doors import DOORS, Door, drive, floor, http_door, store_door
 from loadtest.intervention_bench.jobs import make_jobs
 from loadtest.intervention_bench.report import SECTION, docs_section, tables, write_docs
 from loadtest.intervention_bench.results import compare, machine, stats, summarize, targets
-from statecore.store import Store
 
 # --------------------------------------------------------------------------- the benchmark
 

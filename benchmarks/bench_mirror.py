@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from archive import migrate
-from archive.db import Archive
-from archive.mirror import Mirror
 from harness.executor import report
-from serve_app.redis_server import RedisServer
-from statecore import keys
-from statecore.models import ImageRef, InterventionRequest
-from statecore.store import Store, StoreConfig
+from hitl_review.archive import migrate
+from hitl_review.archive.db import Archive
+from hitl_review.archive.mirror import Mirror
+from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.statecore import keys
+from hitl_review.statecore.models import ImageRef, InterventionRequest
+from hitl_review.statecore.store import Store, StoreConfig
 
 BOXES = [{"bbox": [10, 10, 100, 120], "label": "shoe", "score": 0.9}, {"bbox": [200, 40, 320, 200], "label": "bag"}]
 

@@ -68,7 +68,7 @@ from harness.burst_phases import burst_phase, cancel_phase
 from harness.burst_report import print_table, targets
 from harness.burst_stack import Stack
 from harness.hitl_up import HitlUp
-from serve_app.samples import product_composite
+from hitl_review.serve_app.samples import product_composite
 
 
 def hitl_flags(args: argparse.Namespace) -> list[str]:

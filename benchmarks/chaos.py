@@ -54,10 +54,10 @@ import psutil
 import redis
 
 from harness.hitl_up import HitlUp
+from hitl_review.serve_app.samples import product_composite
+from hitl_review.statecore import keys
+from hitl_review.statecore.store import Store
 from loadtest.check_invariants import check
-from serve_app.samples import product_composite
-from statecore import keys
-from statecore.store import Store
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "EMPTY_SELECTION"}
 WAITING = {"WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION"}  # a person's turn

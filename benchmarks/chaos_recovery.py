@@ -59,12 +59,12 @@ import httpx
 import redis
 from chaos import TERMINAL, WAITING, JobRun, Run
 
-from archive import reads
-from archive.db import Archive, archive_url
 from harness.hitl_up import HitlUp
+from hitl_review.archive import reads
+from hitl_review.archive.db import Archive, archive_url
+from hitl_review.statecore import keys
+from hitl_review.statecore.store import Store
 from loadtest.check_invariants import check
-from statecore import keys
-from statecore.store import Store
 
 
 class RecoveryRun(Run):

@@ -43,12 +43,12 @@ from typing import Any
 import redis
 
 from harness.executor import report
-from serve_app.redis_server import RedisServer
-from statecore import decide, keys, scripts
-from statecore.ids import now_iso, payload_hash
-from statecore.models import ImageRef, InterventionRequest, NodeReport
-from statecore.outbox import OutboxEntry
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.statecore import decide, keys, scripts
+from hitl_review.statecore.ids import now_iso, payload_hash
+from hitl_review.statecore.models import ImageRef, InterventionRequest, NodeReport
+from hitl_review.statecore.outbox import OutboxEntry
+from hitl_review.statecore.store import Store, StoreConfig
 
 Job = tuple[str, InterventionRequest]  # a waiting job and the submission a reviewer would send
 

@@ -36,7 +36,7 @@ from httpx_sse import aconnect_sse
 from harness.bench import log, parse_at, pct
 from harness.hitl_up import HitlUp
 from harness.uvicorn import UvicornServer
-from serve_app.samples import product_composite
+from hitl_review.serve_app.samples import product_composite
 
 CONTROL_PLANE = ("ServeReplica:hitl:Api", "ServeReplica:hitl:Events", "ProxyActor")
 

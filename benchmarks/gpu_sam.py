@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deployments.backends import sam as S
+from hitl_review.deployments.backends import sam as S
 
 
 def _importable(module: str) -> bool:
@@ -260,11 +260,11 @@ class Bench:
             return
         from PIL import Image
 
-        from deployments.executor import Models, run_node
+        from hitl_review.deployments.executor import Models, run_node
 
         tmp = None
         if HAVE_FSSPEC:
-            from statecore.artifacts import ArtifactStore
+            from hitl_review.statecore.artifacts import ArtifactStore
 
             tmp = tempfile.TemporaryDirectory(prefix="gpu_sam_")
             store: Any = ArtifactStore(f"file://{tmp.name}/artifacts")

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serve_app.redis_server import RedisServer
-from statecore import counters, decide, keys, scripts
-from statecore.ids import now_iso
-from statecore.models import CreateJobResponse, ImageRef
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.statecore import counters, decide, keys, scripts
+from hitl_review.statecore.ids import now_iso
+from hitl_review.statecore.models import CreateJobResponse, ImageRef
+from hitl_review.statecore.store import Store, StoreConfig
 
 IMAGE = ImageRef(sha256="b" * 64, width=640, height=480, url="/api/v1/artifacts/img_bench.png")
 

@@ -61,7 +61,7 @@ from harness.bench import log, parse_at, pct
 from harness.hitl_up import HitlUp
 from harness.reviewer_page import ANSWERED_JS, BLUR_JS, JOB_ID, MISS_TEXT, OPENED_JS, SHOWN_JS, WATCH_JS, shown_job
 from harness.sse import read_events
-from serve_app.samples import product_composite
+from hitl_review.serve_app.samples import product_composite
 
 CHROMIUM = os.environ.get("HITL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]

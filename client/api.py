@@ -19,7 +19,7 @@ from typing import Any, Generic, Self, TypeVar, cast
 
 import httpx
 
-from statecore.models import Claim, Event, JobList, JobResults, JobSnapshot, JobSummary
+from hitl_review.statecore.models import Claim, Event, JobList, JobResults, JobSnapshot, JobSummary
 
 from .config import DEFAULT_API_URL, ClientConfig
 from .core import ClientCore

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from statecore.media import SNIFF_BYTES, sniff
-from statecore.models import JobResults
+from hitl_review.statecore.media import SNIFF_BYTES, sniff
+from hitl_review.statecore.models import JobResults
 
 from .api import HitlClient
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from statecore.states import WAITING
+from hitl_review.statecore.states import WAITING
 
 from .batch_files import Skipped
 from .waiting import TERMINAL_STATUSES

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from statecore.models import Event, JobResults, JobSnapshot
+from hitl_review.statecore.models import Event, JobResults, JobSnapshot
 
 from .api import TERMINAL_STATUSES, HitlClient
 from .batch import ENDED_WELL, download_outputs

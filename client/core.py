@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from statecore.models import (
+from hitl_review.statecore.models import (
     Claim,
     ClaimReleased,
     CreateJobResponse,

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from statecore.models import ClaimView, JobSnapshot
+from hitl_review.statecore.models import ClaimView, JobSnapshot
 
 
 class HitlClientError(Exception):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import httpx
 
-from statecore.models import Event
+from hitl_review.statecore.models import Event
 
 from .calls import CallCore
 from .errors import ConnectionFailed, error_from_response

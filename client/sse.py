@@ -14,7 +14,7 @@ import logging
 from httpx_sse import ServerSentEvent
 from pydantic import ValidationError
 
-from statecore.models import Event
+from hitl_review.statecore.models import Event
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from statecore.models import Event, JobSnapshot
-from statecore.states import TERMINAL, JobStatus
+from hitl_review.statecore.models import Event, JobSnapshot
+from hitl_review.statecore.states import TERMINAL, JobStatus
 
 from .errors import HitlClientError, WaitTimeout
 

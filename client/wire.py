@@ -12,8 +12,8 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel
 
-from statecore.media import CONTENT_TYPES, EXTENSIONS, sniff
-from statecore.models import Box, CreateJobResponse, InterventionResponse, Subject
+from hitl_review.statecore.media import CONTENT_TYPES, EXTENSIONS, sniff
+from hitl_review.statecore.models import Box, CreateJobResponse, InterventionResponse, Subject
 
 API = "/api/v1"
 USER_AGENT = "hitl-client/0.1"

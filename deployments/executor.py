@@ -26,8 +26,8 @@ import numpy as np
 from PIL import Image
 from pydantic import ValidationError
 
-from statecore.errors import NodeExecutionError
-from statecore.nodes import (
+from hitl_review.statecore.errors import NodeExecutionError
+from hitl_review.statecore.nodes import (
     INVALID_NODE_INPUT,
     INVALID_NODE_OUTPUT,
     MODEL_NODES,
@@ -46,12 +46,12 @@ from statecore.nodes import (
     parse_input,
     spec_of,
 )
-from statecore.states import NodeType
+from hitl_review.statecore.states import NodeType
 
 from .backends.base import DetectorBackend, Role, SegmenterBackend, ValidatorBackend, make_backend
 
 if TYPE_CHECKING:  # fsspec is imported when a store is built, so a bare GPU box can import this module
-    from statecore.artifacts import ArtifactStore
+    from hitl_review.statecore.artifacts import ArtifactStore
 
 log = logging.getLogger("hitl.executor")
 
@@ -127,7 +127,7 @@ def _store(artifacts: Any) -> ArtifactStore | None:
     """An ArtifactStore from a root URL; an object that already is a store passes through."""
     if artifacts is None or not isinstance(artifacts, str):
         return artifacts
-    from statecore.artifacts import ArtifactStore
+    from hitl_review.statecore.artifacts import ArtifactStore
 
     return ArtifactStore(artifacts)
 

@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from statecore.artifacts import ArtifactStore
-from statecore.execution import RunSpec, not_started, run_started
-from statecore.nodes import image_to_read
+from hitl_review.statecore.artifacts import ArtifactStore
+from hitl_review.statecore.execution import RunSpec, not_started, run_started
+from hitl_review.statecore.nodes import image_to_read
 
 from .backends.base import Role, make_backend
 from .executor import Models, backend_kwargs, deployment_overrides, load_image, model_input, run_node

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from client import HitlClient, idempotency_key, new_intervention_id, resolve_config
+from hitl_review.client import HitlClient, idempotency_key, new_intervention_id, resolve_config
 
 FINISHED_WELL = {"SUCCEEDED", "PARTIAL_SUCCEEDED", "EMPTY_SELECTION"}
 

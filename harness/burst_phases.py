@@ -16,12 +16,12 @@ import time
 from collections import Counter
 from typing import Any
 
-from deployments.serve import DEFAULT_AUTOSCALING, DEFAULT_BATCH
 from harness.bench import log, parse_at, pct
 from harness.burst_report import stage_ideal
 from harness.burst_stack import TERMINAL, WAITING, Stack, Tally, drive, error_code, sample_memory
 from harness.serve_status import executed
-from statecore.nodes import MODEL_NODES
+from hitl_review.deployments.serve import DEFAULT_AUTOSCALING, DEFAULT_BATCH
+from hitl_review.statecore.nodes import MODEL_NODES
 
 DETECT = "DETECT_SUBJECTS"
 SEGMENT = ("PROCESS_APPROVED_BOX_LIST", "SEGMENT_SUBJECT")

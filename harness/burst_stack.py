@@ -25,8 +25,8 @@ import httpx
 from harness.bench import log
 from harness.hitl_up import HitlUp, ray_token_header
 from harness.serve_status import DeploymentWatcher, metrics_url, model_node_counts, parse_node_counts
-from statecore import keys
-from statecore.store import Store
+from hitl_review.statecore import keys
+from hitl_review.statecore.store import Store
 
 TERMINAL = ("SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED", "EMPTY_SELECTION", "CANCELLED", "TIMED_OUT")
 WAITING = ("WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION", "WAITING_MASK_REVIEW")

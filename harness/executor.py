@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from statecore.models import NodeReport
-from statecore.store import Store
+from hitl_review.statecore.models import NodeReport
+from hitl_review.statecore.store import Store
 
 
 async def report(store: Store, job_id: str, output: dict[str, Any], outcome: str = "SUCCEEDED", **kw: Any) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from serve_app.redis_server import free_port
+from hitl_review.serve_app.redis_server import free_port
 
 from .proc import Child
 from .tokens import token_file
@@ -59,7 +59,7 @@ class HitlUp:
         cmd = [
             sys.executable,
             "-m",
-            "serve_app.cli",
+            "hitl_review.serve_app.cli",
             "up",
             "--data-dir",
             str(data_dir),

@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from serve_app.redis_server import free_port
+from hitl_review.serve_app.redis_server import free_port
 
 from .proc import Child
 

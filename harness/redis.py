@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from serve_app.redis_server import RedisServer, find_binary
+from hitl_review.serve_app.redis_server import RedisServer, find_binary
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from httpx_sse import ServerSentEvent
 
-from client.sse import SSEDecoder
+from hitl_review.client.sse import SSEDecoder
 
 KEEPALIVE = {"type": ":"}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from client.config import TOKEN_FILE, read_token_file, resolve_config
+from hitl_review.client.config import TOKEN_FILE, read_token_file, resolve_config
 
 # name -> (role, token) of the control plane the API and client tests talk to.
 IDENTITIES = {

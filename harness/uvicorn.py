@@ -26,11 +26,11 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from serve_app.config import Settings
-from serve_app.durability import appendfsync
-from serve_app.redis_server import RedisServer, free_port
-from serve_app.runtime import local_app
-from statecore.models import NodeCommand
+from hitl_review.serve_app.config import Settings
+from hitl_review.serve_app.durability import appendfsync
+from hitl_review.serve_app.redis_server import RedisServer, free_port
+from hitl_review.serve_app.runtime import local_app
+from hitl_review.statecore.models import NodeCommand
 
 from .proc import Child
 from .tokens import token_file

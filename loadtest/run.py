@@ -33,7 +33,7 @@ from typing import Any
 
 from harness.hitl_up import HitlUp
 from harness.uvicorn import UvicornServer
-from statecore.store import Store
+from hitl_review.statecore.store import Store
 
 from .check_invariants import Report, check, print_report
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from statecore import errors
-from statecore.store import Store
+from hitl_review.statecore import errors
+from hitl_review.statecore.store import Store
 
 
 async def measure_backlog(store: Store) -> int:

@@ -23,9 +23,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis import exceptions as redis_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from statecore import counters, deadletters, durable, errors
-from statecore.artifacts import ArtifactStore
-from statecore.models import (
+from hitl_review.statecore import counters, deadletters, durable, errors
+from hitl_review.statecore.artifacts import ArtifactStore
+from hitl_review.statecore.models import (
     CreateJobResponse,
     ImageRef,
     InterventionRequest,
@@ -34,8 +34,8 @@ from statecore.models import (
     JobResults,
     JobSnapshot,
 )
-from statecore.states import JobStatus, is_terminal
-from statecore.store import Reply, Store
+from hitl_review.statecore.states import JobStatus, is_terminal
+from hitl_review.statecore.store import Reply, Store
 
 from . import archived_writes, metrics
 from .admission import Admission
@@ -50,8 +50,8 @@ from .request_log import RequestLog, log_intervention
 from .uploads import check_image, read_upload
 
 if TYPE_CHECKING:
-    from archive.db import Archive
-    from archive.reads import ArchivedView
+    from hitl_review.archive.db import Archive
+    from hitl_review.archive.reads import ArchivedView
 
 log = logging.getLogger("hitl.api")
 
@@ -463,7 +463,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         archive = rt().archive
         if archive is None:
             raise errors.InvalidRequest("archiving is off (--no-archive): there is no live mirror to restore from")
-        from archive.mirror import reconcile as run
+        from hitl_review.archive.mirror import reconcile as run
 
         done = await run(rt().store, archive)
         log.warning("reconcile by %s: %s", identity(request).name, done["counts"])

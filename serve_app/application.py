@@ -43,9 +43,9 @@ from fastapi import FastAPI
 from pydantic import ConfigDict, model_validator
 from ray import serve
 
-from statecore.artifacts import ArtifactStore
-from statecore.execution import RunSpec
-from statecore.models import NodeCommand
+from hitl_review.statecore.artifacts import ArtifactStore
+from hitl_review.statecore.execution import RunSpec
+from hitl_review.statecore.models import NodeCommand
 
 from . import durability
 from .api import Runtime, create_app
@@ -131,7 +131,7 @@ class ServeRunner:
         return self.capacity.limits() if self.capacity is not None else {}
 
     async def run(self, cmd: NodeCommand, spec: RunSpec) -> dict[str, Any]:
-        from statecore.errors import NodeExecutionError
+        from hitl_review.statecore.errors import NodeExecutionError
 
         name = NODE_DEPLOYMENT.get(cmd.node_type)
         if name is None:
@@ -159,13 +159,13 @@ class Api:
         self, settings_json: str, events: Any, detector: Any, validator: Any, segmenter: Any, archiver: Any = None
     ) -> None:
         self.settings = Settings.model_validate_json(settings_json)
-        configure_component(self.settings.log_format)  # its hitl.* lines, in the launcher's format
+        configure_component(self.settings.log_format, self.settings.log_level)  # as the launcher writes
         drop_serve_access_lines()  # serve_app.request_log writes the line of each request instead
         self.events_handle = events
         reuse_ingress_address()  # the API port again at once after a crash (before Serve binds it)
         # The Archiver deployment runs its own loop; bound here so Serve deploys it. None: --no-archive.
         self.archiver = archiver
-        from deployments.serve import configured_max_ongoing
+        from hitl_review.deployments.serve import configured_max_ongoing
 
         # Outstanding calls per model deployment follow what Serve can start now (serve_app.capacity).
         capacity = ServeCapacity(
@@ -243,7 +243,7 @@ class Events:
 
     def __init__(self, settings_json: str) -> None:
         settings = Settings.model_validate_json(settings_json)
-        configure_component(settings.log_format)
+        configure_component(settings.log_format, settings.log_level)
         assert settings.redis_url
         self.hub = EventHub(store_for(settings, settings.redis_url))
 
@@ -255,7 +255,7 @@ class Events:
 def build_application(settings: Settings, gpu: bool | None = None) -> Any:
     """The whole application, bound; run it with ``serve.run(app, name=APP_NAME, route_prefix="/")``.
     ``gpu``: see ``deployments.serve.build_model_deployments``."""
-    from deployments.serve import build_model_deployments
+    from hitl_review.deployments.serve import build_model_deployments
 
     cfg = settings.model_dump_json()
     models = build_model_deployments(settings.backend_config(), gpu=gpu)
@@ -280,7 +280,7 @@ _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # ``hitl up`` options with no meaning inside a Serve application, and where that setting lives.
 LAUNCHER_ONLY = {
     "api_port": "http_options.port of the Serve config (serve run: --port is not an app argument)",
-    "ui_port": "the reviewer UI is started by `hitl up`, or `python -m ui --api-url …`",
+    "ui_port": "the reviewer UI is started by `hitl up`, or `python -m hitl_review.ui --api-url …`",
     "ray_address": "serve run/deploy --address, or RAY_ADDRESS",
 }
 

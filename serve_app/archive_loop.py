@@ -38,16 +38,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from statecore import archive_queue
-from statecore.archive_queue import ArchiveEntry
-from statecore.durable import reraise_if_cancelled
+from hitl_review.statecore import archive_queue
+from hitl_review.statecore.archive_queue import ArchiveEntry
+from hitl_review.statecore.durable import reraise_if_cancelled
 
 from .archiving import archive_job
 from .recovery import Recovery
 
 if TYPE_CHECKING:
-    from archive.db import Archive
-    from archive.mirror import Mirror
+    from hitl_review.archive.db import Archive
+    from hitl_review.archive.mirror import Mirror
 
 log = logging.getLogger("hitl.archiver")
 
@@ -87,7 +87,7 @@ class ArchiveLoop:
         self.mirror: Mirror | None = None
         self.recovery: Recovery | None = None
         if archive is not None:
-            from archive.mirror import Mirror
+            from hitl_review.archive.mirror import Mirror
 
             self.mirror = Mirror(store, archive)
             # The jobs a mirror pass finds gone from Redis are restored at once (no admin needed).

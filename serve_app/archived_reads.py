@@ -8,19 +8,19 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from statecore.models import Event
+from hitl_review.statecore.models import Event
 
 from .events import sse_lines
 
 if TYPE_CHECKING:
-    from archive.db import Archive
-    from archive.reads import ArchivedView
+    from hitl_review.archive.db import Archive
+    from hitl_review.archive.reads import ArchivedView
 
 
 async def archived(archive: Archive | None, job_id: str) -> ArchivedView | None:
     if archive is None:
         return None
-    from archive import reads
+    from hitl_review.archive import reads
 
     return await asyncio.to_thread(reads.lookup, archive, job_id)
 
@@ -28,7 +28,7 @@ async def archived(archive: Archive | None, job_id: str) -> ArchivedView | None:
 async def archived_events(archive: Archive, job_id: str, after: int) -> AsyncIterator[str]:
     """The job's event history after ``after`` as SSE frames; the stream ends with it (a finished
     job has no live events)."""
-    from archive import reads
+    from hitl_review.archive import reads
 
     found: list[Event] | None = await asyncio.to_thread(reads.events, archive, job_id, after)
     history = found or []

@@ -24,17 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from statecore import decide, errors, keys, rebase, scripts
-from statecore.ids import payload_hash
-from statecore.models import InterventionRequest, JobSnapshot
-from statecore.states import JobStatus
-from statecore.store import Reply, Store
+from hitl_review.statecore import decide, errors, keys, rebase, scripts
+from hitl_review.statecore.ids import payload_hash
+from hitl_review.statecore.models import InterventionRequest, JobSnapshot
+from hitl_review.statecore.states import JobStatus
+from hitl_review.statecore.store import Reply, Store
 
 from .admission import Admission
 
 if TYPE_CHECKING:
-    from archive.db import Archive
-    from archive.reads import ArchivedCreation, ArchivedView
+    from hitl_review.archive.db import Archive
+    from hitl_review.archive.reads import ArchivedCreation, ArchivedView
 
 log = logging.getLogger("hitl.archive")
 
@@ -67,7 +67,7 @@ async def keyed_creation(
     script (which answers the replay atomically) and skips admission control; without either record
     this is a new job, and only then may the backlog refuse it (429)."""
     if not await store.r.exists(keys.create_idem(submitter, idem_key)):
-        from archive import reads
+        from hitl_review.archive import reads
 
         found: ArchivedCreation | None = await _read(archive, reads.creation, submitter, idem_key)
         if found is not None:
@@ -80,7 +80,7 @@ async def keyed_creation(
 
 
 async def _view(archive: Archive | None, job_id: str, missing: errors.JobNotFound) -> ArchivedView:
-    from archive import reads
+    from hitl_review.archive import reads
 
     view: ArchivedView | None = await _read(archive, reads.job, job_id)
     if view is None:
@@ -115,7 +115,7 @@ async def intervene(store: Store, archive: Archive | None, job_id: str, req: Int
         return await store.intervene(job_id, req, who)
     except errors.JobNotFound as missing:
         view = await _view(archive, job_id, missing)
-    from archive import reads
+    from hitl_review.archive import reads
 
     snap: JobSnapshot = view.snapshot
     decide.check_bboxes_in_image(req.subjects, snap.image.width, snap.image.height)

@@ -41,7 +41,7 @@ class Archiver:
 
     def __init__(self, settings_json: str) -> None:
         self.settings = Settings.model_validate_json(settings_json)
-        configure_component(self.settings.log_format)
+        configure_component(self.settings.log_format, self.settings.log_level)
         self.loop: ArchiveLoop | None = None
         self._task: asyncio.Task[None] | None = None
         try:

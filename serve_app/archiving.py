@@ -14,12 +14,12 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from statecore.errors import JobNotFound
+from hitl_review.statecore.errors import JobNotFound
 
 from .config import Settings
 
 if TYPE_CHECKING:
-    from archive.db import Archive
+    from hitl_review.archive.db import Archive
 
 log = logging.getLogger("hitl.archiving")
 
@@ -27,8 +27,8 @@ COPIES = 3  # a job that keeps moving while it is copied (late events): try this
 
 
 def _open(url: str) -> Archive:
-    from archive import migrate
-    from archive.db import Archive
+    from hitl_review.archive import migrate
+    from hitl_review.archive.db import Archive
 
     migrate.upgrade(url)  # creates or upgrades the schema (Alembic); a no-op when at head
     return Archive(url)
@@ -38,7 +38,7 @@ async def open_archive(settings: Settings) -> Archive | None:
     """The archive the settings name, its schema at head; None when archiving is off."""
     if not settings.archive:
         return None
-    from archive.db import archive_url
+    from hitl_review.archive.db import archive_url
 
     url = archive_url(settings.data_dir, settings.archive_url)
     archive = await asyncio.to_thread(_open, url)
@@ -51,7 +51,7 @@ async def archive_job(store: Any, archive: Archive | None, job_id: str) -> str:
     (archiving turned off since the job ended) the records' retention starts as they are."""
     if archive is None:
         return str(await store.archive_ack(job_id, None))
-    from archive.archiver import copy_job
+    from hitl_review.archive.archiver import copy_job
 
     result = "STALE"
     for _ in range(COPIES):

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Query, Request
 
-from statecore import errors
-from statecore.artifacts import ArtifactStore
+from hitl_review.statecore import errors
+from hitl_review.statecore.artifacts import ArtifactStore
 
 if TYPE_CHECKING:
-    from archive.db import Archive
-    from statecore.store import Store
+    from hitl_review.archive.db import Archive
+    from hitl_review.statecore.store import Store
 
 log = logging.getLogger("hitl.api")
 
@@ -39,7 +39,7 @@ def add_artifact_gc_route(
         archive = archive_of()
         if archive is None:
             raise errors.InvalidRequest("archiving is off (--no-archive): only archived jobs' artifacts are collected")
-        from archive.gc import collect
+        from hitl_review.archive.gc import collect
 
         done = await collect(store_of(), archive, artifacts_of(), older_than_days, dry_run=dry_run)
         log.warning("artifact gc by %s: %d deleted%s", who(request), len(done.deleted), " (dry run)" if dry_run else "")

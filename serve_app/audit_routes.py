@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel
 
-from statecore import audit, errors, keys
+from hitl_review.statecore import audit, errors, keys
 
 if TYPE_CHECKING:
-    from archive.db import Archive
-    from statecore.store import Store
+    from hitl_review.archive.db import Archive
+    from hitl_review.statecore.store import Store
 
 log = logging.getLogger("hitl.api")
 
@@ -66,7 +66,7 @@ def _body(found: dict[str, Any]) -> AuditLog:
 async def _archived_log(archive: Archive | None, job_id: str) -> dict[str, Any] | None:
     if archive is None:
         return None
-    from archive import reads
+    from hitl_review.archive import reads
 
     return await asyncio.to_thread(reads.audit, archive, job_id)
 
@@ -77,7 +77,7 @@ async def _all_job_ids(store: Store, archive: Archive | None, after: str, limit:
     for p in range(keys.PARTITIONS):
         ids.update(await store.r.zrange(keys.jobs(p), 0, -1))
     if archive is not None:
-        from archive import reads
+        from hitl_review.archive import reads
 
         ids.update(await asyncio.to_thread(reads.job_ids, archive))
     ordered = sorted(i for i in ids if i > after)

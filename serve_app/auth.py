@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from statecore.errors import Forbidden, Unauthorized
+from hitl_review.statecore.errors import Forbidden, Unauthorized
 
 log = logging.getLogger("hitl.auth")
 

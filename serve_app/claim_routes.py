@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from fastapi import FastAPI, Query, Request
 
-from statecore.models import Claim, ClaimReleased
-from statecore.store import Store
+from hitl_review.statecore.models import Claim, ClaimReleased
+from hitl_review.statecore.store import Store
 
 log = logging.getLogger("hitl.api")
 

@@ -18,8 +18,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from archive.cli import add_export_command, add_upgrade_command
-from client.commands import HelpFormatter, add_client_commands
+from hitl_review.archive.cli import add_export_command, add_upgrade_command
+from hitl_review.client.commands import HelpFormatter, add_client_commands
 
 from .standalone import add_arguments as add_dispatcher_arguments
 
@@ -387,8 +387,7 @@ def _run_up(args: argparse.Namespace) -> int:
         from .launcher import settings_from_args, up
         from .preflight import UpError, check, exit_code_of
     except ModuleNotFoundError as exc:
-        top = (exc.name or "").partition(".")[0]
-        if top in {"serve_app", "statecore", "deployments", "ui", "client"}:
+        if (exc.name or "").partition(".")[0] == "hitl_review":  # our own: a broken install, not an extra
             raise
         print(SERVER_EXTRA_HINT.format(command=args.command, name=exc.name), file=sys.stderr)
         return 2
@@ -431,7 +430,7 @@ def _run_dispatcher(args: argparse.Namespace) -> int:
 
 def _demo_submitter(data_dir: Path) -> Callable[[str, str | None], None]:
     def submit(api_url: str, token: str | None) -> None:
-        from client import HitlClient
+        from hitl_review.client import HitlClient
 
         from .samples import write_samples
 

@@ -7,6 +7,7 @@ Set from `hitl up` flags, environment variables and an optional YAML/TOML file
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import tomllib
 from pathlib import Path
@@ -97,6 +98,13 @@ class Settings(BaseModel):
     # How the control plane's lines are written (README § Logs): json (one object per line), text, or
     # auto: text on a terminal, json otherwise (hitl up resolves it, so its replicas write the same).
     log_format: Literal["auto", "json", "text"] = "auto"
+    # hitl up --verbose: DEBUG in every process of the control plane (the replicas too), so a read's
+    # line (serve_app.request_log) shows wherever the request was served.
+    verbose: bool = False
+
+    @property
+    def log_level(self) -> int:
+        return logging.DEBUG if self.verbose else logging.INFO
 
     @property
     def artifacts(self) -> str:

@@ -33,14 +33,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from statecore import deadletters, keys
-from statecore.durable import reraise_if_cancelled
-from statecore.errors import NodeExecutionError
-from statecore.execution import NODE_DEADLINE_EXCEEDED, RunSpec, not_started, run_started
-from statecore.models import NodeCommand, NodeReport
-from statecore.nodes import CONTROL_PLANE_NODES, parse_output
-from statecore.outbox import OutboxEntry
-from statecore.store import Store
+from hitl_review.statecore import deadletters, keys
+from hitl_review.statecore.durable import reraise_if_cancelled
+from hitl_review.statecore.errors import NodeExecutionError
+from hitl_review.statecore.execution import NODE_DEADLINE_EXCEEDED, RunSpec, not_started, run_started
+from hitl_review.statecore.models import NodeCommand, NodeReport
+from hitl_review.statecore.nodes import CONTROL_PLANE_NODES, parse_output
+from hitl_review.statecore.outbox import OutboxEntry
+from hitl_review.statecore.store import Store
 
 from . import metrics
 from .capacity import Slots
@@ -424,7 +424,7 @@ class LocalRunner:
         return self._limits
 
     async def run(self, cmd: NodeCommand, spec: RunSpec) -> dict[str, Any]:
-        from deployments.executor import run_node
+        from hitl_review.deployments.executor import run_node
 
         def work() -> Awaitable[dict[str, Any]]:
             compute = functools.partial(run_node, cmd.node_type, cmd.input, self.models, self.artifacts)

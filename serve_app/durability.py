@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from statecore.store import Store
+from hitl_review.statecore.store import Store
 
 log = logging.getLogger("hitl.durability")
 

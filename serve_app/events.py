@@ -30,9 +30,9 @@ import socket
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
-from statecore import keys, watchers
-from statecore.models import Event
-from statecore.store import Store
+from hitl_review.statecore import keys, watchers
+from hitl_review.statecore.models import Event
+from hitl_review.statecore.store import Store
 
 log = logging.getLogger("hitl.events")
 

@@ -34,10 +34,10 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
-from statecore import keys
-from statecore.errors import JobNotFound
-from statecore.models import CurrentNode, NodeReport
-from statecore.store import Store
+from hitl_review.statecore import keys
+from hitl_review.statecore.errors import JobNotFound
+from hitl_review.statecore.models import CurrentNode, NodeReport
+from hitl_review.statecore.store import Store
 
 from . import metrics
 

@@ -115,6 +115,7 @@ def up(
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     # Resolved here (a terminal: text; else json), so that the replicas write what this process writes.
     settings.log_format = setup_logging(settings.data_dir, verbose, settings.log_format)
+    settings.verbose = verbose
     DataDirLock(settings.data_dir).acquire()
     stop = threading.Event()
     stopper = Stopper()
@@ -279,7 +280,7 @@ def _start_ui(
 ) -> tuple[subprocess.Popen, str]:
     """Start the UI and wait until it answers; a stop meanwhile returns at once (it is stopped next)."""
     port = settings.ui_port or free_port()
-    args = [sys.executable, "-m", "ui", "--api-url", api_url, "--host", settings.host, "--port", str(port)]
+    args = [sys.executable, "-m", "hitl_review.ui", "--api-url", api_url, "--host", settings.host, "--port", str(port)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # its lines reach ui.log as they are written
     if token:
         env["HITL_TOKEN"] = token
@@ -334,7 +335,7 @@ def parse_node_timeouts(items: list[str] | None) -> dict[str, float] | None:
     """``["SEGMENT_SUBJECT=900", …]`` → {node type: seconds}; a bad item stops with a clear message."""
     if not items:
         return None
-    from statecore.states import NodeType
+    from hitl_review.statecore.states import NodeType
 
     out: dict[str, float] = {}
     for item in items:

@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from statecore import counters, keys, watchers
-from statecore.counters import STATUSES, Coverage, Snapshot
+from hitl_review.statecore import counters, keys, watchers
+from hitl_review.statecore.counters import STATUSES, Coverage, Snapshot
 
 from .shared_metrics import Shared
 

@@ -93,7 +93,7 @@ def check(settings: Settings) -> None:
 
 def _option_of(settings: Settings, role: str, key: str) -> Any:
     """``key`` from the ``options`` of ``role``'s section of the ``--config`` file (it overrides the flag)."""
-    from deployments.executor import deployment_overrides
+    from hitl_review.deployments.executor import deployment_overrides
 
     name = {"detector": "Detector", "validator": "BoxValidator", "segmenter": "Segmenter"}[role]
     options = deployment_overrides({"deployments": settings.models}, role, name).get("options") or {}

@@ -37,10 +37,11 @@ from .redis_server import free_port
 log = logging.getLogger("hitl.ray")
 
 DEFAULT_DASHBOARD_PORT = 8265  # Ray's
-# The project's packages the Serve application imports (its replicas, and the builder): the one list
-# of what a cluster needs. Shipped to every node of a joined cluster (runtime_env), copied into the
-# KubeRay image (deploy/kuberay/Dockerfile); tests/test_cluster_packages.py checks both against the
-# import graph of serve_app.application, serve_app.archiver_deployment and deployments.serve.
+# The project's packages (under hitl_review) the Serve application imports (its replicas, and the
+# builder): the one list of what a cluster needs. Shipped to every node of a joined cluster inside the
+# hitl_review package (runtime_env), copied into the KubeRay image (deploy/kuberay/Dockerfile);
+# tests/test_cluster_packages.py checks both against the import graph of serve_app.application,
+# serve_app.archiver_deployment and deployments.serve.
 REPLICA_PACKAGES = ("statecore", "serve_app", "deployments", "archive")
 RUNTIME_ENV_EXCLUDES = ["__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache"]
 
@@ -175,10 +176,11 @@ def dashboard_port(requested: int | None, host: str) -> int | None:
 
 
 def runtime_env() -> dict[str, Any]:
-    """The job's runtime environment on a joined cluster: the replicas' packages, found where this
-    process imports them from (a checkout or an installed wheel alike)."""
-    modules = [str(Path(importlib.import_module(name).__file__ or "").parent) for name in REPLICA_PACKAGES]
-    return {"py_modules": modules, "excludes": list(RUNTIME_ENV_EXCLUDES)}
+    """The job's runtime environment on a joined cluster: the hitl_review package, found where this
+    process imports it from (a checkout, whose subpackages are links Ray's packing follows, or an
+    installed wheel alike); the UI and the client ride along (small, and imported by no replica)."""
+    package = Path(importlib.import_module("hitl_review").__file__ or "").parent
+    return {"py_modules": [str(package)], "excludes": list(RUNTIME_ENV_EXCLUDES)}
 
 
 def start(
@@ -284,7 +286,7 @@ def sqlite_archive(settings: Settings) -> str | None:
     ``<data_dir>/archive.sqlite3``); None when archiving is off or the archive is another database."""
     if not settings.archive:
         return None
-    from archive.db import archive_url
+    from hitl_review.archive.db import archive_url
 
     url = archive_url(settings.data_dir, settings.archive_url)
     return url if url.startswith("sqlite") else None

@@ -30,14 +30,14 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from statecore import errors
-from statecore.ids import now_iso
+from hitl_review.statecore import errors
+from hitl_review.statecore.ids import now_iso
 
 from . import metrics
 from .store_reset import write_incident
 
 if TYPE_CHECKING:
-    from archive.db import Archive
+    from hitl_review.archive.db import Archive
 
 log = logging.getLogger("hitl.recovery")
 
@@ -64,7 +64,7 @@ class Recovery:
     async def _restore_one(self, job_id: str) -> bool:
         from sqlalchemy.exc import SQLAlchemyError
 
-        from archive.mirror import reconcile
+        from hitl_review.archive.mirror import reconcile
 
         try:
             done = await reconcile(self.store, self.archive, [job_id], actor="recovery")
@@ -84,7 +84,7 @@ class Recovery:
     async def restore_lost(self, job_ids: list[str]) -> dict[str, Any] | None:
         """Restore the followed jobs Redis no longer holds; the incident report, or None when there
         was nothing to restore."""
-        from archive.mirror import reconcile
+        from hitl_review.archive.mirror import reconcile
 
         if not job_ids:
             return None
@@ -117,7 +117,7 @@ class Recovery:
         """Before a creation or an intervention is answered under ``--durability strict``: the job's
         mirror row as Redis now holds it, so a Redis that comes back empty gives back what the
         client was told. A failure is a 503 (the client retries; its replay writes the row again)."""
-        from archive.mirror import mirror_now
+        from hitl_review.archive.mirror import mirror_now
 
         try:
             await mirror_now(self.store, self.archive, job_id)

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from statecore.artifacts import ArtifactStore
+from hitl_review.statecore.artifacts import ArtifactStore
 
 from . import durability
 from .api import Runtime, create_app
@@ -58,7 +58,7 @@ def make_dispatcher(
 
 
 def local_models(settings: Settings) -> Any:
-    from deployments.executor import build_models
+    from hitl_review.deployments.executor import build_models
 
     return build_models(settings.backend_config())
 

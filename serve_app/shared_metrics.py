@@ -24,7 +24,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from statecore.durable import reraise_if_cancelled
+from hitl_review.statecore.durable import reraise_if_cancelled
 
 log = logging.getLogger("hitl.metrics")
 

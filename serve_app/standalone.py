@@ -1,5 +1,5 @@
 """A standalone dispatcher next to a running deployment (``hitl dispatcher``, or
-``python -m serve_app.standalone``): for more dispatch capacity than the API replicas give, and for
+``python -m hitl_review.serve_app.standalone``): for more dispatch capacity than the API replicas give, and for
 the crash tests.
 
 It is built like the deployment's own dispatchers, from the deployment's settings: the ones
@@ -51,11 +51,20 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-s", type=float, default=None, help="renew a running node's heartbeat this often")
     p.add_argument("--heartbeat-lapse-s", type=float, default=None, help="a heartbeat older than this: executor lost")
     p.add_argument("--inspector-period-s", type=float, default=None)
+    p.add_argument(
+        "--log-format",
+        choices=("auto", "json", "text"),
+        default=None,
+        help="json: one object per line; text; auto: text on a terminal (default: the deployment's)",
+    )
+    p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return p
 
 
 def parser() -> argparse.ArgumentParser:
-    return add_arguments(argparse.ArgumentParser(prog="python -m serve_app.standalone", description=__doc__))
+    return add_arguments(
+        argparse.ArgumentParser(prog="python -m hitl_review.serve_app.standalone", description=__doc__)
+    )
 
 
 def settings_for(args: argparse.Namespace) -> Settings:
@@ -68,7 +77,7 @@ def settings_for(args: argparse.Namespace) -> Settings:
     if base is None:
         if not given.get("redis_url"):
             raise SystemExit(
-                f"python -m serve_app.dispatcher: no deployment settings in {data_dir} (hitl up never ran there): "
+                f"hitl dispatcher: no deployment settings in {data_dir} (hitl up never ran there): "
                 "pass --data-dir of the deployment, or --redis-url"
             )
         log.warning("no %s/deployment.json: default settings plus the flags given", data_dir)
@@ -78,16 +87,21 @@ def settings_for(args: argparse.Namespace) -> Settings:
 
 def run(args: argparse.Namespace) -> int:
     """Run the dispatcher until Ctrl-C or SIGTERM."""
-    from deployments.executor import build_models
-    from statecore.artifacts import ArtifactStore
+    from hitl_review.deployments.executor import build_models
+    from hitl_review.statecore.artifacts import ArtifactStore
 
     from . import metrics
     from .dispatcher import LocalRunner
+    from .logging_setup import configure_component
     from .runtime import make_dispatcher
     from .stores import store_for
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_for(args)
+    if args.verbose:
+        settings.verbose = True
+    # The control plane's format (the deployment's, or --log-format), on stderr like a replica's.
+    configure_component(args.log_format or settings.log_format, settings.log_level)
+    log.debug("effective settings: %s", settings.model_dump_json(exclude={"tokens"}))
     assert settings.redis_url
     log.info(
         "standalone dispatcher on %s: archive %s, retention %ds, node timeout %gs, %d attempts",

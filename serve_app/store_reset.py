@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from statecore import identity
-from statecore.ids import now_iso
+from hitl_review.statecore import identity
+from hitl_review.statecore.ids import now_iso
 
 from . import metrics
 

@@ -5,7 +5,7 @@ deployment's (a store built with defaults started finished jobs' retention witho
 
 from __future__ import annotations
 
-from statecore.store import Store, StoreConfig
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .config import Settings
 

@@ -23,8 +23,8 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect, Request
 
-from statecore.errors import InvalidRequest, PayloadTooLarge
-from statecore.media import sniff
+from hitl_review.statecore.errors import InvalidRequest, PayloadTooLarge
+from hitl_review.statecore.media import sniff
 
 EXTENSIONS = {"png": "png", "jpeg": "jpg", "webp": "webp"}
 PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}

@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from statecore import counters, deadletters
-from statecore.durable import reraise_if_cancelled, store_unavailable
-from statecore.models import NodeReport
-from statecore.outbox import OutboxEntry
-from statecore.store import Store
+from hitl_review.statecore import counters, deadletters
+from hitl_review.statecore.durable import reraise_if_cancelled, store_unavailable
+from hitl_review.statecore.models import NodeReport
+from hitl_review.statecore.outbox import OutboxEntry
+from hitl_review.statecore.store import Store
 
 from . import metrics
 

@@ -46,7 +46,7 @@ MINUTE_MS = 60_000
 HORIZON_S = 6 * 3600  # = HORIZON minutes in _lib.lua: the longest coverage window
 RUNNING_CANDIDATES = 4  # per partition, nearest deadlines read for the oldest running node
 
-_LUA = resources.files("statecore") / "lua"
+_LUA = resources.files("hitl_review.statecore") / "lua"
 _PRUNE = (_LUA / "prune_finished.lua").read_text()
 _READ = (_LUA / "read_counts.lua").read_text()
 

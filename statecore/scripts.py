@@ -25,7 +25,7 @@ STANDALONE = ("heartbeat", "lease", "archive_requeue")  # touch no job state: no
 @cache
 def source(name: str) -> str:
     """The full text sent to Redis: the shared prologue (state-changing scripts), then the operation."""
-    lua = resources.files("statecore") / "lua"
+    lua = resources.files("hitl_review.statecore") / "lua"
     body = (lua / f"{name}.lua").read_text()
     return body if name in STANDALONE else (lua / "_lib.lua").read_text() + "\n" + body
 

@@ -12,8 +12,8 @@ from PIL import Image
 
 from harness.sse import read_events
 from harness.tokens import auth
-from serve_app.samples import product_composite
-from statecore.states import TERMINAL
+from hitl_review.serve_app.samples import product_composite
+from hitl_review.statecore.states import TERMINAL
 
 
 def png(width: int = 64, height: int = 48, colour: tuple[int, int, int] = (200, 30, 30)) -> bytes:

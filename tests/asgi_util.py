@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 
 from harness.tokens import TOKENS_SPEC
-from serve_app.api import Runtime, create_app
-from serve_app.auth import Authenticator
-from serve_app.config import Settings
-from statecore.artifacts import ArtifactStore
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.api import Runtime, create_app
+from hitl_review.serve_app.auth import Authenticator
+from hitl_review.serve_app.config import Settings
+from hitl_review.statecore.artifacts import ArtifactStore
+from hitl_review.statecore.store import Store, StoreConfig
 
 BASE_URL = "http://asgi"
 

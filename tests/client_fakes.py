@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from PIL import Image
 
-from client import AsyncHitlClient, HitlClient
+from hitl_review.client import AsyncHitlClient, HitlClient
 
 BASE = "http://hitl.test"
 JOB = "job_0123456789abcdef0123"

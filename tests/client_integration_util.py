@@ -17,16 +17,16 @@ from typing import Any
 import httpx
 import pytest
 
-from client import (
+from harness.tokens import TOKENS
+from hitl_review.client import (
     ApiError,
     ConnectionFailed,
     HitlClient,
     new_intervention_id,
 )
-from harness.tokens import TOKENS
-from serve_app.cli import main as hitl_main
-from serve_app.samples import product_composite
-from statecore.models import JobSnapshot
+from hitl_review.serve_app.cli import main as hitl_main
+from hitl_review.serve_app.samples import product_composite
+from hitl_review.statecore.models import JobSnapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 HITL = ROOT / ".venv" / "bin" / "hitl"

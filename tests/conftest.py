@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from archive import migrate
-from archive.db import Archive
 from harness.ci import require_binary
 from harness.postgres import PostgresServer, require_postgres
 from harness.redis import RedisCluster
 from harness.tokens import TOKENS_SPEC
 from harness.uvicorn import LocalServer
-from serve_app.redis_server import RedisServer
-from statecore.models import ImageRef
-from statecore.store import Store, StoreConfig
+from hitl_review.archive import migrate
+from hitl_review.archive.db import Archive
+from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.statecore.models import ImageRef
+from hitl_review.statecore.store import Store, StoreConfig
 from tests.client_fakes import CLIENT_KINDS, ClientFactory, client_factory
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 
 from harness.executor import report
-from statecore.models import ImageRef, InterventionRequest, NodeReport
-from statecore.store import Store
+from hitl_review.statecore.models import ImageRef, InterventionRequest, NodeReport
+from hitl_review.statecore.store import Store
 
 THREE_BOXES = [
     {"bbox": [10, 10, 100, 120], "label": "shoe", "score": 0.93},
@@ -61,7 +61,7 @@ async def footprint(store: Store, job_id: str) -> dict:
     The audit log is not the job's state: a refused action is recorded there on purpose
     (docs/protocol.md § Audit), so its head fields are left out of the meta; :func:`audit_tail`
     shows what was recorded."""
-    from statecore import keys
+    from hitl_review.statecore import keys
 
     jk = keys.job(job_id)
     meta = await store.r.hgetall(jk.meta)

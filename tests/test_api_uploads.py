@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 from starlette.requests import Request
 
-import serve_app.api
-from statecore.errors import PayloadTooLarge
+from hitl_review.serve_app import api as serve_api
+from hitl_review.statecore.errors import PayloadTooLarge
 
 from .api_util import auth, get, submit, wait_status
 
@@ -90,7 +90,7 @@ def test_a_streamed_body_over_the_limit_is_413_and_nothing_is_created(c, api_ser
 
 async def test_read_upload_never_pulls_or_buffers_more_than_the_limit():
     """The reader stops pulling body chunks once the image part passes the limit."""
-    from serve_app.uploads import read_upload
+    from hitl_review.serve_app.uploads import read_upload
 
     limit, chunk = 200_000, 8192
     pulled = 0
@@ -126,7 +126,7 @@ def test_decoding_runs_off_the_event_loop(c, monkeypatch):
     """The decode and hash of an upload run in a worker thread, not on the loop that also serves
     the API and the dispatcher."""
     seen: list[bool] = []
-    original = serve_app.api.check_image
+    original = serve_api.check_image
 
     def spy(*args, **kwargs):
         try:
@@ -136,7 +136,7 @@ def test_decoding_runs_off_the_event_loop(c, monkeypatch):
             seen.append(False)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(serve_app.api, "check_image", spy)
+    monkeypatch.setattr(serve_api, "check_image", spy)
     r = submit(c, _png((64, 48), "RGB"))
     assert r.status_code == 202, r.text
     assert seen == [False], "check_image ran on the event loop"

@@ -11,7 +11,10 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("statecore", "serve_app", "deployments", "ui", "client", "loadtest", "harness", "archive")
+# The product under its one import name (the repository's top-level folders, linked under
+# hitl_review/), and the test code that imports it.
+PRODUCT = ("statecore", "serve_app", "deployments", "ui", "client", "archive")
+PACKAGES = ("hitl_review", "loadtest", "harness")
 MAX_LINES = 520  # "about 500"
 LONG_REASON = "Why this module is long:"
 
@@ -68,9 +71,40 @@ def test_no_import_cycles_among_the_projects_modules():
 
 def test_the_state_core_imports_no_serving_stack():
     graph = grimp.build_graph(*PACKAGES, "ray", "fastapi", "gradio", "torch", cache_dir=None)
-    for heavy in ("ray", "fastapi", "gradio", "torch", "serve_app", "deployments", "ui"):
-        chain = graph.find_shortest_chain(importer="statecore", imported=heavy, as_packages=True)
+    for heavy in (
+        "ray",
+        "fastapi",
+        "gradio",
+        "torch",
+        "hitl_review.serve_app",
+        "hitl_review.deployments",
+        "hitl_review.ui",
+    ):
+        chain = graph.find_shortest_chain(importer="hitl_review.statecore", imported=heavy, as_packages=True)
         assert chain is None, f"statecore reaches {heavy}: {' -> '.join(chain)}"
+
+
+def test_the_product_is_imported_through_its_namespace_only():
+    """``from statecore import …`` would load a second copy of a module beside ``hitl_review.statecore``
+    (two registries, two metric sets) and fails in an installed wheel, which has no ``statecore``."""
+    bare = []
+    for path in _tracked_python():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            bare += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in PRODUCT]
+    assert bare == [], bare[:20]
+
+
+def test_every_top_level_folder_of_the_product_is_linked_in_the_namespace():
+    for name in PRODUCT:
+        link = ROOT / "hitl_review" / name
+        assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), link
 
 
 def test_no_module_is_over_about_500_lines_without_a_reason_at_its_top():

@@ -23,16 +23,24 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 
-from archive import migrate, reads
-from archive.archiver import Copied, NotFinished, archive_finished, archive_job, copy_job, read_job, write_record
-from archive.cli import add_upgrade_command
-from archive.db import Archive
-from archive.schema import ArchivedEvent, ArchivedJob, ArchivedPause, ArtifactRef, AuditEntry, Base
 from harness.tokens import auth
-from serve_app.events import sse_frame
-from statecore.models import JobResults, NodeReport
-from statecore.states import JobStatus as S
-from statecore.store import Store
+from hitl_review.archive import migrate, reads
+from hitl_review.archive.archiver import (
+    Copied,
+    NotFinished,
+    archive_finished,
+    archive_job,
+    copy_job,
+    read_job,
+    write_record,
+)
+from hitl_review.archive.cli import add_upgrade_command
+from hitl_review.archive.db import Archive
+from hitl_review.archive.schema import ArchivedEvent, ArchivedJob, ArchivedPause, ArtifactRef, AuditEntry, Base
+from hitl_review.serve_app.events import sse_frame
+from hitl_review.statecore.models import JobResults, NodeReport
+from hitl_review.statecore.states import JobStatus as S
+from hitl_review.statecore.store import Store
 
 from .api_util import blank_with_product, intervene, keep_all, submit, wait_status
 from .helpers import THREE_BOXES, iv, keep, manual, report, validate, waiting_job
@@ -279,9 +287,9 @@ async def test_two_archivers_racing_leave_one_copy(store, image, archive):
 
 KILLED_COPY = """
 import asyncio, sys, time
-from archive.archiver import archive_job
-from archive.db import Archive
-from statecore.store import Store
+from hitl_review.archive.archiver import archive_job
+from hitl_review.archive.db import Archive
+from hitl_review.statecore.store import Store
 
 def stop_here():
     print("WRITTEN", flush=True)

@@ -6,8 +6,8 @@ that went further answers STALE. With archiving off, retention starts at once.""
 
 from __future__ import annotations
 
-from statecore import archive_queue, keys
-from statecore.store import Store, StoreConfig
+from hitl_review.statecore import archive_queue, keys
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .helpers import waiting_job
 

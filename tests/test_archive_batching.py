@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest_asyncio
 
-from serve_app.archive_loop import ArchiveLoop
-from statecore import archive_queue, deadletters, keys
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.archive_loop import ArchiveLoop
+from hitl_review.statecore import archive_queue, deadletters, keys
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .helpers import waiting_job
 

@@ -23,15 +23,15 @@ from typing import Any
 import pytest_asyncio
 from sqlalchemy import select
 
-from archive import migrate, reads
-from archive.db import Archive
-from archive.schema import LiveMirror
-from serve_app.archive_loop import ArchiveLoop
-from serve_app.archiving import archive_job
-from serve_app.dispatcher import Dispatcher
-from statecore import archive_queue, deadletters, keys
-from statecore.models import NodeCommand
-from statecore.store import Store, StoreConfig
+from hitl_review.archive import migrate, reads
+from hitl_review.archive.db import Archive
+from hitl_review.archive.schema import LiveMirror
+from hitl_review.serve_app.archive_loop import ArchiveLoop
+from hitl_review.serve_app.archiving import archive_job
+from hitl_review.serve_app.dispatcher import Dispatcher
+from hitl_review.statecore import archive_queue, deadletters, keys
+from hitl_review.statecore.models import NodeCommand
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .helpers import THREE_BOXES, waiting_job
 

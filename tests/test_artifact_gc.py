@@ -13,15 +13,15 @@ from typing import Any
 
 from sqlalchemy import update
 
-from archive.archiver import copy_job
-from archive.db import Archive
-from archive.gc import collect
-from archive.schema import ArchivedJob
-from serve_app import cli
-from statecore import keys
-from statecore.artifacts import ArtifactStore
-from statecore.models import ImageRef
-from statecore.store import Store
+from hitl_review.archive.archiver import copy_job
+from hitl_review.archive.db import Archive
+from hitl_review.archive.gc import collect
+from hitl_review.archive.schema import ArchivedJob
+from hitl_review.serve_app import cli
+from hitl_review.statecore import keys
+from hitl_review.statecore.artifacts import ArtifactStore
+from hitl_review.statecore.models import ImageRef
+from hitl_review.statecore.store import Store
 
 from .helpers import waiting_job
 from .test_archive import finished_job

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 
-from statecore.artifacts import ArtifactStore
+from hitl_review.statecore.artifacts import ArtifactStore
 
 
 def test_concurrent_puts_of_the_same_image_all_succeed_and_readers_see_whole_files(tmp_path):

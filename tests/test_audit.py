@@ -19,16 +19,16 @@ import httpx
 import pytest
 from sqlalchemy import delete, select, update
 
-from archive.archiver import copy_job
-from archive.db import Archive
-from archive.schema import AuditEntry
 from harness.tokens import auth
-from serve_app import cli
-from serve_app.archiving import archive_job
-from serve_app.audit_routes import verify_job
-from statecore import archive_queue, audit, errors, keys
-from statecore.models import NodeReport
-from statecore.store import Store
+from hitl_review.archive.archiver import copy_job
+from hitl_review.archive.db import Archive
+from hitl_review.archive.schema import AuditEntry
+from hitl_review.serve_app import cli
+from hitl_review.serve_app.archiving import archive_job
+from hitl_review.serve_app.audit_routes import verify_job
+from hitl_review.statecore import archive_queue, audit, errors, keys
+from hitl_review.statecore.models import NodeReport
+from hitl_review.statecore.store import Store
 
 from .api_util import blank_with_product, intervene, keep_all, submit, wait_status
 from .helpers import THREE_BOXES, iv, keep, report, waiting_job
@@ -203,7 +203,7 @@ async def test_a_live_chain_rewritten_end_to_end_disagrees_with_the_archive(
 ) -> None:
     """Someone who can write Redis recomputes every hash after the entry they change: Redis's copy
     verifies on its own; the copy the archive took earlier does not agree with it."""
-    from archive import migrate
+    from hitl_review.archive import migrate
 
     url = f"sqlite:///{tmp_path / 'archive.sqlite3'}"
     migrate.upgrade(url)
@@ -272,8 +272,8 @@ def test_audit_route_and_verify_audit_command(api_server: Any, capsys: pytest.Ca
 
 async def _archiving_store(redis_server: Any, tmp_path: Any) -> tuple[Store, Archive]:
     """A store with archiving on, and an SQLite archive at head."""
-    from archive import migrate
-    from statecore.store import StoreConfig
+    from hitl_review.archive import migrate
+    from hitl_review.statecore.store import StoreConfig
 
     url = f"sqlite:///{tmp_path / 'archive.sqlite3'}"
     await asyncio.to_thread(migrate.upgrade, url)
@@ -360,7 +360,7 @@ async def test_a_burst_of_refusals_on_a_finished_job_queues_one_copy(
 
 
 def _archived_trail(archive: Archive, job_id: str) -> list[tuple[str, str, str]]:
-    from archive import reads
+    from hitl_review.archive import reads
 
     log = reads.audit(archive, job_id)
     assert log is not None

@@ -15,13 +15,13 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from archive import migrate
-from archive.archiver import copy_job
-from archive.db import Archive
-from serve_app.audit_routes import verify_job
-from statecore import audit, errors
-from statecore.models import ImageRef, NodeReport
-from statecore.store import Store, StoreConfig
+from hitl_review.archive import migrate
+from hitl_review.archive.archiver import copy_job
+from hitl_review.archive.db import Archive
+from hitl_review.serve_app.audit_routes import verify_job
+from hitl_review.statecore import audit, errors
+from hitl_review.statecore.models import ImageRef, NodeReport
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .helpers import iv, keep, manual
 

@@ -31,7 +31,7 @@ import yaml
 from harness.ci import require_binary
 from harness.hitl_up import HitlUp
 from harness.tokens import TOKENS_SPEC, auth
-from statecore import keys
+from hitl_review.statecore import keys
 from tests.api_util import blank_with_product, get, submit, wait_status
 
 pytestmark = [pytest.mark.faults, pytest.mark.ray, pytest.mark.slow]

@@ -13,12 +13,12 @@ from datetime import datetime
 
 import pytest
 
-from client import AsyncHitlClient, ConflictError
-from client.times import parse_time
 from harness.tokens import TOKENS, auth
-from statecore import keys
-from statecore.errors import ClaimedByOther, PauseNotActive
-from statecore.store import StoreConfig
+from hitl_review.client import AsyncHitlClient, ConflictError
+from hitl_review.client.times import parse_time
+from hitl_review.statecore import keys
+from hitl_review.statecore.errors import ClaimedByOther, PauseNotActive
+from hitl_review.statecore.store import StoreConfig
 
 from .asgi_util import BASE_URL, asgi_client, asgi_transport
 from .helpers import create, footprint, iv, keep, waiting_job

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from harness.ci import require_binary
-from serve_app import cli, config
-from serve_app.config import Settings
-from serve_app.redis_server import RedisServer, free_port
+from hitl_review.serve_app import cli, config
+from hitl_review.serve_app.config import Settings
+from hitl_review.serve_app.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # From the caller's shell they would point `hitl up` elsewhere.
@@ -41,7 +41,7 @@ def hitl(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60) 
     full = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV}
     full.update(PYTHONUNBUFFERED="1", **(env or {}))
     return subprocess.run(
-        [sys.executable, "-m", "serve_app.cli", *args],
+        [sys.executable, "-m", "hitl_review.serve_app.cli", *args],
         env=full,
         capture_output=True,
         text=True,
@@ -87,7 +87,7 @@ def test_a_misspelled_config_key_is_refused_not_ignored(tmp_path: Path):
 
 
 def test_config_file_model_knows_every_key_the_deployments_read():
-    from deployments.serve import AUTOSCALING_KEYS, DEFAULT_BATCH, HEALTH_DEFAULTS
+    from hitl_review.deployments.serve import AUTOSCALING_KEYS, DEFAULT_BATCH, HEALTH_DEFAULTS
 
     known = set(config.DeploymentSection.model_fields)
     assert set(AUTOSCALING_KEYS) | set(DEFAULT_BATCH) | set(HEALTH_DEFAULTS) <= known
@@ -129,8 +129,8 @@ def test_an_unreachable_or_wrong_password_redis_url_is_one_line(tmp_path: Path):
 
 def test_hitl_redis_url_is_read_by_hitl_up_as_by_the_serve_builder(monkeypatch: pytest.MonkeyPatch):
     """docs/scaling.md says HITL_REDIS_URL (or REDIS_URL): ``hitl up`` reads it too, first."""
-    from serve_app.application import ENV_FALLBACK
-    from serve_app.launcher import settings_from_args
+    from hitl_review.serve_app.application import ENV_FALLBACK
+    from hitl_review.serve_app.launcher import settings_from_args
 
     for name in FOREIGN_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -144,7 +144,7 @@ def test_hitl_redis_url_is_read_by_hitl_up_as_by_the_serve_builder(monkeypatch: 
 
 
 def test_a_missing_redis_server_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
-    from serve_app import redis_server
+    from hitl_review.serve_app import redis_server
 
     for name in FOREIGN_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -189,7 +189,7 @@ def readyz() -> Iterator[tuple[str, type[_Readyz]]]:
 
 
 def test_ready_is_said_only_for_this_hitl_ups_own_instance(readyz):
-    from serve_app.launcher import _wait_ready
+    from hitl_review.serve_app.launcher import _wait_ready
 
     url, handler = readyz
     handler.body = {"ready": True, "instance": "ours"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serve_app import cli
-from serve_app.launcher import settings_from_args
+from hitl_review.serve_app import cli
+from hitl_review.serve_app.launcher import settings_from_args
 
 
 def parse(*argv: str):

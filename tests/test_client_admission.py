@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from client import RateLimitedError, RetryMode, RetryPolicy, ServerError
+from hitl_review.client import RateLimitedError, RetryMode, RetryPolicy, ServerError
 from tests.client_fakes import JOB, ClientFactory, Script, error_body, json_response, png_bytes, snapshot
 
 CREATED = {"job_id": JOB, "status": "DETECTING", "version": 1}

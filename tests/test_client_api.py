@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from client import (
+from hitl_review.client import (
     ApiError,
     AsyncHitlClient,
     AuthError,

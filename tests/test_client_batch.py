@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from client.api import SubmitResult
-from client.batch import (
+from hitl_review.client.api import SubmitResult
+from hitl_review.client.batch import (
     DONE,
     FAILED,
     PROCESSING,
@@ -39,9 +39,9 @@ from client.batch import (
     run_batch,
     walk_inputs,
 )
-from client.errors import AuthError, InvalidRequestError
-from statecore.media import sniff
-from statecore.models import JobResults, JobSnapshot, SubjectResult
+from hitl_review.client.errors import AuthError, InvalidRequestError
+from hitl_review.statecore.media import sniff
+from hitl_review.statecore.models import JobResults, JobSnapshot, SubjectResult
 
 
 def image_bytes(fmt: str, colour: tuple[int, int, int] = (200, 30, 30), size: tuple[int, int] = (16, 12)) -> bytes:

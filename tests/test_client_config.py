@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from client.commands import format_event
-from client.config import resolve_config
-from serve_app.cli import build_parser, main
-from statecore.models import Event
+from hitl_review.client.commands import format_event
+from hitl_review.client.config import resolve_config
+from hitl_review.serve_app.cli import build_parser, main
+from hitl_review.statecore.models import Event
 
 
 def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

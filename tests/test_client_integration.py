@@ -37,16 +37,16 @@ import httpx
 import pytest
 from PIL import Image
 
-from client import (
+from harness.tokens import TOKENS
+from hitl_review.client import (
     AsyncHitlClient,
     ConflictError,
     HitlClient,
     ServerError,
     new_intervention_id,
 )
-from harness.tokens import TOKENS
-from serve_app.samples import product_composite
-from statecore.models import JobSnapshot
+from hitl_review.serve_app.samples import product_composite
+from hitl_review.statecore.models import JobSnapshot
 from tests.client_integration_util import (
     HEIGHT,
     HITL,

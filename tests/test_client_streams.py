@@ -10,13 +10,13 @@ from typing import Any
 import httpx
 import pytest
 
-from client import (
+from hitl_review.client import (
     ConnectionFailed,
     HitlClient,
     NotFoundError,
     WaitTimeout,
 )
-from client.api import WaitCancelled
+from hitl_review.client.api import WaitCancelled
 from tests.client_fakes import (
     BASE,
     JOB,

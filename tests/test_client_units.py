@@ -9,18 +9,18 @@ import time
 import httpx
 import pytest
 
-from client import (
+from hitl_review.client import (
     ConflictError,
     InvalidRequestError,
     ServerError,
 )
-from client.api import normalize_base_url
-from client.core import ClientCore
-from client.errors import error_from_response, parse_retry_after
-from client.retry import MAX_RETRY_AFTER, RetryMode, RetryPolicy
-from client.sse import EventCursor, SSEDecoder, to_event
-from client.steps import Send, Sleep
-from statecore.models import Event
+from hitl_review.client.api import normalize_base_url
+from hitl_review.client.core import ClientCore
+from hitl_review.client.errors import error_from_response, parse_retry_after
+from hitl_review.client.retry import MAX_RETRY_AFTER, RetryMode, RetryPolicy
+from hitl_review.client.sse import EventCursor, SSEDecoder, to_event
+from hitl_review.client.steps import Send, Sleep
+from hitl_review.statecore.models import Event
 from tests.client_fakes import (
     BASE,
     JOB,

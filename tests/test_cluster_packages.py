@@ -2,7 +2,7 @@
 (issue 20): the import graph of the Serve application (its builder, the Api and Archiver replicas, the
 model deployments), the runtime environment ``hitl up --ray-address`` ships to a joined cluster, and
 the KubeRay image (deploy/kuberay/Dockerfile) must all agree with it. The reviewer UI's image
-(deploy/kuberay/ui.Dockerfile) must hold what ``python -m ui`` imports.
+(deploy/kuberay/ui.Dockerfile) must hold what ``python -m hitl_review.ui`` imports.
 
 The graph is grimp's (tests/test_architecture.py builds the same one): it follows imports inside
 functions too, which is how the replicas reach ``archive`` (``serve_app.archiving`` opens the archive
@@ -21,16 +21,20 @@ from pathlib import Path
 import grimp
 import pytest
 
-from serve_app import ray_runtime
-from serve_app.ray_runtime import REPLICA_PACKAGES
-from tests.test_architecture import PACKAGES
+from hitl_review.serve_app import ray_runtime
+from hitl_review.serve_app.ray_runtime import REPLICA_PACKAGES
+from tests.test_architecture import PACKAGES, PRODUCT
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBERAY = ROOT / "deploy" / "kuberay"
 # Where a Serve application of this project starts: the builder's module (import_path
 # serve_app.application:build_app), the Archiver's, and the model deployments'.
-SERVE_ENTRIES = ("serve_app.application", "serve_app.archiver_deployment", "deployments.serve")
-UI_ENTRIES = ("ui.__main__",)
+SERVE_ENTRIES = (
+    "hitl_review.serve_app.application",
+    "hitl_review.serve_app.archiver_deployment",
+    "hitl_review.deployments.serve",
+)
+UI_ENTRIES = ("hitl_review.ui.__main__",)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +47,7 @@ def packages_reached(graph: grimp.ImportGraph, entries: tuple[str, ...]) -> set[
     modules = set(entries)
     for entry in entries:
         modules |= graph.find_upstream_modules(entry)
-    return {m.split(".")[0] for m in modules}
+    return {m.split(".")[1] if m.startswith("hitl_review.") else m.split(".")[0] for m in modules}
 
 
 def copied_directories(dockerfile: Path) -> set[str]:
@@ -78,29 +82,31 @@ def test_replica_packages_are_what_the_serve_application_imports(graph):
 
 def test_a_plain_import_pulls_in_nothing_the_graph_missed():
     """In a fresh interpreter: what importing the entry modules loads (before any replica starts) is
-    inside REPLICA_PACKAGES."""
+    inside REPLICA_PACKAGES, all of it under the hitl_review name (no second copy under a bare one)."""
     code = (
         "import importlib, json, sys\n"
         f"for m in {list(SERVE_ENTRIES)!r}: importlib.import_module(m)\n"
-        f"print(json.dumps(sorted({{n.split('.')[0] for n in sys.modules}} & set({list(PACKAGES)!r}))))\n"
+        "print(json.dumps([sorted({n.split('.')[1] for n in sys.modules if n.startswith('hitl_review.')}),\n"
+        f"  sorted({{n.split('.')[0] for n in sys.modules}} & set({list(PRODUCT)!r}))]))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    loaded = set(json.loads(proc.stdout.strip().splitlines()[-1]))
-    assert loaded and loaded <= set(REPLICA_PACKAGES), sorted(loaded - set(REPLICA_PACKAGES))
+    loaded, bare = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded and set(loaded) <= set(REPLICA_PACKAGES), sorted(set(loaded) - set(REPLICA_PACKAGES))
+    assert bare == [], bare
 
 
 def test_a_joined_cluster_gets_every_replica_package():
     env = ray_runtime.runtime_env()
-    names = [Path(m).name for m in env["py_modules"]]
-    assert names == list(REPLICA_PACKAGES)
-    assert all((Path(m) / "__init__.py").exists() for m in env["py_modules"])
+    [package] = env["py_modules"]
+    assert Path(package).name == "hitl_review" and (Path(package) / "__init__.py").exists()
+    assert all((Path(package) / name / "__init__.py").exists() for name in REPLICA_PACKAGES)
 
 
 def test_the_kuberay_image_copies_every_replica_package():
     dockerfile = KUBERAY / "Dockerfile"
     copied = copied_directories(dockerfile)
-    missing = sorted(set(REPLICA_PACKAGES) - copied)
+    missing = sorted({"hitl_review", *REPLICA_PACKAGES} - copied)
     assert not missing, f"deploy/kuberay/Dockerfile copies no {', '.join(missing)}: the replicas import it"
     assert {"server", "models", "s3"} <= installed_extras(dockerfile)
 
@@ -109,8 +115,8 @@ def test_the_ui_image_copies_what_the_ui_imports(graph):
     dockerfile = KUBERAY / "ui.Dockerfile"
     reached = packages_reached(graph, UI_ENTRIES)
     assert {"ui", "client"} <= reached
-    missing = sorted(reached - copied_directories(dockerfile))
-    assert not missing, f"deploy/kuberay/ui.Dockerfile copies no {', '.join(missing)}: python -m ui imports it"
+    missing = sorted({"hitl_review", *reached} - copied_directories(dockerfile))
+    assert not missing, f"deploy/kuberay/ui.Dockerfile copies no {', '.join(missing)}: the UI imports it"
     assert "ui" in installed_extras(dockerfile)
 
 
@@ -118,8 +124,9 @@ def test_every_replica_package_is_in_the_distribution():
     """``pip install .`` in the image installs these packages (setuptools' find include)."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert include == ["hitl_review", "hitl_review.*"]
     for name in REPLICA_PACKAGES:
-        assert f"{name}*" in include
+        assert (ROOT / "hitl_review" / name).resolve() == (ROOT / name).resolve()
     assert any(d.startswith("s3fs") for d in pyproject["project"]["optional-dependencies"]["s3"])
 
 

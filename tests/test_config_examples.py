@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from deployments.executor import deployment_overrides
-from deployments.serve import deployment_options
-from serve_app.config import Settings, load_config_file
+from hitl_review.deployments.executor import deployment_overrides
+from hitl_review.deployments.serve import deployment_options
+from hitl_review.serve_app.config import Settings, load_config_file
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "config"
 

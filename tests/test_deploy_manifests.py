@@ -35,10 +35,10 @@ from ray.serve._private.build_app import build_app
 from ray.serve.schema import DeploymentSchema, ServeDeploySchema
 
 from harness.ci import require_binary
-from serve_app import ray_runtime
-from serve_app.application import ENV_FALLBACK, Api, AppArgs, refuse_volatile_redis
-from serve_app.config import Settings
-from serve_app.redis_server import RedisServer, free_port
+from hitl_review.serve_app import ray_runtime
+from hitl_review.serve_app.application import ENV_FALLBACK, Api, AppArgs, refuse_volatile_redis
+from hitl_review.serve_app.config import Settings
+from hitl_review.serve_app.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = ROOT / "deploy" / "serve-config.yaml"
@@ -93,7 +93,7 @@ def test_serve_config_is_what_the_builder_makes(node_tokens):
     config = serve_config()
     ServeDeploySchema.model_validate(config)
     [app] = config["applications"]
-    assert app["import_path"] == "serve_app.application:build_app"
+    assert app["import_path"] == "hitl_review.serve_app.application:build_app"
     written = {d["name"]: as_written(d) for d in app["deployments"]}
     built = built_deployments(app["import_path"], app["args"])
     assert sorted(written) == sorted(built) == sorted(["Api", "Archiver", "Events", *MODEL_DEPLOYMENTS])
@@ -125,7 +125,7 @@ def test_a_drifted_serve_config_is_caught(node_tokens):
 
 
 def test_builder_args_are_validated_by_serve_into_the_typed_model():
-    build = import_attr("serve_app.application:build_app")
+    build = import_attr("hitl_review.serve_app.application:build_app")
     # Serve converts the mapping (CLI arguments are strings) into the annotated pydantic model.
     app = call_user_app_builder_with_args_if_necessary(
         build, {"redis_url": "redis://r:6379/0", "api_replicas": "3", "detector_delay_ms": "40"}
@@ -149,7 +149,7 @@ def test_env_fallback_and_app_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path
     args = AppArgs.from_environment()
     assert (args.redis_url, args.artifacts, args.api_replicas) == ("redis://from-env:6380/2", f"file://{tmp_path}/a", 2)
     assert AppArgs.model_validate({"redis_url": "redis://given"}).redis_url == "redis://given"  # args win
-    app = import_attr("serve_app.application:app")
+    app = import_attr("hitl_review.serve_app.application:app")
     assert {d.name for d in build_app(app, name="x").deployments} == {"Api", "Archiver", "Events", *MODEL_DEPLOYMENTS}
     monkeypatch.setenv("HITL_APP_ARGS", "[1]")
     with pytest.raises(ValueError, match="HITL_APP_ARGS must be a JSON object"):
@@ -187,7 +187,7 @@ async def test_api_replica_health_check_fails_when_a_background_loop_died():
     """Serve calls ``check_health``: a replica whose dispatcher (the inspector's sweeps run in it) or
     archive loop ended would otherwise stay HEALTHY and never take work from the outbox again."""
     # The class as written, not Serve's ingress wrapper around it (whose __init__ builds the ASGI app).
-    [cls] = [c for c in Api.func_or_class.__mro__[1:] if c.__module__ == "serve_app.application"]
+    [cls] = [c for c in Api.func_or_class.__mro__[1:] if c.__module__ == "hitl_review.serve_app.application"]
     api = cls(Settings(redis_url="redis://r:6379/0").model_dump_json(), None, None, None, None)
     await api.check_health()  # before the lifespan started any loop: healthy
 
@@ -428,7 +428,7 @@ def test_the_archive_is_postgresql_migrated_once_by_a_job():
     password = secret_env(db)["POSTGRES_PASSWORD"]
     job = manifests("archive-migrate.yaml")["Job"]
     [migrate] = job["spec"]["template"]["spec"]["containers"]
-    assert migrate["command"][:3] == ["python", "-m", "archive.migrate"]
+    assert migrate["command"][:3] == ["python", "-m", "hitl_review.archive.migrate"]
     assert migrate["command"][migrate["command"].index("--archive-url") + 1] == app["args"]["archive_url"]
     assert secret_env(migrate)["PGPASSWORD"] == password
     assert job["spec"]["template"]["spec"]["restartPolicy"] in ("OnFailure", "Never")

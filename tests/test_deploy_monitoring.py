@@ -13,12 +13,12 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from client import HitlClient, new_intervention_id
 from harness.ci import require_binary
 from harness.tokens import TOKENS
-from serve_app import metrics
-from serve_app.samples import product_composite
-from statecore.counters import STATUSES, TOTALS, Coverage, Snapshot
+from hitl_review.client import HitlClient, new_intervention_id
+from hitl_review.serve_app import metrics
+from hitl_review.serve_app.samples import product_composite
+from hitl_review.statecore.counters import STATUSES, TOTALS, Coverage, Snapshot
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 RULES = DEPLOY / "prometheus" / "rules.yml"

@@ -11,11 +11,11 @@ import inspect
 import time
 from typing import Any
 
-from serve_app.archive_loop import ArchiveLoop
-from serve_app.dispatcher import Dispatcher
-from statecore import archive_queue, deadletters, keys
-from statecore.models import NodeCommand
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.archive_loop import ArchiveLoop
+from hitl_review.serve_app.dispatcher import Dispatcher
+from hitl_review.statecore import archive_queue, deadletters, keys
+from hitl_review.statecore.models import NodeCommand
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .helpers import THREE_BOXES, waiting_job
 

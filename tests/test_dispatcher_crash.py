@@ -7,12 +7,12 @@ import asyncio
 import sys
 import time
 
-from deployments.executor import build_models
 from harness.proc import Child
-from serve_app.dispatcher import Dispatcher, LocalRunner
-from serve_app.samples import product_composite
-from statecore.artifacts import ArtifactStore
-from statecore.models import ImageRef
+from hitl_review.deployments.executor import build_models
+from hitl_review.serve_app.dispatcher import Dispatcher, LocalRunner
+from hitl_review.serve_app.samples import product_composite
+from hitl_review.statecore.artifacts import ArtifactStore
+from hitl_review.statecore.models import ImageRef
 
 
 async def _events(store, job_id):
@@ -31,7 +31,7 @@ async def test_killed_dispatcher_command_completes_once(store, redis_server, tmp
         [
             sys.executable,
             "-m",
-            "serve_app.standalone",
+            "hitl_review.serve_app.standalone",
             "--redis-url",
             redis_server.url,
             "--data-dir",
@@ -99,7 +99,7 @@ async def test_equal_entry_ids_in_two_partitions_are_two_commands(store, image):
     millisecond. The dispatcher must tell them apart by (stream, id)."""
     from dataclasses import replace
 
-    from statecore import keys
+    from hitl_review.statecore import keys
 
     jobs: dict[int, str] = {}
     while len(jobs) < 2:

@@ -9,10 +9,10 @@ import asyncio
 import time
 from typing import Any
 
-from serve_app.dispatcher import Dispatcher
-from statecore.execution import RunSpec, run_started
-from statecore.models import NodeCommand
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.dispatcher import Dispatcher
+from hitl_review.statecore.execution import RunSpec, run_started
+from hitl_review.statecore.models import NodeCommand
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .helpers import THREE_BOXES
 

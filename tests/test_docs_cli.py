@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from serve_app.cli import build_parser
+from hitl_review.serve_app.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -15,11 +15,11 @@ import pytest
 import redis
 
 from harness.ci import require_binary
-from serve_app import durability
-from serve_app.redis_server import RedisServer
-from statecore import errors
-from statecore.models import ImageRef
-from statecore.store import Store
+from hitl_review.serve_app import durability
+from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.statecore import errors
+from hitl_review.statecore.models import ImageRef
+from hitl_review.statecore.store import Store
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import httpx
 import pytest
 import torch
 
-from deployments.backends import sam as S
 from harness.hitl_up import HitlUp
-from serve_app.samples import product_composite
+from hitl_review.deployments.backends import sam as S
+from hitl_review.serve_app.samples import product_composite
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ from PIL import Image
 
 from harness.hitl_up import HitlUp
 from harness.sse import read_events
-from serve_app.samples import product_composite
+from hitl_review.serve_app.samples import product_composite
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

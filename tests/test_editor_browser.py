@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from harness.hitl_up import HitlUp
-from serve_app.samples import product_composite
-from ui.panel import ROUND1_TEXT
+from hitl_review.serve_app.samples import product_composite
+from hitl_review.ui.panel import ROUND1_TEXT
 
 from .browser_util import (
     VIEWPORT,

@@ -12,11 +12,10 @@ import gradio as gr
 import pytest
 from PIL import Image
 
-from tests.ui_fakes import IMAGE, H, W, as_raw, drawn, opened, round1, round2, shown
-from ui.annotator import Edits
-from ui.callbacks import Callbacks
-from ui.editing import selected_index
-from ui.editor import (
+from hitl_review.ui.annotator import Edits
+from hitl_review.ui.callbacks import Callbacks
+from hitl_review.ui.editing import selected_index
+from hitl_review.ui.editor import (
     HISTORY_DEPTH,
     EditHistory,
     button_text,
@@ -30,11 +29,12 @@ from ui.editor import (
     parse_labels,
     stage_name,
 )
-from ui.images import ImageStore
-from ui.layout import Components, layout
-from ui.queue import queue_rows
-from ui.server import quiet_asset_prints
-from ui.session import ReviewerState
+from hitl_review.ui.images import ImageStore
+from hitl_review.ui.layout import Components, layout
+from hitl_review.ui.queue import queue_rows
+from hitl_review.ui.server import quiet_asset_prints
+from hitl_review.ui.session import ReviewerState
+from tests.ui_fakes import IMAGE, H, W, as_raw, drawn, opened, round1, round2, shown
 
 LABELS = ("shoe", "bag", "shirt")
 
@@ -259,13 +259,13 @@ def test_asset_lines_are_quiet_and_other_prints_are_not(capsys: pytest.CaptureFi
 
 
 def event(i: int, type_: str, at: str, **data: Any) -> Any:
-    from statecore.models import Event
+    from hitl_review.statecore.models import Event
 
     return Event(id=i, type=type_, job_id="job_1", version=i, at=at, data=data)
 
 
 def test_stats_count_decisions_per_reviewer_with_their_time_to_decision() -> None:
-    from ui.stats import decisions_of, stats_markdown
+    from hitl_review.ui.stats import decisions_of, stats_markdown
 
     p1 = {"pause_token": "pause_1", "created_at": "2026-05-21T10:00:00Z"}
     p2 = {"pause_token": "pause_2", "created_at": "2026-05-21T10:05:00Z"}
@@ -286,7 +286,7 @@ def test_stats_count_decisions_per_reviewer_with_their_time_to_decision() -> Non
 
 
 def test_queue_thumbnails_are_made_once_and_served_as_files(tmp_path: Path) -> None:
-    from ui.queue import thumb_cell
+    from hitl_review.ui.queue import thumb_cell
 
     comps, cb, st = editor(tmp_path)
 
@@ -307,7 +307,7 @@ def test_queue_thumbnails_are_made_once_and_served_as_files(tmp_path: Path) -> N
 
 
 def test_the_label_set_reaches_the_ui_from_its_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ui.__main__ as entry
+    import hitl_review.ui.__main__ as entry
 
     got: list[Any] = []
     monkeypatch.setattr(entry, "launch", lambda *args: got.append(args))
@@ -321,7 +321,7 @@ def test_the_label_set_reaches_the_ui_from_its_flag_or_environment(monkeypatch: 
 
 
 def test_each_tick_makes_the_next_missing_thumbnails_wherever_they_are_in_the_queue(tmp_path: Path) -> None:
-    from ui.callbacks import THUMBS_PER_TICK
+    from hitl_review.ui.callbacks import THUMBS_PER_TICK
 
     comps, cb, st = editor(tmp_path)
     made: list[str] = []
@@ -343,8 +343,8 @@ def test_each_tick_makes_the_next_missing_thumbnails_wherever_they_are_in_the_qu
 
 
 def test_the_queue_filters_by_batch_and_stage() -> None:
-    from statecore.models import JobSummary
-    from ui.queue import queue_rows
+    from hitl_review.statecore.models import JobSummary
+    from hitl_review.ui.queue import queue_rows
 
     def job(i: int, batch: str | None, stage: str) -> JobSummary:
         at = f"2026-12-01T10:00:0{i}Z"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from statecore import keys
-from statecore.store import Store
+from hitl_review.statecore import keys
+from hitl_review.statecore.store import Store
 
 from .helpers import iv, keep, manual, validate, waiting_job
 

@@ -14,13 +14,13 @@ import pytest
 from PIL import Image
 from pycocotools.coco import COCO
 
-from archive import migrate
-from archive.archiver import archive_job
-from archive.cli import add_export_command
-from archive.db import Archive
-from archive.export import main as export_main
-from statecore.artifacts import ArtifactStore
-from statecore.models import ImageRef
+from hitl_review.archive import migrate
+from hitl_review.archive.archiver import archive_job
+from hitl_review.archive.cli import add_export_command
+from hitl_review.archive.db import Archive
+from hitl_review.archive.export import main as export_main
+from hitl_review.statecore.artifacts import ArtifactStore
+from hitl_review.statecore.models import ImageRef
 
 from .test_archive import finished_job
 

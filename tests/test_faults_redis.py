@@ -34,7 +34,7 @@ import redis
 from harness.ci import require_binary
 from harness.tokens import TOKENS_SPEC, auth
 from harness.uvicorn import LocalServer
-from statecore import keys
+from hitl_review.statecore import keys
 from tests.api_util import blank_with_product, get, keep_all, submit, wait_status
 
 pytestmark = pytest.mark.faults

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from serve_app.inspector import Inspector
-from statecore import keys
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.inspector import Inspector
+from hitl_review.statecore import keys
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .helpers import create
 

@@ -25,17 +25,17 @@ from typing import Any
 import httpx
 import pytest_asyncio
 
-from archive import migrate
-from archive.archiver import archive_job
-from archive.db import Archive
 from harness.executor import report
 from harness.tokens import TOKENS_SPEC, auth
-from serve_app.api import Runtime, create_app
-from serve_app.auth import Authenticator
-from serve_app.config import Settings
-from statecore import keys
-from statecore.artifacts import ArtifactStore
-from statecore.store import Store, StoreConfig
+from hitl_review.archive import migrate
+from hitl_review.archive.archiver import archive_job
+from hitl_review.archive.db import Archive
+from hitl_review.serve_app.api import Runtime, create_app
+from hitl_review.serve_app.auth import Authenticator
+from hitl_review.serve_app.config import Settings
+from hitl_review.statecore import keys
+from hitl_review.statecore.artifacts import ArtifactStore
+from hitl_review.statecore.store import Store, StoreConfig
 from tests.api_util import png
 from tests.helpers import THREE_BOXES
 

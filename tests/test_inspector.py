@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from serve_app.inspector import Inspector
-from statecore import keys
-from statecore.heartbeat import Heartbeat, HeartbeatSpec, beat
-from statecore.models import NodeReport
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.inspector import Inspector
+from hitl_review.statecore import keys
+from hitl_review.statecore.heartbeat import Heartbeat, HeartbeatSpec, beat
+from hitl_review.statecore.models import NodeReport
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .helpers import THREE_BOXES, report
 

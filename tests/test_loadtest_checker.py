@@ -12,10 +12,10 @@ import json
 import time
 from pathlib import Path
 
+from hitl_review.statecore import keys
+from hitl_review.statecore.ids import new_id, now_iso
+from hitl_review.statecore.models import NodeCommand, NodeReport
 from loadtest.check_invariants import INVARIANTS, Report, check
-from statecore import keys
-from statecore.ids import new_id, now_iso
-from statecore.models import NodeCommand, NodeReport
 
 from .helpers import create, iv, keep, manual, report, validate, waiting_job
 

@@ -12,12 +12,12 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.executor import report
-from serve_app import metrics
-from serve_app.redis_server import RedisServer
-from serve_app.writeback import WriteBack
-from statecore import counters, keys
-from statecore.states import TERMINAL, WAITING
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app import metrics
+from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app.writeback import WriteBack
+from hitl_review.statecore import counters, keys
+from hitl_review.statecore.states import TERMINAL, WAITING
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .helpers import create, detection_done, waiting_job
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from archive import migrate
-from archive.db import normalize_url
+from hitl_review.archive import migrate
+from hitl_review.archive.db import normalize_url
 
 N = 6
 

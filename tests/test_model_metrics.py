@@ -10,7 +10,7 @@ import json
 import re
 from pathlib import Path
 
-from deployments.metrics import ModelMetrics
+from hitl_review.deployments.metrics import ModelMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "hitl.json"
 SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}

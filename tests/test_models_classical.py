@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from skimage import data as skdata
 
-from deployments.backends.base import box_iou, make_detector, make_segmenter, make_validator, mask_bbox
-from deployments.backends.classical import ClassicalDetector, ClassicalSegmenter, ClassicalValidator
+from hitl_review.deployments.backends.base import box_iou, make_detector, make_segmenter, make_validator, mask_bbox
+from hitl_review.deployments.backends.classical import ClassicalDetector, ClassicalSegmenter, ClassicalValidator
 
 
 def composite(h: int = 480, w: int = 640, seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:

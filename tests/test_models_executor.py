@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from deployments.backends.base import DelayedDetector, make_detector
-from deployments.executor import Models, build_models, load_image, run_node
-from serve_app.config import Settings
-from statecore.artifacts import ArtifactStore
-from statecore.errors import NodeExecutionError
+from hitl_review.deployments.backends.base import DelayedDetector, make_detector
+from hitl_review.deployments.executor import Models, build_models, load_image, run_node
+from hitl_review.serve_app.config import Settings
+from hitl_review.statecore.artifacts import ArtifactStore
+from hitl_review.statecore.errors import NodeExecutionError
 
 
 def product_photo() -> np.ndarray:
@@ -164,7 +164,7 @@ def test_build_models_from_settings_and_detector_delay(store, image_ref):
 
 
 def test_serve_wrappers_without_ray(store, image_ref):
-    from deployments.serve import Detector, build_model_deployments, deployment_options
+    from hitl_review.deployments.serve import Detector, build_model_deployments, deployment_options
 
     cfg = Settings(detector_delay_ms=5).backend_config()
     cfg["artifacts"] = store.root

@@ -17,9 +17,9 @@ import pytest
 import torch
 from PIL import Image
 
-from deployments.backends import sam as S
-from deployments.backends.base import ModelLoadError, make_detector, make_segmenter, make_validator
-from statecore.artifacts import ArtifactStore
+from hitl_review.deployments.backends import sam as S
+from hitl_review.deployments.backends.base import ModelLoadError, make_detector, make_segmenter, make_validator
+from hitl_review.statecore.artifacts import ArtifactStore
 
 SHA = "ab" * 32
 
@@ -288,7 +288,7 @@ def test_serve_deployment_batches_the_encoder(checkpoint, store, monkeypatch):
     encoder forward. Runs the deployment class without a Ray cluster."""
     import ray.serve.batching as batching
 
-    from deployments.serve import Segmenter
+    from hitl_review.deployments.serve import Segmenter
 
     # Outside a replica the queue cannot read the replica's max_ongoing_requests for its warning.
     monkeypatch.setattr(batching._BatchQueue, "_warn_if_max_batch_size_exceeds_max_ongoing_requests", lambda self: None)

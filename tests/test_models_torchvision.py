@@ -12,8 +12,8 @@ import pytest
 import torch
 from torchvision.models import get_model
 
-from deployments.backends.base import ModelLoadError, make_detector
-from deployments.backends.tv_detector import TorchvisionDetector, coco_categories
+from hitl_review.deployments.backends.base import ModelLoadError, make_detector
+from hitl_review.deployments.backends.tv_detector import TorchvisionDetector, coco_categories
 
 ARCH = "fasterrcnn_mobilenet_v3_large_320_fpn"
 PERSON = 1

@@ -8,12 +8,19 @@ import sys
 import numpy as np
 import pytest
 
-from deployments.backends.base import BACKEND_MODULES, backend_class, make_segmenter, register
-from deployments.executor import Models, run_node
-from statecore.errors import NodeExecutionError
-from statecore.models import Box, ImageRef
-from statecore.nodes import CONTROL_PLANE_NODES, MODEL_NODES, NodeBox, ProcessInput, parse_input, parse_output
-from statecore.states import NodeType
+from hitl_review.deployments.backends.base import BACKEND_MODULES, backend_class, make_segmenter, register
+from hitl_review.deployments.executor import Models, run_node
+from hitl_review.statecore.errors import NodeExecutionError
+from hitl_review.statecore.models import Box, ImageRef
+from hitl_review.statecore.nodes import (
+    CONTROL_PLANE_NODES,
+    MODEL_NODES,
+    NodeBox,
+    ProcessInput,
+    parse_input,
+    parse_output,
+)
+from hitl_review.statecore.states import NodeType
 
 IMAGE = ImageRef(sha256="a" * 64, width=64, height=48, url="/api/v1/artifacts/img_x.png")
 
@@ -80,7 +87,7 @@ def test_a_backend_answer_outside_the_contract_is_not_retried(tmp_path):
 
     from PIL import Image
 
-    from statecore.artifacts import ArtifactStore
+    from hitl_review.statecore.artifacts import ArtifactStore
 
     store = ArtifactStore(f"file://{tmp_path}/artifacts")
     buf = io.BytesIO()

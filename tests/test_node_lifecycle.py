@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 
 from harness.ci import require_binary
-from serve_app.dispatcher import Dispatcher
-from serve_app.redis_server import RedisServer
-from statecore import keys, scripts
-from statecore.execution import RunSpec, run_started, start
-from statecore.heartbeat import Heartbeat
-from statecore.models import NodeCommand
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.dispatcher import Dispatcher
+from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.statecore import keys, scripts
+from hitl_review.statecore.execution import RunSpec, run_started, start
+from hitl_review.statecore.heartbeat import Heartbeat
+from hitl_review.statecore.models import NodeCommand
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .helpers import THREE_BOXES
 
@@ -226,7 +226,7 @@ class SlowModel:
 
 
 async def test_a_node_running_many_reclaim_periods_is_neither_reclaimed_nor_dead_lettered(store, image):
-    from statecore import deadletters
+    from hitl_review.statecore import deadletters
 
     model = SlowModel(3.0)
     fast = {"reclaim_idle_ms": 300, "reclaim_every_s": 0.1, "max_deliveries": 2, "inspect_every_s": 3600}

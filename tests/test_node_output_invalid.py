@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from serve_app.dispatcher import Dispatcher
-from serve_app.inspector import Inspector
-from statecore.execution import RunSpec, run_started
-from statecore.models import NodeCommand
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.dispatcher import Dispatcher
+from hitl_review.serve_app.inspector import Inspector
+from hitl_review.statecore.execution import RunSpec, run_started
+from hitl_review.statecore.models import NodeCommand
+from hitl_review.statecore.store import Store, StoreConfig
 
 BAD_OUTPUTS = [
     pytest.param({"boxes": [{"label": "shoe", "score": 0.9}]}, id="missing-bbox"),
@@ -84,7 +84,7 @@ async def test_unparseable_model_output_fails_the_node_at_once(redis_server, ima
 async def test_report_with_unparseable_output_is_applied_as_failed(store, image):
     """The report path itself (a replayed dead letter, another executor): the decider refuses the
     output and fails the node instead of raising, so the report is applied exactly once."""
-    from statecore.models import NodeReport
+    from hitl_review.statecore.models import NodeReport
 
     job_id = (await store.create_job("alice", image)).job_id
     node = (await store.get(job_id)).current_node

@@ -21,7 +21,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("statecore", "serve_app", "deployments", "ui", "client", "loadtest", "harness", "archive")
+PRODUCT = ("statecore", "serve_app", "deployments", "ui", "client", "archive")
+PACKAGES = ("hitl_review", *PRODUCT, "loadtest", "harness")
 SERVER_SIDE = ("torch", "torchvision", "ray", "gradio", "fastapi", "redis", "uvicorn", "numpy", "cv2", "PIL")
 
 
@@ -42,7 +43,8 @@ def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy2(ROOT / "pyproject.toml", src / "pyproject.toml")
     for pkg in PACKAGES:
         if (ROOT / pkg).is_dir():
-            shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "out", "*.pyc"))
+            ignore = shutil.ignore_patterns("__pycache__", "out", "*.pyc")
+            shutil.copytree(ROOT / pkg, src / pkg, ignore=ignore, symlinks=True)  # hitl_review/: links
     t0 = time.monotonic()
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp / "dist", src)
     (wheel,) = (tmp / "dist").glob("hitl_review-*.whl")
@@ -69,9 +71,28 @@ def test_hitl_submit_help_runs_from_the_base_install(base_venv: Path, tmp_path: 
     assert "hitl-review[demo]" in proc.stdout
 
 
+def test_the_install_holds_one_import_name_and_nothing_under_a_generic_one(base_venv: Path, tmp_path: Path):
+    """What the wheel put in site-packages, from pip's own record: ``hitl_review`` and its metadata
+    only; ``import client`` (or any of the repository's folder names) finds nothing."""
+    code = (
+        "import importlib.metadata as md, importlib.util, json\n"
+        "files = md.distribution('hitl-review').files\n"
+        "tops = sorted({f.parts[0] for f in files if len(f.parts) > 1 and f.parts[0] != '..'})\n"
+        "tops = [t for t in tops if not t.endswith('.dist-info')]\n"
+        f"bare = [m for m in {PRODUCT!r} if importlib.util.find_spec(m) is not None]\n"
+        "print(json.dumps([tops, bare]))"
+    )
+    proc = run(base_venv / "python", "-c", code, cwd=tmp_path, env=env_without_the_repo())
+    tops, bare = json.loads(proc.stdout)
+    assert tops == ["hitl_review"], tops  # ("..": the console script, in bin/)
+    assert bare == [], f"importable under a generic name: {bare}"
+
+
 def test_the_client_imports_and_the_server_packages_are_absent(base_venv: Path, tmp_path: Path):
     code = (
-        "import importlib.util, client, serve_app.cli\n"
+        "import importlib.util\n"
+        "from hitl_review import client\n"
+        "import hitl_review.serve_app.cli\n"
         "assert client.__file__.find('site-packages') > 0, client.__file__\n"
         f"print(','.join(m for m in {SERVER_SIDE!r} if importlib.util.find_spec(m) is not None))"
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app import ports
+from hitl_review.serve_app import ports
 
 
 def listening(reuse: bool = True) -> socket.socket:
@@ -64,7 +64,7 @@ def test_connections_of_a_server_without_reuse_address_are_waited_for_not_called
 def test_hitl_up_on_a_taken_port_exits_with_one_line_before_starting_anything(tmp_path: Path):
     with listening() as s:
         port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "serve_app.cli", "up", "--data-dir", str(tmp_path / "d"), "--no-ui"]
+        cmd = [sys.executable, "-m", "hitl_review.serve_app.cli", "up", "--data-dir", str(tmp_path / "d"), "--no-ui"]
         done = subprocess.run([*cmd, "--api-port", str(port)], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert f"hitl up: cannot listen on 127.0.0.1:{port} (--api-port): in use by pid" in done.stderr

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from harness.tokens import auth
-from statecore import errors, quorum
-from statecore.states import JobStatus as S
-from statecore.store import Store
+from hitl_review.statecore import errors, quorum
+from hitl_review.statecore.states import JobStatus as S
+from hitl_review.statecore.store import Store
 
 from .api_util import blank_with_product, wait_status
 from .helpers import THREE_BOXES, audit_tail, iv, keep, report
@@ -161,7 +161,7 @@ def test_quorum_over_http(api_server: Any) -> None:
 async def test_a_quorum_and_its_audit_on_a_redis_cluster(cluster_store: Store, image: Any) -> None:
     """The vote, the decision and the audit chain touch only the job's hash slot: on a 3-master Redis
     Cluster as on one server."""
-    from statecore import audit
+    from hitl_review.statecore import audit
 
     job_id = await quorum_job(cluster_store, image, 2)
     st = await cluster_store.get(job_id)

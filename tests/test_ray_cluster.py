@@ -28,10 +28,10 @@ from harness.hitl_up import HitlUp
 from harness.ray_cluster import RayCluster, ray_cli
 from harness.redis import RedisCluster
 from harness.tokens import TOKENS_SPEC
-from serve_app import ray_runtime
-from serve_app.config import Settings
-from serve_app.launcher import ready_line
-from serve_app.redis_server import free_port
+from hitl_review.serve_app import ray_runtime
+from hitl_review.serve_app.config import Settings
+from hitl_review.serve_app.launcher import ready_line
+from hitl_review.serve_app.redis_server import free_port
 from tests.api_util import blank_with_product, intervene, keep_all, submit, wait_status
 
 OTHER_APP = """

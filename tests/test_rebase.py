@@ -9,10 +9,10 @@ import uuid
 import pytest
 
 from harness.tokens import auth
-from statecore.errors import Conflict, VersionConflict
-from statecore.models import Box
-from statecore.rebase import box_changes
-from statecore.store import StoreConfig
+from hitl_review.statecore.errors import Conflict, VersionConflict
+from hitl_review.statecore.models import Box
+from hitl_review.statecore.rebase import box_changes
+from hitl_review.statecore.store import StoreConfig
 
 from .asgi_util import asgi_client
 from .helpers import iv, keep, manual, validate, waiting_job

@@ -25,18 +25,18 @@ import pytest
 import pytest_asyncio
 import redis
 
-from archive import migrate
-from archive.archiver import archive_job
-from archive.db import Archive
-from archive.mirror import Mirror, mirror_now, reconcile, write_live
-from archive.schema import LiveMirror
 from harness.ci import require_binary
 from harness.tokens import TOKENS_SPEC, auth
 from harness.uvicorn import LocalServer
+from hitl_review.archive import migrate
+from hitl_review.archive.archiver import archive_job
+from hitl_review.archive.db import Archive
+from hitl_review.archive.mirror import Mirror, mirror_now, reconcile, write_live
+from hitl_review.archive.schema import LiveMirror
+from hitl_review.serve_app.recovery import Recovery
+from hitl_review.statecore import errors, keys
+from hitl_review.statecore.store import Store
 from loadtest.check_invariants import check
-from serve_app.recovery import Recovery
-from statecore import errors, keys
-from statecore.store import Store
 from tests.api_util import blank_with_product, intervene, keep_all, submit, wait_status
 from tests.helpers import iv, waiting_job
 

@@ -13,14 +13,14 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
-from archive import migrate, reads
-from archive.archiver import copy_job
-from archive.db import Archive
-from serve_app.events import EventHub
-from statecore import audit, keys
-from statecore.models import Event
-from statecore.restore import EVENT_ID_GAP, restore
-from statecore.store import Store
+from hitl_review.archive import migrate, reads
+from hitl_review.archive.archiver import copy_job
+from hitl_review.archive.db import Archive
+from hitl_review.serve_app.events import EventHub
+from hitl_review.statecore import audit, keys
+from hitl_review.statecore.models import Event
+from hitl_review.statecore.restore import EVENT_ID_GAP, restore
+from hitl_review.statecore.store import Store
 
 from .helpers import THREE_BOXES, create, iv, keep, manual, report, validate, waiting_job
 

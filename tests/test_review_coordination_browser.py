@@ -27,12 +27,12 @@ from typing import Any
 
 import pytest
 
-from client import HitlClient, new_intervention_id
 from harness.hitl_up import HitlUp
 from harness.tokens import TOKENS, TOKENS_SPEC
-from serve_app.samples import product_composite
-from ui.claims import CLAIM_RENEW_S
-from ui.panel import ROUND1_TEXT, ROUND2_TEXT
+from hitl_review.client import HitlClient, new_intervention_id
+from hitl_review.serve_app.samples import product_composite
+from hitl_review.ui.claims import CLAIM_RENEW_S
+from hitl_review.ui.panel import ROUND1_TEXT, ROUND2_TEXT
 
 from .browser_util import (
     VIEWPORT,

@@ -8,11 +8,11 @@ import time
 
 import numpy as np
 
-from deployments.backends.base import DelayedSegmenter
-from deployments.executor import build_models
-from deployments.serve import build_model_deployments
-from serve_app.cli import build_parser
-from serve_app.launcher import settings_from_args
+from hitl_review.deployments.backends.base import DelayedSegmenter
+from hitl_review.deployments.executor import build_models
+from hitl_review.deployments.serve import build_model_deployments
+from hitl_review.serve_app.cli import build_parser
+from hitl_review.serve_app.launcher import settings_from_args
 
 
 def test_segmenter_delay_from_the_command_line_to_the_backend(tmp_path):

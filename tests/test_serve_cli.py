@@ -28,8 +28,8 @@ from harness.ci import require_binary
 from harness.proc import Child
 from harness.ray_cluster import RayCluster, ray_cli
 from harness.tokens import token_file
-from serve_app.redis_server import RedisServer, free_port
-from serve_app.samples import product_composite
+from hitl_review.serve_app.redis_server import RedisServer, free_port
+from hitl_review.serve_app.samples import product_composite
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -104,11 +104,11 @@ def test_serve_build_writes_the_committed_deployments(tmp_path: Path):
     [app] = committed()["applications"]
     out = tmp_path / "built.yaml"
     env = cli_env(HITL_APP_ARGS=json.dumps(app["args"]), **NODE_ENV)
-    serve_cli("build", "serve_app.application:app", "-o", str(out), env=env)
+    serve_cli("build", "hitl_review.serve_app.application:app", "-o", str(out), env=env)
     built = yaml.safe_load(out.read_text())
     ServeDeploySchema.model_validate(built)
     [built_app] = built["applications"]
-    assert built_app["import_path"] == "serve_app.application:app"
+    assert built_app["import_path"] == "hitl_review.serve_app.application:app"
     assert deployments_of(built_app) == deployments_of(app)
     print(f"serve build: {time.monotonic() - t0:.1f}s")
 
@@ -123,7 +123,7 @@ def test_serve_run_builder_arguments_are_typed():
         (["redis_url=redis://127.0.0.1:1/0", "api_replicas=two"], "api_replicas"),
     ):
         proc = subprocess.run(
-            [ray_cli("serve"), "run", "serve_app.application:build_app", *args, "--address", "127.0.0.1:1"],
+            [ray_cli("serve"), "run", "hitl_review.serve_app.application:build_app", *args, "--address", "127.0.0.1:1"],
             env=cli_env(),
             capture_output=True,
             text=True,
@@ -180,7 +180,14 @@ def test_serve_run_serves_and_a_job_reaches_its_pause(cluster: RayCluster, redis
     else:
         env = cli_env(cluster)
         arguments = [f"{k}={v}" for k, v in settings.items()]
-    cmd = [ray_cli("serve"), "run", f"serve_app.application:{target}", *arguments, "--address", cluster.address]
+    cmd = [
+        ray_cli("serve"),
+        "run",
+        f"hitl_review.serve_app.application:{target}",
+        *arguments,
+        "--address",
+        cluster.address,
+    ]
     run = Child(cmd, env=env)
     run.start()
     api = f"http://127.0.0.1:{port}"
@@ -221,7 +228,7 @@ def tiny_sam_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A SAM of the real architecture with random weights, small enough for CPU (as in test_models_sam.py)."""
     import torch
 
-    from deployments.backends.sam import build_sam_vit_tiny
+    from hitl_review.deployments.backends.sam import build_sam_vit_tiny
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("sam") / "sam_tiny.pth"

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_app.shared_metrics import KEY, Shared
+from hitl_review.serve_app.shared_metrics import KEY, Shared
 
 
 def process() -> tuple[Shared, Counter, Histogram, CollectorRegistry]:

@@ -1,4 +1,4 @@
-from statecore.states import JobStatus as S
+from hitl_review.statecore.states import JobStatus as S
 
 from .helpers import THREE_BOXES, create, iv, keep, report, waiting_job
 

@@ -10,17 +10,17 @@ import json
 import pytest
 
 from harness.tokens import auth
-from statecore import keys
-from statecore.errors import (
+from hitl_review.statecore import keys
+from hitl_review.statecore.errors import (
     InvalidRequest,
     PauseTokenMismatch,
     SnapshotMismatch,
     VersionConflict,
     WorkflowVersionIncompatible,
 )
-from statecore.models import InterventionRequest
-from statecore.plan import CONTINUABLE_WORKFLOW_VERSIONS, WORKFLOW_VERSION
-from statecore.store import Store, StoreConfig
+from hitl_review.statecore.models import InterventionRequest
+from hitl_review.statecore.plan import CONTINUABLE_WORKFLOW_VERSIONS, WORKFLOW_VERSION
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .asgi_util import asgi_client
 from .helpers import footprint, iv, keep, manual, waiting_job

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from serve_app.events import sse_frame, sse_lines
-from statecore.models import Event
+from hitl_review.serve_app.events import sse_frame, sse_lines
+from hitl_review.statecore.models import Event
 
 
 async def _slow_events():

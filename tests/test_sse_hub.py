@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from serve_app.events import EventHub
-from statecore.models import Event
-from statecore.store import Store
+from hitl_review.serve_app.events import EventHub
+from hitl_review.statecore.models import Event
+from hitl_review.statecore.store import Store
 
 from .helpers import create
 

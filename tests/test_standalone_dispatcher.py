@@ -7,6 +7,7 @@ retention at once, with no copy queued, and the record was gone after retention)
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -14,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from harness.proc import Child
-from serve_app.config import Settings, save_deployment
-from serve_app.samples import product_composite
-from serve_app.standalone import parser, settings_for
-from statecore import keys
-from statecore.artifacts import ArtifactStore
-from statecore.models import ImageRef, InterventionRequest, Subject
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.config import Settings, save_deployment
+from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.standalone import parser, settings_for
+from hitl_review.statecore import keys
+from hitl_review.statecore.artifacts import ArtifactStore
+from hitl_review.statecore.models import ImageRef, InterventionRequest, Subject
+from hitl_review.statecore.store import Store, StoreConfig
 
 
 async def wait_for(store: Store, job_id: str, statuses: set[str], child: Child, timeout: float = 60) -> None:
@@ -50,7 +51,10 @@ async def test_a_job_finished_by_a_standalone_dispatcher_waits_for_its_archive_c
     png, _ = product_composite(seed=5, width=320, height=240, n=1)
     ref = ImageRef(sha256="c" * 64, width=320, height=240, url=ArtifactStore.url(artifacts.put("image", png, "png")))
     job_id = (await store.create_job("alice", ref)).job_id
-    child = Child([sys.executable, "-m", "serve_app.cli", "dispatcher", "--data-dir", str(data), "--consumer", "solo"])
+    child = Child(
+        [sys.executable, "-m", "hitl_review.serve_app.cli", "dispatcher", "--data-dir", str(data), "--consumer", "solo"]
+        + ["--log-format", "json", "--verbose"]
+    )
     child.start()
     try:
         await wait_for(store, job_id, {"WAITING_USER_SELECTION"}, child)
@@ -68,6 +72,10 @@ async def test_a_job_finished_by_a_standalone_dispatcher_waits_for_its_archive_c
         await wait_for(store, job_id, {"SUCCEEDED"}, child)
     finally:
         child.kill()
+    # Its lines are the control plane's: JSON objects (--log-format), DEBUG lines too (--verbose).
+    lines = [json.loads(line) for line in child.tail(10_000).splitlines() if line.startswith("{")]
+    assert any(d["msg"].startswith("standalone dispatcher on") for d in lines), child.tail(20)
+    assert {"INFO", "DEBUG"} <= {d["level"] for d in lines}, sorted({d["level"] for d in lines})
     jk = keys.job(job_id)
     assert await store.r.ttl(jk.meta) == -1, "retention started with no archive copy"
     assert await store.r.zscore(keys.archive_waiting(keys.partition_of(job_id)), job_id) is not None

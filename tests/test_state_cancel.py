@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from statecore.models import NodeReport
-from statecore.states import JobStatus as S
+from hitl_review.statecore.models import NodeReport
+from hitl_review.statecore.states import JobStatus as S
 
 from .helpers import create, waiting_job
 

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 import redis
 
-from statecore import keys
-from statecore.errors import (
+from hitl_review.statecore import keys
+from hitl_review.statecore.errors import (
     IdempotencyConflict,
     InvalidRequest,
     JobCancelled,
@@ -19,8 +19,8 @@ from statecore.errors import (
     PauseTokenMismatch,
     VersionConflict,
 )
-from statecore.models import NodeReport
-from statecore.states import JobStatus as S
+from hitl_review.statecore.models import NodeReport
+from hitl_review.statecore.states import JobStatus as S
 
 from .helpers import THREE_BOXES, create, footprint, iv, keep, manual, report, validate, waiting_job
 

@@ -12,8 +12,8 @@ import random
 
 import pytest_asyncio
 
-from statecore import errors, keys
-from statecore.store import Reply, Store, StoreConfig
+from hitl_review.statecore import errors, keys
+from hitl_review.statecore.store import Reply, Store, StoreConfig
 
 from .helpers import iv, keep, manual, waiting_job
 

@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from statecore import keys
-from statecore.errors import (
+from hitl_review.statecore import keys
+from hitl_review.statecore.errors import (
     IdempotencyConflict,
     InvalidRequest,
     JobCancelled,
@@ -24,8 +24,8 @@ from statecore.errors import (
     PauseTokenMismatch,
     VersionConflict,
 )
-from statecore.models import InterventionRequest, NodeReport
-from statecore.states import JobStatus as S
+from hitl_review.statecore.models import InterventionRequest, NodeReport
+from hitl_review.statecore.states import JobStatus as S
 
 from .helpers import THREE_BOXES, audit_tail, create, footprint, iv, keep, manual, report, waiting_job
 

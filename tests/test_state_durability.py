@@ -12,12 +12,12 @@ import pytest
 import redis.exceptions
 
 from harness.ci import require_binary
-from serve_app.inspector import Inspector
-from serve_app.redis_server import RedisServer
-from statecore import keys
-from statecore.models import NodeReport
-from statecore.states import JobStatus as S
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.inspector import Inspector
+from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.statecore import keys
+from hitl_review.statecore.models import NodeReport
+from hitl_review.statecore.states import JobStatus as S
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .helpers import THREE_BOXES, create, iv, keep, waiting_job
 

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statecore import keys
-from statecore.errors import InvalidRequest
-from statecore.listing import _IndexReader
-from statecore.models import ImageRef
-from statecore.store import Store, StoreConfig
+from hitl_review.statecore import keys
+from hitl_review.statecore.errors import InvalidRequest
+from hitl_review.statecore.listing import _IndexReader
+from hitl_review.statecore.models import ImageRef
+from hitl_review.statecore.store import Store, StoreConfig
 
 from .helpers import THREE_BOXES, report
 

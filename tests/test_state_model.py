@@ -28,11 +28,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from statecore import counters, errors, keys
-from statecore.ids import new_id
-from statecore.models import ImageRef, InterventionRequest, NodeReport
-from statecore.states import TERMINAL, WAITING, JobStatus
-from statecore.store import Reply, Store, StoreConfig
+from hitl_review.statecore import counters, errors, keys
+from hitl_review.statecore.ids import new_id
+from hitl_review.statecore.models import ImageRef, InterventionRequest, NodeReport
+from hitl_review.statecore.states import TERMINAL, WAITING, JobStatus
+from hitl_review.statecore.store import Reply, Store, StoreConfig
 
 from .helpers import THREE_BOXES
 

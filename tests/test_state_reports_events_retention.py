@@ -3,9 +3,9 @@ superseded and failed nodes, contiguous resumable event ids, and which keys expi
 
 from __future__ import annotations
 
-from statecore import keys
-from statecore.models import NodeReport
-from statecore.states import JobStatus as S
+from hitl_review.statecore import keys
+from hitl_review.statecore.models import NodeReport
+from hitl_review.statecore.states import JobStatus as S
 
 from .helpers import THREE_BOXES, create, footprint, iv, keep, report, waiting_job
 from .revision_flow import to_revision

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from statecore import keys
-from statecore.errors import PauseTokenMismatch
-from statecore.states import JobStatus as S
+from hitl_review.statecore import keys
+from hitl_review.statecore.errors import PauseTokenMismatch
+from hitl_review.statecore.states import JobStatus as S
 
 from .helpers import iv, manual, report, validate, waiting_job
 from .revision_flow import to_revision

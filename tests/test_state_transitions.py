@@ -10,11 +10,11 @@ import itertools
 
 import pytest
 
-from statecore import decide
-from statecore.decide import NextHop, RoundDecision, decide_round, diff_subjects, next_hop
-from statecore.errors import IllegalTransition, InvalidRequest, JobCancelled
-from statecore.models import Box, Subject, Validation
-from statecore.states import TERMINAL, TRANSITIONS, WAITING, JobStatus, is_terminal, is_waiting, transition
+from hitl_review.statecore import decide
+from hitl_review.statecore.decide import NextHop, RoundDecision, decide_round, diff_subjects, next_hop
+from hitl_review.statecore.errors import IllegalTransition, InvalidRequest, JobCancelled
+from hitl_review.statecore.models import Box, Subject, Validation
+from hitl_review.statecore.states import TERMINAL, TRANSITIONS, WAITING, JobStatus, is_terminal, is_waiting, transition
 
 S = JobStatus
 ALL = list(JobStatus)

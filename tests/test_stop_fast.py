@@ -22,8 +22,8 @@ import pytest
 
 from harness.ci import require_binary
 from harness.hitl_up import HitlUp, ray_token_header
-from serve_app.ray_runtime import DEFAULT_DASHBOARD_PORT
-from serve_app.samples import product_composite
+from hitl_review.serve_app.ray_runtime import DEFAULT_DASHBOARD_PORT
+from hitl_review.serve_app.samples import product_composite
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -115,7 +115,7 @@ def test_hitl_up_stops_within_10s_leaving_nothing(tmp_path: Path, how: str):
         names = sorted({p.name() for p in tree})
         assert any("raylet" in n for n in names) and any("redis-server" in n for n in names), names
         if with_ui:
-            ui = [p for p in tree if p.cmdline()[1:3] == ["-m", "ui"]]
+            ui = [p for p in tree if p.cmdline()[1:3] == ["-m", "hitl_review.ui"]]
             assert ui and os.getsid(ui[0].pid) != os.getsid(up.pid), "the UI shares hitl up's session"
         ports = _listening_ports(tree) | {up.api_port}
         assert urlsplit(up.dashboard_url).port in ports

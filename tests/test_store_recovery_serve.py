@@ -27,7 +27,7 @@ import redis
 from harness.ci import require_binary
 from harness.hitl_up import HitlUp
 from harness.tokens import TOKENS_SPEC, auth
-from statecore import keys
+from hitl_review.statecore import keys
 
 from .api_util import blank_with_product, intervene, keep_all, submit, wait_status
 

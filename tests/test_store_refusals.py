@@ -25,11 +25,11 @@ import redis
 
 from harness.ci import require_binary
 from harness.tokens import auth
-from serve_app.redis_server import RedisServer
-from serve_app.writeback import WriteBack
-from statecore import errors
-from statecore.durable import store_unavailable
-from statecore.store import Store, StoreConfig
+from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app.writeback import WriteBack
+from hitl_review.statecore import errors
+from hitl_review.statecore.durable import store_unavailable
+from hitl_review.statecore.store import Store, StoreConfig
 from tests.api_util import keep_all
 from tests.asgi_util import asgi_client
 from tests.helpers import create, detection_done, waiting_job
@@ -215,7 +215,7 @@ async def _store(url: str) -> Store:
 
 def _state_of(r: redis.Redis, job_id: str) -> dict[str, Any]:
     """The job as Redis holds it, read without the store (and after the condition cleared)."""
-    from statecore import keys
+    from hitl_review.statecore import keys
 
     jk = keys.job(job_id)
     return {"meta": r.hgetall(jk.meta), "events": r.llen(jk.events), "pauses": r.hgetall(jk.pauses)}

@@ -25,9 +25,9 @@ import pytest
 import redis
 
 from harness.hitl_up import HitlUp
-from serve_app.samples import product_composite
-from statecore import keys
-from ui.panel import ROUND1_TEXT, ROUND2_TEXT
+from hitl_review.serve_app.samples import product_composite
+from hitl_review.statecore import keys
+from hitl_review.ui.panel import ROUND1_TEXT, ROUND2_TEXT
 
 from .browser_util import (
     VIEWPORT,

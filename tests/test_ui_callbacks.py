@@ -13,9 +13,21 @@ from typing import Any
 import gradio as gr
 from PIL import Image
 
-from client import HitlClient, new_intervention_id
 from harness.tokens import TOKENS
-from serve_app.samples import product_composite
+from hitl_review.client import HitlClient, new_intervention_id
+from hitl_review.serve_app.samples import product_composite
+from hitl_review.ui.annotator import (
+    AUTO_TARGET,
+    edits_between,
+    read_annotator,
+)
+from hitl_review.ui.callbacks import THUMBS_PER_TICK, Callbacks, show
+from hitl_review.ui.images import ImageStore
+from hitl_review.ui.layout import Components, layout
+from hitl_review.ui.panel import (
+    ROUND1_TEXT,
+)
+from hitl_review.ui.session import ReviewerState
 from tests.ui_fakes import (
     IMAGE,
     H,
@@ -26,18 +38,6 @@ from tests.ui_fakes import (
     round1,
     shown,
 )
-from ui.annotator import (
-    AUTO_TARGET,
-    edits_between,
-    read_annotator,
-)
-from ui.callbacks import THUMBS_PER_TICK, Callbacks, show
-from ui.images import ImageStore
-from ui.layout import Components, layout
-from ui.panel import (
-    ROUND1_TEXT,
-)
-from ui.session import ReviewerState
 
 # --------------------------------------------------------------------------- callbacks, no browser
 

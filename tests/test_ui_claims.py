@@ -9,12 +9,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from client import HitlClient
 from harness.tokens import TOKENS
+from hitl_review.client import HitlClient
+from hitl_review.ui.claims import claim_text
+from hitl_review.ui.panel import short_snapshot
+from hitl_review.ui.session import ReviewerState
 from tests.test_ui_callbacks import make_callbacks, visible, waiting_job
-from ui.claims import claim_text
-from ui.panel import short_snapshot
-from ui.session import ReviewerState
 
 
 def test_claim_presence_next_job_and_takeover(api_server: Any, tmp_path: Path) -> None:

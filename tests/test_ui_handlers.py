@@ -6,9 +6,30 @@ their components and no browser, in ``test_ui_callbacks.py``; the shared snapsho
 
 from __future__ import annotations
 
-from statecore.models import (
+from hitl_review.statecore.models import (
     CurrentNode,
 )
+from hitl_review.ui.annotator import (
+    AUTO_TARGET,
+    Edits,
+    apply_label,
+    box_notes,
+    edits_between,
+    label_choices,
+    read_annotator,
+    reapplied_value,
+    subjects_from_annotator,
+)
+from hitl_review.ui.panel import (
+    MANUAL_COLOR,
+    MODEL_COLOR,
+    PROBLEM_COLOR,
+    annotator_value,
+    panel_from_snapshot,
+    stage_text,
+    status_text,
+)
+from hitl_review.ui.session import ReviewerState, conflict_banner
 from tests.ui_fakes import (
     WAITING_ACTIONS,
     as_raw,
@@ -21,27 +42,6 @@ from tests.ui_fakes import (
     shown,
     snapshot,
 )
-from ui.annotator import (
-    AUTO_TARGET,
-    Edits,
-    apply_label,
-    box_notes,
-    edits_between,
-    label_choices,
-    read_annotator,
-    reapplied_value,
-    subjects_from_annotator,
-)
-from ui.panel import (
-    MANUAL_COLOR,
-    MODEL_COLOR,
-    PROBLEM_COLOR,
-    annotator_value,
-    panel_from_snapshot,
-    stage_text,
-    status_text,
-)
-from ui.session import ReviewerState, conflict_banner
 
 # --------------------------------------------------------------------------- snapshot -> panel
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from statecore.store import Store
-from ui.quorum import quorum_line, reconciliation_md, vote_banner
+from hitl_review.statecore.store import Store
+from hitl_review.ui.quorum import quorum_line, reconciliation_md, vote_banner
 
 from .helpers import iv, keep, manual
 from .test_quorum import quorum_job

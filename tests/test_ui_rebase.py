@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hitl_review.ui.annotator import Edits
+from hitl_review.ui.rebase import Changes, changes_between, rebase_edits, rebase_text, with_mine
 from tests.ui_fakes import model_box, opened, round1, round2, shown, snapshot
-from ui.annotator import Edits
-from ui.rebase import Changes, changes_between, rebase_edits, rebase_text, with_mine
 
 A, B, C, D = "box_a", "box_b", "box_c", "box_d"
 NOW = [A, B, C, D]

@@ -9,12 +9,24 @@ from pathlib import Path
 import gradio as gr
 from PIL import Image
 
-from statecore.models import (
+from hitl_review.statecore.models import (
     ClaimView,
     JobResults,
     JobSummary,
     SubjectResult,
 )
+from hitl_review.ui.annotator import (
+    edits_between,
+    read_annotator,
+    subjects_from_annotator,
+)
+from hitl_review.ui.panel import (
+    annotator_value,
+    backends_text,
+    panel_image_name,
+)
+from hitl_review.ui.queue import claim_left_s, format_age, next_job_id, presence_text, queue_rows
+from hitl_review.ui.results import results_view
 from tests.ui_fakes import (
     IMAGE,
     H,
@@ -26,18 +38,6 @@ from tests.ui_fakes import (
     round2,
     shown,
 )
-from ui.annotator import (
-    edits_between,
-    read_annotator,
-    subjects_from_annotator,
-)
-from ui.panel import (
-    annotator_value,
-    backends_text,
-    panel_image_name,
-)
-from ui.queue import claim_left_s, format_age, next_job_id, presence_text, queue_rows
-from ui.results import results_view
 
 # --------------------------------------------------------------------------- queue
 
@@ -160,7 +160,7 @@ def test_backends_line() -> None:
 
 
 def test_build_app_builds_blocks_without_a_server() -> None:
-    from ui.app import build_app
+    from hitl_review.ui.app import build_app
 
     demo = build_app("http://127.0.0.1:9", token="x")
     assert isinstance(demo, gr.Blocks)

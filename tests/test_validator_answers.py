@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from statecore.states import JobStatus as S
+from hitl_review.statecore.states import JobStatus as S
 
 from .helpers import iv, keep, manual, report, validate, waiting_job
 

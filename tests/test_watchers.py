@@ -9,9 +9,9 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_app import metrics
-from serve_app.events import EventHub
-from statecore import watchers
+from hitl_review.serve_app import metrics
+from hitl_review.serve_app.events import EventHub
+from hitl_review.statecore import watchers
 
 from .helpers import waiting_job
 

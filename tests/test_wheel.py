@@ -19,7 +19,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("statecore", "serve_app", "deployments", "ui", "client", "archive")
+PRODUCT = (
+    "statecore",
+    "serve_app",
+    "deployments",
+    "ui",
+    "client",
+    "archive",
+)
 TEST_CODE = ("harness", "loadtest", "tests", "benchmarks")
 TYPED = ("statecore", "client")
 
@@ -31,8 +38,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     src.mkdir()
     for name in ("pyproject.toml", "LICENSE", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    for pkg in PRODUCT + TEST_CODE:
-        shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "out", "*.pyc"))
+    for pkg in ("hitl_review", *PRODUCT, *TEST_CODE):  # hitl_review/ as it is: links to the folders
+        ignore = shutil.ignore_patterns("__pycache__", "out", "*.pyc")
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=ignore, symlinks=True)
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp / "dist")]
     proc = subprocess.run([*cmd, str(src)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -47,19 +55,21 @@ def top_levels(names: list[str]) -> set[str]:
 
 def test_the_wheel_holds_the_product_and_no_test_code(wheel: zipfile.ZipFile):
     names = wheel.namelist()
-    assert top_levels(names) == set(PRODUCT), sorted(top_levels(names))
-    leaked = [n for n in names if n.split("/", 1)[0] in TEST_CODE or "/tests/" in n or "conftest" in n]
+    assert top_levels(names) == {"hitl_review"}, sorted(top_levels(names))  # one import name
+    subpackages = {n.split("/")[1] for n in names if n.startswith("hitl_review/") and n.count("/") >= 2}
+    assert subpackages == set(PRODUCT), sorted(subpackages)
+    leaked = [n for n in names if n.split("/")[1] in TEST_CODE or "/tests/" in n or "conftest" in n]
     assert not leaked, leaked[:10]
     # Data the code reads at run time comes along.
-    assert any(n.startswith("statecore/lua/") and n.endswith(".lua") for n in names)
-    assert "archive/alembic/script.py.mako" in names
+    assert any(n.startswith("hitl_review/statecore/lua/") and n.endswith(".lua") for n in names)
+    assert "hitl_review/archive/alembic/script.py.mako" in names
 
 
 def test_the_typed_packages_carry_py_typed(wheel: zipfile.ZipFile):
     names = set(wheel.namelist())
     for pkg in TYPED:
         assert (ROOT / pkg / "py.typed").is_file(), f"{pkg}/py.typed is missing from the checkout"
-        assert f"{pkg}/py.typed" in names, f"{pkg}/py.typed is not in the wheel (package-data)"
+        assert f"hitl_review/{pkg}/py.typed" in names, f"{pkg}/py.typed is not in the wheel (package-data)"
 
 
 def test_the_licence_is_in_the_dist_info_and_the_metadata(wheel: zipfile.ZipFile):
@@ -76,7 +86,7 @@ def test_the_licence_is_in_the_dist_info_and_the_metadata(wheel: zipfile.ZipFile
 
 def test_the_console_script_is_declared(wheel: zipfile.ZipFile):
     (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
-    assert "hitl = serve_app.cli:main" in wheel.read(entry_points).decode()
+    assert "hitl = hitl_review.serve_app.cli:main" in wheel.read(entry_points).decode()
 
 
 def test_the_demo_extra_installs_no_torch():

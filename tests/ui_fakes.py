@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from statecore.models import (
+from hitl_review.statecore.models import (
     BBox,
     Box,
     CurrentNode,
@@ -16,10 +16,10 @@ from statecore.models import (
     Pause,
     Validation,
 )
-from ui.panel import (
+from hitl_review.ui.panel import (
     Panel,
 )
-from ui.session import ReviewerState
+from hitl_review.ui.session import ReviewerState
 
 W, H = 400, 300
 IMAGE = ImageRef(sha256="ab" * 32, width=W, height=H, url="/api/v1/artifacts/img.png")

@@ -1,4 +1,4 @@
-"""``python -m ui --api-url URL --port PORT``: the reviewer UI on its own."""
+"""``python -m hitl_review.ui --api-url URL --port PORT``: the reviewer UI on its own."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m ui", description="hitl-review reviewer UI (Gradio)")
+    p = argparse.ArgumentParser(prog="python -m hitl_review.ui", description="hitl-review reviewer UI (Gradio)")
     p.add_argument(
         "--api-url",
         default=os.environ.get("HITL_API_URL", "http://127.0.0.1:8000"),

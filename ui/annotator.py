@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from statecore.models import BBox
+from hitl_review.statecore.models import BBox
 
 from .panel import (
     MANUAL_COLOR,

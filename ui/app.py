@@ -5,7 +5,7 @@
 panel shows is decided by plain functions (``ui.panel``, ``ui.annotator``,
 ``ui.session``, ``ui.queue``, ``ui.results``). Per-reviewer data lives in one
 ``gr.State`` (``ReviewerState``), never in module globals. ``launch`` is
-left to ``ui.server`` and ``python -m ui``.
+left to ``ui.server`` and ``python -m hitl_review.ui``.
 """
 
 from __future__ import annotations

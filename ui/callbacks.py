@@ -17,8 +17,8 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from client import ApiError, AsyncHitlClient, ConflictError, HitlClient
-from statecore.models import JobSnapshot, JobSummary
+from hitl_review.client import ApiError, AsyncHitlClient, ConflictError, HitlClient
+from hitl_review.statecore.models import JobSnapshot, JobSummary
 
 from .annotator import (
     AUTO_TARGET,

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 import gradio as gr
 
-from client import ApiError, ConflictError, HitlClient
-from statecore.models import ClaimView
+from hitl_review.client import ApiError, ConflictError, HitlClient
+from hitl_review.statecore.models import ClaimView
 
 from .layout import Components
 from .queue import claim_left_s

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from client import HitlClient
+from hitl_review.client import HitlClient
 
 from .panel import Panel, panel_image_name
 from .results import ResultsView, results_view, write_atomic

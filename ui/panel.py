@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from statecore.models import BBox, Box, ImageRef, JobSnapshot
-from statecore.states import TERMINAL, JobStatus
+from hitl_review.statecore.models import BBox, Box, ImageRef, JobSnapshot
+from hitl_review.statecore.states import TERMINAL, JobStatus
 
 ROUND1_TEXT = "Confirm the detected subjects"
 ROUND2_TEXT = "These boxes did not pass naming — redraw or remove them"

@@ -16,8 +16,8 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
-from client import AsyncHitlClient
-from statecore.models import Event, JobSnapshot
+from hitl_review.client import AsyncHitlClient
+from hitl_review.statecore.models import Event, JobSnapshot
 
 from .panel import is_terminal
 from .session import ReviewerState

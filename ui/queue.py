@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from client.times import parse_time
-from statecore.models import ClaimView, JobSummary
+from hitl_review.client.times import parse_time
+from hitl_review.statecore.models import ClaimView, JobSummary
 
 from .editor import ALL_STAGES, stage_name
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from statecore.models import JobSnapshot
+from hitl_review.statecore.models import JobSnapshot
 
 from .panel import Panel, short_snapshot
 

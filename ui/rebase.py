@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from statecore.models import Box
+from hitl_review.statecore.models import Box
 
 from .annotator import Edits
 

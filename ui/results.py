@@ -16,8 +16,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from statecore.models import JobResults
-from statecore.states import JobStatus
+from hitl_review.statecore.models import JobResults
+from hitl_review.statecore.states import JobStatus
 
 
 def checkerboard(size: tuple[int, int], cell: int = 12) -> Image.Image:

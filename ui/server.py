@@ -1,4 +1,4 @@
-"""Serving the reviewer app: what ``hitl up`` (and ``python -m ui``) call."""
+"""Serving the reviewer app: what ``hitl up`` (and ``python -m hitl_review.ui``) call."""
 
 from __future__ import annotations
 

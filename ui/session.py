@@ -12,9 +12,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from client import new_intervention_id
-from statecore.models import Box, ClaimView, JobSnapshot
-from statecore.states import JobStatus
+from hitl_review.client import new_intervention_id
+from hitl_review.statecore.models import Box, ClaimView, JobSnapshot
+from hitl_review.statecore.states import JobStatus
 
 from .annotator import Edits, applicable_edits
 from .editor import ALL_STAGES, EditHistory, copy_edits

@@ -13,10 +13,10 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from client import HitlClient
-from client.times import parse_time
-from statecore.models import Event
-from statecore.states import TERMINAL
+from hitl_review.client import HitlClient
+from hitl_review.client.times import parse_time
+from hitl_review.statecore.models import Event
+from hitl_review.statecore.states import TERMINAL
 
 from .queue import format_age
 

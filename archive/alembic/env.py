@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from archive.schema import Base
+from hitl_review.archive.schema import Base
 
 config = context.config
 connection = config.attributes.get("connection")

@@ -172,9 +172,9 @@ T = TypeVar("T")
 # Where each backend lives, by role and name. The module is imported on first use (by name,
 # so this file imports no backend and choosing the classical default never imports torch);
 # on import it registers its classes with ``register``.
-_CLASSICAL = "deployments.backends.classical"
-_SAM = "deployments.backends.sam.backends"
-_TORCHVISION = "deployments.backends.tv_detector"
+_CLASSICAL = "hitl_review.deployments.backends.classical"
+_SAM = "hitl_review.deployments.backends.sam.backends"
+_TORCHVISION = "hitl_review.deployments.backends.tv_detector"
 BACKEND_MODULES: dict[Role, dict[str, str]] = {
     "detector": {"classical": _CLASSICAL, "sam-auto": _SAM, "sam": _SAM, "torchvision": _TORCHVISION},
     "validator": {"classical": _CLASSICAL, "sam": _SAM, "sam-auto": _SAM},

@@ -7,8 +7,8 @@ import asyncio
 import httpx
 
 from harness.sse import parse_sse
-from statecore import keys
-from statecore.store import Store
+from hitl_review.statecore import keys
+from hitl_review.statecore.store import Store
 
 from ..common import request_id
 from .reading import Job, read_job

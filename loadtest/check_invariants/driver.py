@@ -10,8 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 from harness.tokens import resolve_token
-from statecore import keys
-from statecore.store import Store
+from hitl_review.statecore import keys
+from hitl_review.statecore.store import Store
 
 from ..common import read_records
 from .api import check_api

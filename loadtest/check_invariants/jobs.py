@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from statecore.states import TERMINAL, TRANSITIONS, WAITING, JobStatus
+from hitl_review.statecore.states import TERMINAL, TRANSITIONS, WAITING, JobStatus
 
 from .reading import Command, Job, Write, stream_id
 from .report import Report

@@ -10,8 +10,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from statecore import keys
-from statecore.store import Store
+from hitl_review.statecore import keys
+from hitl_review.statecore.store import Store
 
 
 def stream_id(entry_id: str) -> tuple[int, int]:

@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 
+from hitl_review.statecore.errors import HitlError
+from hitl_review.statecore.models import InterventionRequest
+from hitl_review.statecore.store import Store
 from loadtest.common import outcome, request_id
 from loadtest.intervention_bench.jobs import BenchJob, mix
-from statecore.errors import HitlError
-from statecore.models import InterventionRequest
-from statecore.store import Store
 
 DOORS = ("direct", "uvicorn", "ray")
 DOOR_TITLES = {"direct": "store (Lua ceiling)", "uvicorn": "FastAPI + uvicorn", "ray": "Ray Serve (hitl up)"}

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.executor import report
+from hitl_review.statecore.models import ImageRef
+from hitl_review.statecore.store import Store
 from loadtest.check_invariants import read_outboxes
-from statecore.models import ImageRef
-from statecore.store import Store
 
 BOXES = [
     {"bbox": [10, 10, 100, 120], "label": "shoe", "score": 0.93},

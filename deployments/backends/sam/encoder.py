@@ -154,6 +154,49 @@ class SamModel:
                 masks, iou = masks[:, 0], iou[:, 0]
             return masks.cpu().numpy().astype(bool), iou.float().cpu().numpy()
 
+    def predict_prompt(
+        self,
+        emb: SamEmbedding,
+        box: np.ndarray,
+        point_coords: np.ndarray,
+        point_labels: np.ndarray,
+        multimask: bool = False,
+        stability_offset: float = 1.0,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One box plus points (``point_coords`` (N, 2) xy in original-image pixels, ``point_labels``
+        (N,) 1 positive / 0 negative; N may be 0) in one decoder call.
+
+        Returns bool masks (C, H, W) at the image's size (C = 3 with ``multimask``, else 1), the
+        decoder's predicted IoU (C,) and the stability score (C,): the IoU of the logits
+        thresholded at ``mask_threshold +/- stability_offset``, as ``SamAutomaticMaskGenerator``
+        computes it."""
+        predictor = SamPredictor(self.sam)
+        predictor.features = emb.features
+        predictor.original_size = emb.original_size
+        predictor.input_size = emb.input_size
+        predictor.is_image_set = True
+        with self.inference():
+            bt = torch.as_tensor(np.asarray(box, dtype=np.float32).reshape(1, 4), device=self.device)
+            bt = predictor.transform.apply_boxes_torch(bt, emb.original_size)
+            coords = labels = None
+            if len(point_coords):
+                pc = torch.as_tensor(np.asarray(point_coords, np.float32).reshape(1, -1, 2), device=self.device)
+                coords = predictor.transform.apply_coords_torch(pc, emb.original_size)
+                labels = torch.as_tensor(np.asarray(point_labels, np.int64).reshape(1, -1), device=self.device)
+            logits, iou, _ = predictor.predict_torch(
+                coords, labels, boxes=bt, multimask_output=multimask, return_logits=True
+            )
+            logits = logits[0].float()
+            thr = self.sam.mask_threshold
+            inter = (logits > thr + stability_offset).flatten(1).sum(1).float()
+            union = (logits > thr - stability_offset).flatten(1).sum(1).float()
+            stability = torch.where(union > 0, inter / union.clamp(min=1), torch.zeros_like(union))
+            return (
+                (logits > thr).cpu().numpy(),
+                iou[0].float().cpu().numpy(),
+                stability.cpu().numpy(),
+            )
+
 
 # --------------------------------------------------------------------------- embedding cache
 
