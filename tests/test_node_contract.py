@@ -116,7 +116,7 @@ def test_registry_names_and_errors():
 
 def test_the_classical_default_never_imports_torch():
     code = (
-        "import sys; from deployments.executor import build_models; build_models({}); "
+        "import sys; from hitl_review.deployments.executor import build_models; build_models({}); "
         "assert 'torch' not in sys.modules and 'segment_anything' not in sys.modules, 'heavy import'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

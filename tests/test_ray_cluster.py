@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -223,9 +224,19 @@ def test_ready_line():
     assert ready_line("http://a:1", None, None) == "READY api=http://a:1"
 
 
-def test_runtime_env_ships_the_replicas_packages():
+def test_runtime_env_ships_the_replicas_packages(tmp_path: Path):
+    """The one py_module is the hitl_review package; packed as Ray packs a py_module (its zip, which
+    the nodes unpack), it holds the replicas' packages' files, the links in a checkout followed."""
+    from ray._private.runtime_env.packaging import _zip_files  # create_package packs a py_module with it
+
     env = ray_runtime.runtime_env()
-    names = {Path(m).name for m in env["py_modules"]}
-    assert names == {"statecore", "serve_app", "deployments", "archive"}
-    assert all((Path(m) / "__init__.py").exists() for m in env["py_modules"])
-    assert "__pycache__" in env["excludes"]
+    [package] = env["py_modules"]
+    assert Path(package).name == "hitl_review" and "__pycache__" in env["excludes"]
+    out = tmp_path / "pkg.zip"
+    _zip_files(package, env["excludes"], str(out), include_gitignore=False, include_parent_dir=True)
+    with zipfile.ZipFile(out) as zf:
+        names = set(zf.namelist())
+    for name in ray_runtime.REPLICA_PACKAGES:
+        assert f"hitl_review/{name}/__init__.py" in names, sorted(names)[:20]
+    assert "hitl_review/statecore/lua/consume_pause.lua" in names
+    assert not any("__pycache__" in n for n in names)
