@@ -51,6 +51,8 @@ class ExportJob:
     approved: list[dict[str, Any]]
     masks: dict[str, str]  # box_id -> mask artifact name (segmented boxes only)
     corrections: corrections.Corrections
+    # box_id -> the quality gate's verdict on its mask, its refinements and who let it through
+    quality: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,6 +116,11 @@ def select_jobs(archive: Archive, *, since: datetime | None = None, batch: str |
                         if r["status"] == "SUCCEEDED" and r.get("mask_url")
                     },
                     corrections=corrections.compare(proposed, approved),
+                    quality={
+                        r["box_id"]: {k: r.get(k) for k in ("quality", "refinements", "decided_by")}
+                        for r in subjects
+                        if r["status"] == "SUCCEEDED" and r.get("quality")
+                    },
                 )
             )
     return out
@@ -167,6 +174,11 @@ def export_coco(jobs: Sequence[ExportJob], artifacts: ArtifactStore, out: Path) 
                 "hitl_box_id": box["box_id"],
                 "hitl_source": box.get("source"),
             }
+            gate = job.quality.get(box["box_id"])
+            if gate is not None:  # the gate's scores and verdict on the mask, and who let it through
+                ann["hitl_quality"] = gate["quality"]
+                ann["hitl_refinements"] = [r["strategy"] for r in gate.get("refinements") or []]
+                ann["hitl_decided_by"] = gate.get("decided_by")
             name = job.masks.get(box["box_id"])
             if name is not None and artifacts.exists(name):
                 rle = mask_utils.encode(np.asfortranarray(load_mask(artifacts, name, job.width, job.height)))

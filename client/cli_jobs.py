@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from hitl_review.statecore.models import Event, JobResults, JobSnapshot
+from hitl_review.statecore.models import Event, JobResults, JobSnapshot, SubjectResult
 
 from .api import TERMINAL_STATUSES, HitlClient
 from .batch import ENDED_WELL, download_outputs
@@ -168,7 +168,7 @@ def cmd_results(args: argparse.Namespace, client: HitlClient) -> int:
 def print_results(res: JobResults, console: Console) -> None:
     title = f"{res.job_id}  {res.status}" + (f"  ({res.reason_code})" if res.reason_code else "")
     table = Table(title=title, title_justify="left")
-    for col in ("box", "label", "status", "bbox", "reason", "mask", "cut-out"):
+    for col in ("box", "label", "status", "bbox", "reason", "quality", "mask", "cut-out"):
         table.add_column(col, overflow="fold")
     for s in res.subjects:
         table.add_row(
@@ -177,10 +177,29 @@ def print_results(res: JobResults, console: Console) -> None:
             styled(s.status),
             "[" + ", ".join(f"{x:g}" for x in s.bbox) + "]",
             s.reason or "",
+            quality_cell(s),
             s.mask_url or "-",
             s.cutout_url or "-",
         )
     console.print(table)
+
+
+def quality_cell(s: SubjectResult) -> Text:
+    """The gate's word on a subject's mask: ``PASS`` (by whom), or ``FAIL`` with its reasons, and the
+    refinements tried before it; ``-`` when no gate judged it."""
+    if s.quality is None:
+        return Text("-")
+    q = s.quality
+    out = Text(q.verdict, style="green" if q.verdict == "PASS" else "bold red")
+    if s.refinements:
+        out.append(f" after {len(s.refinements)} refinement(s): " + ", ".join(r.strategy for r in s.refinements))
+    if s.decided_by:
+        out.append(f" ({q.policy}, decided by {s.decided_by})")
+    else:
+        out.append(f" ({q.policy})")
+    for reason in q.reasons:
+        out.append(f"\n- {reason}")
+    return out
 
 
 # ---------------------------------------------------------------------- jobs

@@ -286,6 +286,23 @@ class NodeReport(BaseModel):
         return self
 
 
+class QualityVerdict(BaseModel):
+    """The quality gate's word on one mask (docs/protocol.md § Cut-out quality): under ``policy`` (its
+    version, recorded with every verdict), ``PASS``, or ``FAIL`` with ``reasons`` a reviewer can read."""
+
+    verdict: Literal["PASS", "FAIL"]
+    reasons: list[str] = Field(default_factory=list)
+    scores: dict[str, float] = Field(default_factory=dict)
+    policy: str
+
+
+class Refinement(BaseModel):
+    """One refinement tried on a mask the gate failed: the prompt strategy and the gate's verdict on it."""
+
+    strategy: str
+    quality: QualityVerdict
+
+
 class SubjectResult(BaseModel):
     box_id: str
     bbox: BBox
@@ -294,6 +311,12 @@ class SubjectResult(BaseModel):
     reason: str | None = None
     mask_url: str | None = None
     cutout_url: str | None = None
+    # The gate's verdict on the mask shipped (None: the gate is off, or no mask), the refinements
+    # tried before it, and who let the mask through: "gate" (it passed) or null (not decided: it
+    # still fails after its refinements and waits for the mask review of docs/protocol.md).
+    quality: QualityVerdict | None = None
+    refinements: list[Refinement] = Field(default_factory=list)
+    decided_by: str | None = None
 
 
 class JobResults(BaseModel):

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from .errors import NodeExecutionError
-from .models import BBox, Box, ImageRef, Validation
+from .models import BBox, Box, ImageRef, QualityVerdict, Refinement, Validation
 from .states import NodeType
 
 INVALID_NODE_INPUT = "INVALID_NODE_INPUT"
@@ -163,13 +163,16 @@ class ValidateOutput(_Wire):
 
 
 class SubjectOutcome(_Wire):
-    """One approved box after segmentation; ``mask`` and ``cutout`` are artifact names."""
+    """One approved box after segmentation; ``mask`` and ``cutout`` are artifact names; ``quality`` the
+    gate's verdict on that mask and ``refinements`` what was tried before it (the gate on: SPEC §13)."""
 
     box_id: str
     status: Literal["SUCCEEDED", "FAILED"]
     reason: str | None = None
     mask: str | None = None
     cutout: str | None = None
+    quality: QualityVerdict | None = None
+    refinements: list[Refinement] = Field(default_factory=list)
 
 
 class ProcessOutput(_Wire):

@@ -301,9 +301,18 @@ def _on_process(
             reason=s.reason,
             mask_url=artifact_url(s.mask) if ok and s.mask else None,
             cutout_url=artifact_url(s.cutout) if ok and s.cutout else None,
+            quality=s.quality if ok else None,
+            refinements=s.refinements,
+            decided_by="gate" if ok and s.quality is not None and s.quality.verdict == "PASS" else None,
         )
         results.append(r)
         plan.events.append(("SUBJECT_SEGMENTED", r.model_dump(mode="json")))
+        for i, ref in enumerate(s.refinements, start=1):
+            plan.events.append(
+                ("SUBJECT_REFINED", {"box_id": r.box_id, "refinement": i, **ref.model_dump(mode="json")})
+            )
+        if ok and s.quality is not None:
+            plan.events.append(("SUBJECT_GATED", {"box_id": r.box_id, **s.quality.model_dump(mode="json")}))
     for b in state.approved_box_list:
         if b.box_id not in {r.box_id for r in results}:
             results.append(

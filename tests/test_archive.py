@@ -59,11 +59,18 @@ def counts(archive: Archive, job_id: str) -> dict[str, int]:
 # --------------------------------------------------------------------------- driving a job to its end
 
 
-async def finished_job(store: Store, image: Any, masks: dict[int, str] | None = None, key: str | None = None) -> str:
+GATE_PASS = {"verdict": "PASS", "reasons": [], "scores": {"fill": 0.6}, "policy": "gate-v1"}
+GATE_FAIL = {"verdict": "FAIL", "reasons": ["the mask stops short"], "scores": {"box_gap": 0.3}, "policy": "gate-v1"}
+
+
+async def finished_job(
+    store: Store, image: Any, masks: dict[int, str] | None = None, key: str | None = None, gated: bool = False
+) -> str:
     """Through the store, as reviewer and executors: three proposals; box 0 moved, box 1 kept,
     box 2 deleted, one manual box drawn; the manual box passes naming; every approved box is
     segmented (``masks``: an artifact name per approved position, default placeholder names).
-    ``key``: the submission's Idempotency-Key (``<batch>:<sha256>`` from ``hitl submit``)."""
+    ``key``: the submission's Idempotency-Key (``<batch>:<sha256>`` from ``hitl submit``). ``gated``:
+    the quality gate passed the first mask and failed the second after one refinement."""
     job_id = (await store.create_job("alice", image, key)).job_id
     assert await report(store, job_id, {"boxes": THREE_BOXES}) == "OK"
     st = await store.get(job_id)
@@ -88,6 +95,9 @@ async def finished_job(store: Store, image: Any, masks: dict[int, str] | None = 
         }
         for i, b in enumerate(st.approved_box_list)
     ]
+    if gated:
+        outcome[0]["quality"] = GATE_PASS
+        outcome[1].update(quality=GATE_FAIL, refinements=[{"strategy": "enlarged_box", "quality": GATE_FAIL}])
     assert await report(store, job_id, {"subjects": outcome}) == "OK"
     assert await report(store, job_id, {}) == "OK"
     assert (await store.get(job_id)).status == S.SUCCEEDED

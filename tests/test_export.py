@@ -60,7 +60,7 @@ async def exported_world(store, tmp_path: Path):
             image = ImageRef(sha256=f"{n:064x}", width=W, height=H, url=ArtifactStore.url(name))
             arrays = [_mask(i, n) for i in range(3)]
             names = {i: artifacts.put("mask", _png(a), "png") for i, a in enumerate(arrays)}
-            job_id = await finished_job(store, image, masks=names, key=f"{batch}:{n:064x}")
+            job_id = await finished_job(store, image, masks=names, key=f"{batch}:{n:064x}", gated=True)
             assert await archive_job(store, archive, job_id) == "INSERTED"
             masks[job_id] = arrays
     finally:
@@ -95,6 +95,10 @@ async def test_coco_export_loads_in_pycocotools_with_the_jobs_boxes_and_mask_are
             assert np.array_equal(coco.annToMask(ann).astype(bool), truth)
         # The approved boxes, as the reviewer left them: box 0 moved 5 px right.
         assert [a["bbox"] for a in anns][0] == [15.0, 10.0, 90.0, 110.0]
+        # The quality gate's word on each mask and who let it through (none on the third: no gate ran).
+        assert [a.get("hitl_quality", {}).get("verdict") for a in anns] == ["PASS", "FAIL", None]
+        assert anns[0]["hitl_quality"]["scores"] == {"fill": 0.6} and anns[0]["hitl_decided_by"] == "gate"
+        assert anns[1]["hitl_refinements"] == ["enlarged_box"] and anns[1]["hitl_decided_by"] is None
     corrections = json.loads((out / "corrections.json").read_text())
     assert corrections["totals"] == {"added": 2, "moved": 2, "relabelled": 0, "deleted": 2}
     job = corrections["jobs"][0]
