@@ -27,6 +27,7 @@ from PIL import Image
 from pydantic import ValidationError
 
 from hitl_review.statecore.errors import NodeExecutionError
+from hitl_review.statecore.models import QualityVerdict, Refinement
 from hitl_review.statecore.nodes import (
     INVALID_NODE_INPUT,
     INVALID_NODE_OUTPUT,
@@ -49,6 +50,7 @@ from hitl_review.statecore.nodes import (
 from hitl_review.statecore.states import NodeType
 
 from .backends.base import DetectorBackend, Role, SegmenterBackend, ValidatorBackend, make_backend
+from .quality.subject import QualityGate
 
 if TYPE_CHECKING:  # fsspec is imported when a store is built, so a bare GPU box can import this module
     from hitl_review.statecore.artifacts import ArtifactStore
@@ -63,6 +65,7 @@ class Models:
     detector: DetectorBackend | None = None
     validator: ValidatorBackend | None = None
     segmenter: SegmenterBackend | None = None
+    quality: QualityGate | None = None  # the gate on the segmenter's masks (None: off)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -74,6 +77,7 @@ class Models:
             out["validator_policy"] = self.validator.policy_version
         if self.segmenter is not None:
             out["segmenter"] = self.segmenter.name
+            out["quality_gate"] = self.quality.describe() if self.quality is not None else "off"
         encoders = {
             id(e): e
             for e in (getattr(b, "encoder", None) for b in (self.detector, self.validator, self.segmenter))
@@ -146,7 +150,8 @@ def build_models(
     config: Mapping[str, Any], roles: tuple[Role, ...] = ("detector", "validator", "segmenter"), artifacts: Any = None
 ) -> Models:
     """All backends of one process (the local runner): SAM roles share one model and cache."""
-    return Models(**{role: build_backend(role, config, artifacts) for role in roles})
+    quality = QualityGate.from_config(config.get("quality")) if "segmenter" in roles else None
+    return Models(**{role: build_backend(role, config, artifacts) for role in roles}, quality=quality)
 
 
 # --------------------------------------------------------------------------- images
@@ -231,12 +236,16 @@ def _models(models: Any) -> Models:
         return models
     if isinstance(models, Mapping):
         return Models(
-            detector=models.get("detector"), validator=models.get("validator"), segmenter=models.get("segmenter")
+            detector=models.get("detector"),
+            validator=models.get("validator"),
+            segmenter=models.get("segmenter"),
+            quality=models.get("quality"),
         )
     return Models(
         detector=getattr(models, "detector", None),
         validator=getattr(models, "validator", None),
         segmenter=getattr(models, "segmenter", None),
+        quality=getattr(models, "quality", None),
     )
 
 
@@ -290,11 +299,22 @@ def process_boxes(
             continue
         mask = mask.astype(bool)
         alpha = r.get("alpha")
+        gated = models.quality.check(segmenter, img, sha, list(b.bbox), r) if models.quality else None
+        if gated is not None and gated.refined:  # a refinement's mask: its own alpha
+            mask, alpha = gated.mask, None
+            if not mask.any():
+                reason = "every refinement of this box's mask came out empty"
+                out.subjects.append(SubjectOutcome(box_id=b.box_id, status="FAILED", reason=reason))
+                continue
         if not isinstance(alpha, np.ndarray) or alpha.shape != (h, w):
             alpha = np.where(mask, 255, 0).astype(np.uint8)
         mask_name = artifacts.put("mask", mask_png(mask), "png")
         cutout_name = artifacts.put("cutout", cutout_png(img, alpha), "png")
-        out.subjects.append(SubjectOutcome(box_id=b.box_id, status="SUCCEEDED", mask=mask_name, cutout=cutout_name))
+        outcome = SubjectOutcome(box_id=b.box_id, status="SUCCEEDED", mask=mask_name, cutout=cutout_name)
+        if gated is not None:
+            outcome.quality = QualityVerdict.model_validate(gated.quality)
+            outcome.refinements = [Refinement.model_validate(x) for x in gated.refinements]
+        out.subjects.append(outcome)
     return out
 
 

@@ -38,6 +38,7 @@ from hitl_review.statecore.nodes import image_to_read
 from .backends.base import Role, make_backend
 from .executor import Models, backend_kwargs, deployment_overrides, load_image, model_input, run_node
 from .metrics import ModelMetrics
+from .quality.subject import QualityGate
 
 log = logging.getLogger("hitl.deployments")
 
@@ -92,13 +93,15 @@ class _ModelDeployment:
         artifact_root: str,
         batch: Mapping[str, Any] | None = None,
         slots: int = 8,
+        quality: Mapping[str, Any] | None = None,
     ) -> None:
         self.artifacts = ArtifactStore(artifact_root)
         # One thread per request slot (max_ongoing_requests): asyncio's default pool has cpu + 4
         # threads, so on a small machine two of eight admitted nodes would wait for a thread.
         self.threads = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix=f"hitl-{self.ROLE}")
         instance = make_backend(self.ROLE, backend, artifacts=self.artifacts, **dict(config))
-        self.models = Models(**{self.ROLE: instance})
+        gate = QualityGate.from_config(quality) if self.ROLE == "segmenter" else None
+        self.models = Models(**{self.ROLE: instance}, quality=gate)
         self.backend = instance
         # SAM backends expose their shared encoder; the encoder path is then batched.
         self.encoder: Any = getattr(instance, "encoder", None)
@@ -264,5 +267,8 @@ def build_model_deployments(config: Mapping[str, Any], gpu: bool | None = None) 
         batch = {k: overrides[k] for k in DEFAULT_BATCH if k in overrides}
         opts = deployment_options(backend, overrides, gpu)
         log.info("%s: backend %s, %s", name, backend, opts)
-        out[name] = cls.options(**opts).bind(backend, kwargs, artifact_root, batch, opts["max_ongoing_requests"])
+        quality = config.get("quality") if role == "segmenter" else None  # the gate runs where the masks are made
+        out[name] = cls.options(**opts).bind(
+            backend, kwargs, artifact_root, batch, opts["max_ongoing_requests"], quality
+        )
     return out

@@ -332,6 +332,20 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         help="simulated model latency added to each segmentation (all boxes of an image in one call), for "
         "demos and autoscaling tests: review bursts queue on the Segmenter deployment (default 0)",
     )
+    m.add_argument(
+        "--quality-gate-policy",
+        default=None,
+        metavar="VERSION",
+        help="the quality gate's policy, recorded with every verdict on a mask (default gate-v1; "
+        "docs/protocol.md § Cut-out quality)",
+    )
+    m.add_argument(
+        "--max-refinements",
+        type=int,
+        default=None,
+        metavar="N",
+        help="refinements a mask that fails the gate gets, each with another prompt strategy, 0-4 (default 2)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

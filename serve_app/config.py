@@ -101,6 +101,10 @@ class Settings(BaseModel):
     # hitl up --verbose: DEBUG in every process of the control plane (the replicas too), so a read's
     # line (serve_app.request_log) shows wherever the request was served.
     verbose: bool = False
+    # The quality gate on every mask (docs/protocol.md § Cut-out quality): its policy version, and how
+    # many refinements a failing mask gets before it is kept with its FAIL verdict.
+    quality_gate_policy: str = "gate-v1"
+    max_refinements: int = Field(default=2, ge=0, le=4)
 
     @property
     def log_level(self) -> int:
@@ -136,6 +140,7 @@ class Settings(BaseModel):
             # The key only when set: builders and config files without the knob see what they always saw.
             "segmenter": {"name": self.segmenter, **sam, **self._delay(self.segmenter_delay_ms)},
             "deployments": self.models,
+            "quality": {"policy": self.quality_gate_policy, "max_refinements": self.max_refinements},
         }
 
     @staticmethod

@@ -387,6 +387,8 @@ def _settings_from_args(args: Any) -> Settings:
         detector_arch=args.detector_arch,
         detector_delay_ms=args.detector_delay_ms,
         segmenter_delay_ms=getattr(args, "segmenter_delay_ms", None),
+        quality_gate_policy=getattr(args, "quality_gate_policy", None),
+        max_refinements=getattr(args, "max_refinements", None),
         api_replicas=args.api_replicas,
         store_timeout_s=getattr(args, "store_timeout_s", None),
         durability=getattr(args, "durability", None),

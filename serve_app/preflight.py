@@ -82,6 +82,7 @@ def check(settings: Settings) -> None:
             f"--host {settings.host} is beyond loopback: set HITL_TOKENS (name:role:token,...), or listen on 127.0.0.1"
         )
     check_models(settings)
+    check_quality_gate(settings)
     if settings.redis_url:
         check_redis(settings)
     else:
@@ -89,6 +90,16 @@ def check(settings: Settings) -> None:
             redis_binary()
         except RuntimeError as e:
             raise UpError(str(e)) from None
+
+
+def check_quality_gate(settings: Settings) -> None:
+    """An unknown ``--quality-gate-policy`` is refused here, not in the Segmenter replica."""
+    from hitl_review.deployments.quality.subject import QualityGate
+
+    try:
+        QualityGate(settings.quality_gate_policy, settings.max_refinements)
+    except ValueError as e:
+        raise UpError(f"--quality-gate-policy / --max-refinements: {e}") from None
 
 
 def _option_of(settings: Settings, role: str, key: str) -> Any:

@@ -154,6 +154,7 @@ def test_build_models_from_settings_and_detector_delay(store, image_ref):
         "validator_threshold": 0.5,
         "validator_policy": built.validator.policy_version,
         "segmenter": "classical",
+        "quality_gate": {"policy": "gate-v1", "max_refinements": 2},
     }
     t0 = time.perf_counter()
     run_node("DETECT_SUBJECTS", {"image": image_ref}, built, store)
@@ -182,12 +183,14 @@ def test_serve_wrappers_without_ray(store, image_ref):
     seg = apps["Segmenter"]._bound_deployment
     assert seg._deployment_config.autoscaling_config.max_replicas == 4
     assert seg._deployment_config.autoscaling_config.target_ongoing_requests == 3
-    # The last argument: one model thread per request slot (max_ongoing_requests).
-    assert seg.init_args == ("classical", {"feather_px": 2}, store.root, {"max_batch_size": 8}, 16)
+    # Then one model thread per request slot (max_ongoing_requests), and the quality gate (the
+    # Segmenter's alone: it runs where the masks are made).
+    gate = {"policy": "gate-v1", "max_refinements": 2}
+    assert seg.init_args == ("classical", {"feather_px": 2}, store.root, {"max_batch_size": 8}, 16, gate)
     assert seg.max_ongoing_requests == 16
     det = apps["Detector"]._bound_deployment
     assert det.num_replicas == 2 and det._deployment_config.autoscaling_config is None
-    assert det.init_args[:2] == ("classical", {"delay_ms": 5})
+    assert det.init_args[:2] == ("classical", {"delay_ms": 5}) and det.init_args[-1] is None
     for app in apps.values():  # classical backends never ask for a GPU
         assert "num_gpus" not in app._bound_deployment.ray_actor_options
     assert deployment_options("sam", {"num_gpus": 0.5}, gpu=True)["ray_actor_options"]["num_gpus"] == 0.5

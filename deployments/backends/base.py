@@ -66,6 +66,30 @@ class SegmenterBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class PromptedSegmenter(Protocol):
+    """Segmentation from a box plus a reviewer's clicks (SPEC §13: ``REFINE``, the live preview,
+    and ``REFINE_SUBJECT``'s prompt strategies)."""
+
+    name: str
+
+    def segment_prompt(
+        self,
+        image: np.ndarray,
+        image_sha: str,
+        bbox: list[float],
+        points: list[dict[str, Any]],
+        *,
+        multimask: bool = False,
+    ) -> list[dict[str, Any]]:
+        """``points``: ``[{"x", "y", "positive"}]`` in image pixels (positive: the subject, negative:
+        not the subject). Returns candidates ``[{"mask", "predicted_iou", "stability"}]``, best
+        first (several with ``multimask``): ``mask`` bool ``H x W`` (the image's size), the scores
+        floats in [0, 1] or None when the backend has none. A bad box or a point off the image
+        raises ``ValueError``."""
+        ...
+
+
 # --------------------------------------------------------------------------- shared helpers
 
 
@@ -90,6 +114,29 @@ def box_problem(bbox: Any, width: int, height: int) -> str | None:
     if x2 - x1 < 2 or y2 - y1 < 2:
         return "bbox is too small (under 2 pixels wide or high)"
     return None
+
+
+def check_points(points: Any, width: int, height: int) -> list[tuple[float, float, bool]]:
+    """``[{"x", "y", "positive"}]`` as ``(x, y, positive)`` tuples, or ``ValueError`` saying which point
+    is wrong. A point lies on the image when ``0 <= x <= width`` and ``0 <= y <= height``."""
+    if not isinstance(points, list | tuple):
+        raise ValueError('points must be a list of {"x", "y", "positive"}')
+    out = []
+    for i, p in enumerate(points):
+        if not isinstance(p, dict) or not {"x", "y", "positive"} <= set(p):
+            raise ValueError(f'point {i} must be {{"x", "y", "positive"}}, got {p!r}')
+        try:
+            x, y = float(p["x"]), float(p["y"])
+        except (TypeError, ValueError):
+            raise ValueError(f"point {i}: x and y must be numbers, got {p['x']!r}, {p['y']!r}") from None
+        if not (math.isfinite(x) and math.isfinite(y)):
+            raise ValueError(f"point {i}: x and y must be finite")
+        if not (0.0 <= x <= width and 0.0 <= y <= height):
+            raise ValueError(f"point {i} ({x:g}, {y:g}) lies outside the {width}x{height} image")
+        if not isinstance(p["positive"], bool | np.bool_):
+            raise ValueError(f"point {i}: positive must be true or false, got {p['positive']!r}")
+        out.append((x, y, bool(p["positive"])))
+    return out
 
 
 def int_box(bbox: Any, width: int, height: int) -> tuple[int, int, int, int]:

@@ -25,7 +25,9 @@ import numpy as np
 
 from .background import BoxEvidence, fit_background, noise_threshold, resize_max, soft_ramp, to_lab
 from .base import box_problem, check_image, int_box, invalid_result, register
+from .grabcut_points import prompted_candidates
 from .postprocess import clean_mask, feather
+from .prompts import check_prompt
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +333,29 @@ class ClassicalSegmenter:
                 item["alpha"] = feather(mask, self.feather_px)
             out.append(item)
         return out
+
+    def segment_prompt(
+        self,
+        image: np.ndarray,
+        image_sha: str,
+        bbox: list[float],
+        points: list[dict[str, Any]],
+        *,
+        multimask: bool = False,
+    ) -> list[dict[str, Any]]:
+        """GrabCut seeded by the box and the clicks (``grabcut_points``): positive points are sure
+        foreground discs, negative ones sure background; with ``multimask`` also the other
+        seedings. No scores (``predicted_iou``/``stability`` None): GrabCut has no calibrated one."""
+        pts = check_prompt(image, bbox, points)
+        return prompted_candidates(
+            image,
+            bbox,
+            pts,
+            multimask=multimask,
+            work_size=self.work_size,
+            margin_frac=self.margin_frac,
+            max_hole_frac=self.max_hole_frac,
+        )
 
     def mask_for_box(self, image: np.ndarray, bbox: Any) -> tuple[np.ndarray, str]:
         """The subject's mask (image size) and how it was found: ``grabcut`` or ``threshold``."""

@@ -16,6 +16,7 @@ from segment_anything import SamAutomaticMaskGenerator, SamPredictor
 
 from ..base import box_iou, box_problem, check_image, int_box, invalid_result, mask_bbox, register
 from ..postprocess import clean_mask, feather
+from ..prompts import check_prompt, clean_prompted_mask, prompt_bounds
 from .encoder import SamEncoder, encoder_from
 
 
@@ -71,6 +72,38 @@ class SamSegmenter:
                 item["alpha"] = feather(mask, self.feather_px)
             out.append(item)
         return out
+
+    def segment_prompt(
+        self,
+        image: np.ndarray,
+        image_sha: str,
+        bbox: list[float],
+        points: list[dict[str, Any]],
+        *,
+        multimask: bool = False,
+    ) -> list[dict[str, Any]]:
+        """The box and the clicks as one SAM prompt (``point_coords``/``point_labels`` plus ``box``)
+        on the cached image embedding; candidates sorted by the decoder's predicted IoU, each
+        with the stability score computed on its logits before clean-up. With ``clip_to_box``
+        the mask is clipped to the box grown to hold the positive points."""
+        pts = check_prompt(image, bbox, points)
+        h, w = image.shape[:2]
+        emb = self.encoder.embed(image, image_sha)
+        coords = np.array([(x, y) for x, y, _ in pts], np.float32).reshape(-1, 2)
+        labels = np.array([1 if pos else 0 for _, _, pos in pts], np.int64)
+        masks, ious, stability = self.encoder.model.predict_prompt(
+            emb, np.asarray(bbox, np.float32), coords, labels, multimask
+        )
+        bounds = prompt_bounds(bbox, pts, w, h) if self.clip_to_box else None
+        out = [
+            {
+                "mask": clean_prompted_mask(m, pts, bounds, self.max_hole_frac),
+                "predicted_iou": float(np.clip(iou, 0.0, 1.0)),
+                "stability": float(np.clip(st, 0.0, 1.0)),
+            }
+            for m, iou, st in zip(masks, ious, stability, strict=True)
+        ]
+        return sorted(out, key=lambda c: -c["predicted_iou"])
 
 
 @register("validator", "sam", "sam-auto", takes_artifacts=True)
