@@ -33,11 +33,13 @@ from ray import serve
 
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.execution import RunSpec, not_started, run_started
+from hitl_review.statecore.models import ImageRef
 from hitl_review.statecore.nodes import image_to_read
 
 from .backends.base import Role, make_backend
 from .executor import Models, backend_kwargs, deployment_overrides, load_image, model_input, run_node
 from .metrics import ModelMetrics
+from .preview import preview_mask
 from .quality.subject import QualityGate
 
 log = logging.getLogger("hitl.deployments")
@@ -183,6 +185,17 @@ class BoxValidator(_ModelDeployment):
 @serve.deployment(name="Segmenter")
 class Segmenter(_ModelDeployment):
     ROLE = "segmenter"
+
+    async def preview(self, image: dict[str, Any], bbox: list[float], points: list[dict[str, Any]]) -> dict[str, Any]:
+        """A reviewer's preview mask (``deployments.preview``): SAM's image embedding comes from this
+        replica's cache (the batched encoder path warms it first), the verdict from its gate."""
+        ref = ImageRef.model_validate(image)
+        pixels = await asyncio.to_thread(load_image, self.artifacts, ref.url)
+        if self.encoder is not None:
+            await self._embed(pixels, ref.sha256 or hashlib.sha256(pixels.tobytes()).hexdigest())
+        compute = functools.partial(preview_mask, self.models, self.artifacts, ref, bbox, points, pixels)
+        result: dict[str, Any] = await asyncio.get_running_loop().run_in_executor(self.threads, compute)
+        return result
 
 
 MODEL_DEPLOYMENTS: tuple[tuple[Role, Any], ...] = (

@@ -45,6 +45,7 @@ from .audit_routes import add_audit_routes
 from .auth import Authenticator, Identity
 from .claim_routes import add_claim_routes
 from .config import Settings
+from .preview_routes import Previewer, add_preview_route
 from .recovery import Recovery
 from .request_log import RequestLog, log_intervention
 from .uploads import check_image, read_upload
@@ -73,6 +74,7 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/interventions/?$"), ("reviewer",)),
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/cancel/?$"), ("reviewer",)),
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/claim/?$"), ("reviewer",)),
+    ("POST", re.compile(rf"^{API}/jobs/[^/]+/subjects/[^/]+/preview/?$"), ("reviewer",)),
     ("DELETE", re.compile(rf"^{API}/jobs/[^/]+/claim/?$"), ("reviewer",)),
     ("GET", re.compile(rf"^{API}/jobs/[^/]+(/events|/results|/audit)?/?$"), _READ),
     ("GET", re.compile(rf"^{API}/artifacts/[^/]+$"), _READ),
@@ -136,6 +138,7 @@ class Runtime:
     events: EventSource
     readiness: Callable[[], Awaitable[dict[str, Any]]]
     model_stats: Callable[[], Awaitable[dict[str, Any]]] | None = None  # {deployment: describe()}
+    preview: Previewer | None = None  # a reviewer's preview mask from the segmenter (preview_routes)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
     closing: list[Store] = field(default_factory=list)  # more stores to close on shutdown (background ones)
     admission: Admission | None = None  # built from settings.max_backlog when not given
@@ -378,6 +381,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         return snap
 
     add_claim_routes(app, lambda: rt().store)
+    add_preview_route(app, located, lambda: rt().preview)
     add_audit_routes(app, lambda: rt().store, lambda: rt().archive, located)
     add_artifact_gc_route(
         app, lambda: rt().store, lambda: rt().archive, lambda: rt().artifacts, lambda r: identity(r).name

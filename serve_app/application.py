@@ -45,7 +45,7 @@ from ray import serve
 
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.execution import RunSpec
-from hitl_review.statecore.models import NodeCommand
+from hitl_review.statecore.models import ImageRef, NodeCommand
 
 from . import durability
 from .api import Runtime, create_app
@@ -149,6 +149,11 @@ class ServeRunner:
     async def describe(self) -> dict[str, Any]:
         return {name: await h.describe.remote() for name, h in self.handles.items()}
 
+    async def preview(self, image: ImageRef, bbox: list[float], points: list[dict[str, Any]]) -> dict[str, Any]:
+        """A reviewer's preview mask, from a Segmenter replica (its embedding cache, its gate)."""
+        result: dict[str, Any] = await self.handles["Segmenter"].preview.remote(image.model_dump(), bbox, points)
+        return result
+
 
 @serve.deployment(name="Api", max_ongoing_requests=4096, **CONTROL_PLANE)
 @serve.ingress()
@@ -224,6 +229,7 @@ class Api:
             events=events,
             readiness=readiness,
             model_stats=self.runner.describe,
+            preview=self.runner.preview,
             closing=[background_store],
             archive=await open_archive(settings),
         )

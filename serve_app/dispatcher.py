@@ -37,7 +37,7 @@ from hitl_review.statecore import deadletters, keys
 from hitl_review.statecore.durable import reraise_if_cancelled
 from hitl_review.statecore.errors import NodeExecutionError
 from hitl_review.statecore.execution import NODE_DEADLINE_EXCEEDED, RunSpec, not_started, run_started
-from hitl_review.statecore.models import NodeCommand, NodeReport
+from hitl_review.statecore.models import ImageRef, NodeCommand, NodeReport
 from hitl_review.statecore.nodes import CONTROL_PLANE_NODES, parse_output
 from hitl_review.statecore.outbox import OutboxEntry
 from hitl_review.statecore.store import Store
@@ -432,3 +432,11 @@ class LocalRunner:
 
         # This process does the work: it records the start, beats and keeps the deadline.
         return await run_started(spec, work)
+
+    async def preview(self, image: ImageRef, bbox: list[float], points: list[dict[str, Any]]) -> dict[str, Any]:
+        """A reviewer's preview mask (``deployments.preview``), on a node thread of this process."""
+        from hitl_review.deployments.preview import preview_mask
+
+        compute = functools.partial(preview_mask, self.models, self.artifacts, image, bbox, points)
+        result: dict[str, Any] = await asyncio.get_running_loop().run_in_executor(self.threads, compute)
+        return result

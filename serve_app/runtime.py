@@ -98,6 +98,7 @@ async def local_runtime(
         events=events,
         readiness=readiness,
         model_stats=model_stats,
+        preview=getattr(runner, "preview", None),  # a runner without models (a test's) has none
         closing=[background_store],
         archive=await open_archive(settings),
     )

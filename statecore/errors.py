@@ -153,6 +153,24 @@ class BacklogFull(HitlError):
     retry_after_s = 2
 
 
+class RateLimited(HitlError):
+    """A reviewer asked for previews faster than the preview route's per-reviewer rate."""
+
+    code = "RATE_LIMITED"
+    status = 429
+    retryable = True
+    retry_after_s = 1
+
+
+class PreviewUnavailable(HitlError):
+    """No segmenter with a prompted path answers here (the preview route)."""
+
+    code = "PREVIEW_UNAVAILABLE"
+    status = 503
+    retryable = True
+    retry_after_s = 5
+
+
 class NodeExecutionError(HitlError):
     """Raised by executors; ``retryable`` is per instance here."""
 

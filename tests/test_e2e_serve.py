@@ -156,6 +156,18 @@ def test_whole_flow_through_ray_serve(data_dir):
         waiting = api.get(job)
         assert waiting["status"] == "WAITING_USER_SELECTION"
         assert not {"timeout_at", "timeout_seconds", "auto_submit_on_timeout"} & set(waiting["active_pause"])
+        # A preview through a Segmenter replica (docs/protocol.md § Cut-out quality): a mask and the
+        # gate's verdict for a box and a click in it; the job does not move.
+        b = waiting["box_list"][0]
+        centre = {"x": (b["bbox"][0] + b["bbox"][2]) / 2, "y": (b["bbox"][1] + b["bbox"][3]) / 2, "positive": True}
+        r = api.c.post(f"/api/v1/jobs/{job}/subjects/{b['box_id']}/preview", json={"points": [centre]})
+        assert r.status_code == 200, r.text
+        assert r.json()["area"] > 0 and r.json()["quality"]["policy"] == "gate-v1", r.json()
+        off = {**centre, "x": 1e6}  # the replica's ValueError comes back as a 400 in its own words
+        r = api.c.post(f"/api/v1/jobs/{job}/subjects/{b['box_id']}/preview", json={"points": [off]})
+        assert (r.status_code, r.json()["code"]) == (400, "INVALID_REQUEST") and "outside" in r.json()["message"]
+        assert "Traceback" not in r.json()["message"], r.json()
+        assert api.get(job)["version"] == waiting["version"]
 
         deadline = time.monotonic() + 30
         while not any(e["type"] == "REPORT_IGNORED" for e in api.events(doomed, until="REPORT_IGNORED")):
