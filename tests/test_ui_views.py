@@ -148,6 +148,44 @@ def test_results_view_cutouts_on_checkerboard_and_mask_overlays(tmp_path: Path) 
     assert Path(view.files[0]).read_bytes() in artifacts.values()
 
 
+def test_results_view_names_the_cut_outs_the_quality_gate_failed(tmp_path: Path) -> None:
+    mask = png(Image.new("L", (W, H), 0))
+    artifacts = {"/api/v1/artifacts/m.png": mask}
+    verdict = {"verdict": "FAIL", "reasons": ["the mask stops short of one side"], "scores": {}, "policy": "gate-v1"}
+    res = JobResults.model_validate(
+        {
+            "job_id": "job_2",
+            "status": "SUCCEEDED",
+            "subjects": [
+                {
+                    "box_id": "box_1",
+                    "bbox": [1, 1, 9, 9],
+                    "label": "cap",
+                    "status": "SUCCEEDED",
+                    "mask_url": "/api/v1/artifacts/m.png",
+                    "quality": {**verdict, "verdict": "PASS", "reasons": []},
+                    "decided_by": "gate",
+                },
+                {
+                    "box_id": "box_2",
+                    "bbox": [1, 1, 9, 9],
+                    "label": "mug",
+                    "status": "SUCCEEDED",
+                    "mask_url": "/api/v1/artifacts/m.png",
+                    "quality": verdict,
+                    "refinements": [{"strategy": "enlarged_box", "quality": verdict}],
+                },
+            ],
+        }
+    )
+    view = results_view(res, artifacts.__getitem__, png(Image.new("RGB", (W, H))), tmp_path / "out")
+    assert [c for _, c in view.overlays] == ["cap — box_1 — gate PASS", "mug — box_2 — gate FAIL"]
+    assert (
+        "Check this cut-out: mug (box_2) failed the gate after 1 refinement(s) — the mask stops short" in view.summary
+    )
+    assert "cap (box_1) failed" not in view.summary
+
+
 def test_backends_line() -> None:
     assert (
         backends_text({"backends": {"detector": "classical", "segmenter": "sam"}})

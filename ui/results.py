@@ -95,6 +95,14 @@ def results_view(
         if s.status != "SUCCEEDED":
             lines.append(f"- {s.status}: {s.label or '(no label)'} ({s.box_id}) — {s.reason or 'no reason given'}")
             continue
+        if s.quality is not None:  # the quality gate's word on the mask (docs/protocol.md § Cut-out quality)
+            caption += f" — gate {s.quality.verdict}"
+            if s.quality.verdict == "FAIL":
+                tried = f" after {len(s.refinements)} refinement(s)" if s.refinements else ""
+                why = "; ".join(s.quality.reasons) or "no reason given"
+                lines.append(
+                    f"- Check this cut-out: {s.label or '(no label)'} ({s.box_id}) failed the gate{tried} — {why}"
+                )
         stem = f"{_slug(s.label)}_{s.box_id}"
         if s.cutout_url:
             raw = fetch(s.cutout_url)
