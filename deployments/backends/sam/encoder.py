@@ -137,11 +137,7 @@ class SamModel:
         ``boxes``: (N, 4) xyxy in original-image pixels. Returns bool masks (N, H, W) at the
         image's size and the decoder's predicted IoU (N,); with ``multimask`` the best of
         the three candidates per box."""
-        predictor = SamPredictor(self.sam)
-        predictor.features = emb.features
-        predictor.original_size = emb.original_size
-        predictor.input_size = emb.input_size
-        predictor.is_image_set = True
+        predictor = self._predictor(emb)
         with self.inference():
             bt = torch.as_tensor(np.asarray(boxes, dtype=np.float32).reshape(-1, 4), device=self.device)
             bt = predictor.transform.apply_boxes_torch(bt, emb.original_size)
@@ -153,6 +149,15 @@ class SamModel:
             else:
                 masks, iou = masks[:, 0], iou[:, 0]
             return masks.cpu().numpy().astype(bool), iou.float().cpu().numpy()
+
+    def _predictor(self, emb: SamEmbedding) -> SamPredictor:
+        """segment-anything's predictor on an embedding already computed (no image encoder run)."""
+        predictor = SamPredictor(self.sam)
+        predictor.features = emb.features
+        predictor.original_size = emb.original_size
+        predictor.input_size = emb.input_size
+        predictor.is_image_set = True
+        return predictor
 
     def predict_prompt(
         self,
@@ -170,11 +175,7 @@ class SamModel:
         decoder's predicted IoU (C,) and the stability score (C,): the IoU of the logits
         thresholded at ``mask_threshold +/- stability_offset``, as ``SamAutomaticMaskGenerator``
         computes it."""
-        predictor = SamPredictor(self.sam)
-        predictor.features = emb.features
-        predictor.original_size = emb.original_size
-        predictor.input_size = emb.input_size
-        predictor.is_image_set = True
+        predictor = self._predictor(emb)
         with self.inference():
             bt = torch.as_tensor(np.asarray(box, dtype=np.float32).reshape(1, 4), device=self.device)
             bt = predictor.transform.apply_boxes_torch(bt, emb.original_size)
