@@ -294,6 +294,7 @@ class QualityVerdict(BaseModel):
     reasons: list[str] = Field(default_factory=list)
     scores: dict[str, float] = Field(default_factory=dict)
     policy: str
+    severity: float = 0.0  # how far past the policy's thresholds the mask is (0 for a pass)
 
 
 class Refinement(BaseModel):

@@ -1,8 +1,9 @@
 """benchmarks/burst.py at its smallest: a smoke run, not a timing. A real ``hitl up`` (dashboard on, so the
-replicas come from Serve's status API), six jobs at once with automatic reviewers, the cancel-at-once phase,
-(the admission phase, a second ``hitl up``, skipped with ``--max-backlog 0``); the JSON must carry every figure and every job
-must have ended SUCCEEDED (with the lifecycle fixed, so must the cancelled ones' retention). Also, without
-Ray: the replicas' node counts leave the ``not_started`` calls out of the executions."""
+replicas come from Serve's status API), six jobs at once with automatic reviewers, the cancel-at-once phase
+(the admission phase, a second ``hitl up``, is skipped with ``--max-backlog 0``); the JSON must carry every
+figure and every job must have ended SUCCEEDED (with the lifecycle fixed, so must the cancelled ones'
+retention). Also, without Ray: the replicas' node counts leave the ``not_started`` calls out of the
+executions."""
 
 from __future__ import annotations
 

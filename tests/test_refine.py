@@ -224,3 +224,18 @@ def test_every_strategy_runs_through_sam(ellipse):
         else:
             assert 0.0 <= r["predicted_iou"] <= 1.0 and 0.0 <= r["stability"] <= 1.0
     assert model.encoder_forwards == 1  # three prompts, one image, one encoder forward
+
+
+@pytest.mark.parametrize("gap", [0, 1, 2])
+def test_a_box_near_the_images_right_or_bottom_edge_is_probed_without_reading_past_it(gap):
+    """A box whose right and bottom sides lie within PROBE_PX of the image's edge: no colour is read
+    past the edge (an IndexError before, which cost the subject its refinements)."""
+    img = np.full((128, 382, 3), 200, np.uint8)
+    mask = np.zeros((128, 382), bool)
+    box = [310.0, 48.0, 382.0 - gap, 128.0 - gap]
+    mask[48 : 128 - gap, 310 : 382 - gap] = True
+    sides = cut_sides(img, mask, box)
+    assert sides["right"] is False and sides["bottom"] is False  # no room past them to compare
+    assert sides["left"] and sides["top"]  # the same grey carries on past these
+    grown = grown_box(img, mask, box)
+    assert grown[2] <= 382 and grown[3] <= 128

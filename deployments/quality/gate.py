@@ -240,6 +240,9 @@ class Verdict:
     reasons: list[str]
     scores: dict[str, float]
     policy: str
+    # How far past its thresholds the mask is: the sum over the broken ones of the distance from the
+    # threshold, relative to it (each capped at 10); 0 for a pass. Ranks failing masks (refinement).
+    severity: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -295,4 +298,26 @@ def judge(scores: dict[str, float], gate: GatePolicy | str | None = None) -> Ver
         reasons.append(f"the segmenter itself rates this mask low (predicted IoU {s['predicted_iou']:.2f})")
     if p.min_stability is not None and s.get("stability", 1.0) < p.min_stability:
         reasons.append(f"the mask changes a lot with the model's threshold (stability {s['stability']:.2f})")
-    return Verdict("FAIL" if reasons else "PASS", reasons, dict(scores), p.version)
+    return Verdict("FAIL" if reasons else "PASS", reasons, dict(scores), p.version, _severity(s, p) if reasons else 0.0)
+
+
+def _severity(s: dict[str, float], p: GatePolicy) -> float:
+    """``Verdict.severity`` of scores ``s`` under ``p``."""
+
+    def over(value: float, limit: float) -> float:  # how far above an upper limit, relative to it
+        return min(10.0, max(0.0, value - limit) / max(limit, 1e-6))
+
+    def under(value: float, limit: float) -> float:  # how far below a lower limit, relative to it
+        return min(10.0, max(0.0, limit - value) / max(limit, 1e-6))
+
+    total = under(s["fill"], p.min_fill) + min(10.0, max(0.0, s["fill"] - p.max_fill) / max(1 - p.max_fill, 1e-6))
+    total += (
+        over(s["box_gap"], p.max_box_gap) + over(s["cut_off"], p.max_cut_off) + over(s["bg_closer"], p.max_bg_closer)
+    )
+    total += under(s["largest_share"], p.min_largest_share) + under(s["contrast"], p.min_contrast)
+    total += under(s["edge_alignment"], p.min_edge_alignment)
+    if p.min_predicted_iou is not None and "predicted_iou" in s:
+        total += under(s["predicted_iou"], p.min_predicted_iou)
+    if p.min_stability is not None and "stability" in s:
+        total += under(s["stability"], p.min_stability)
+    return round(total, 4)

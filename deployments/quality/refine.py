@@ -113,16 +113,19 @@ def cut_sides(image: np.ndarray, mask: np.ndarray, bbox: list[float]) -> dict[st
         return lab[np.asarray(ys) - oy1, np.asarray(xs) - ox1]
 
     rows, cols = np.arange(y1, y2), np.arange(x1, x2)
-    probes = {  # (side reaches past the image?, mask along the side, colour inside, colour outside)
-        "left": (x1 >= p, mask[y1:y2, x1], at(rows, x1 + p - 1), at(rows, x1 - p)),
-        "right": (x2 + p <= width, mask[y1:y2, x2 - 1], at(rows, x2 - p), at(rows, x2 + p - 1)),
-        "top": (y1 >= p, mask[y1, x1:x2], at(y1 + p - 1, cols), at(y1 - p, cols)),
-        "bottom": (y2 + p <= height, mask[y2 - 1, x1:x2], at(y2 - p, cols), at(y2 + p - 1, cols)),
+    # (side reaches past the image?, mask along the side, colour inside, colour outside): the colours
+    # are read only where there is room outside (a box on the image's edge has no pixels past it).
+    probes: dict[str, tuple[bool, Any, Any]] = {
+        "left": (x1 >= p, lambda: mask[y1:y2, x1], lambda: (at(rows, x1 + p - 1), at(rows, x1 - p))),
+        "right": (x2 + p <= width, lambda: mask[y1:y2, x2 - 1], lambda: (at(rows, x2 - p), at(rows, x2 + p - 1))),
+        "top": (y1 >= p, lambda: mask[y1, x1:x2], lambda: (at(y1 + p - 1, cols), at(y1 - p, cols))),
+        "bottom": (y2 + p <= height, lambda: mask[y2 - 1, x1:x2], lambda: (at(y2 - p, cols), at(y2 + p - 1, cols))),
     }
-    for side, (room, along, inside, outside) in probes.items():
+    for side, (room, along, colours) in probes.items():
         if room:
+            inside, outside = colours()
             same = np.linalg.norm(inside - outside, axis=-1) <= REGION_TOL
-            cut[side] = bool((along & same).mean() >= TOUCH_FRAC)
+            cut[side] = bool((along() & same).mean() >= TOUCH_FRAC)
     return cut
 
 

@@ -4,9 +4,10 @@ The segmentation node gates every mask it makes (``gate.score_mask`` and ``gate.
 deployment's policy, ``hitl up --quality-gate-policy``); a failing mask is refined
 (``refine.refine``: the next prompt strategy, at most ``--max-refinements`` times) and each new mask
 gated again; each refinement starts from the one before (its mask, and its box when it grew it).
-The mask kept is the first that passes; when none does, the one that breaks the fewest of the
-policy's thresholds (the newer on a tie: docs/benchmarks.md § Cut-out quality measures it), with
-its verdict ``FAIL``, so the results say which cut-outs no gate vouched for.
+The mask kept is the first that passes; when none does, the one that fails by the least (the
+verdict's ``severity``: how far past the policy's thresholds; docs/benchmarks.md § Cut-out quality
+measures the choice), with its verdict ``FAIL``, so the results say which cut-outs no gate vouched
+for.
 """
 
 from __future__ import annotations
@@ -101,11 +102,11 @@ class QualityGate:
 
 
 def _better(new: Mapping[str, Any], kept: Mapping[str, Any]) -> bool:
-    """A refinement's mask replaces the kept one when it passes, or breaks no more of the policy's
-    thresholds (a refinement aims at what broke: on a tie the newer one is kept)."""
+    """A refinement's mask replaces the kept one when it passes, or fails by less: a lower
+    ``severity`` (how far past the policy's thresholds; on a tie the kept one stays)."""
     if new["verdict"] != kept["verdict"]:
         return bool(new["verdict"] == "PASS")
-    return len(new["reasons"]) <= len(kept["reasons"])
+    return float(new.get("severity", 0.0)) < float(kept.get("severity", 0.0))
 
 
 def _score(found: Mapping[str, Any], key: str) -> float | None:

@@ -1,0 +1,339 @@
+#!/usr/bin/env python
+"""Cut-out quality (SPEC.md §13): segment, gate, refine, and count what still needs a person.
+
+For each backend and split of the labelled set (``benchmarks/cutout_data.py``, exact masks): every
+subject is segmented from its box — the true box grown by a seeded -1..5 px per side, as a
+detector or a reviewer draws it — with the backend's segmenter (``make_segmenter``, all boxes
+of an image in one ``segment`` call), scored and judged by the quality gate
+(``deployments.quality.gate``), and a failed mask is refined (``deployments.quality.refine``,
+attempt 1, 2, …) and gated again, at most ``--max-refinements`` times. Reported per backend x
+split:
+
+- mean mask IoU and boundary F (2 px) of the first masks and of the masks kept: the production
+  path, ``QualityGate.check`` (``deployments/quality/subject.py``), keeps the first refinement
+  that passes, else the mask that breaks the fewest thresholds;
+- the gate's precision and recall at catching bad first masks (bad := IoU < ``--bad-iou``,
+  0.85): recall is the share of bad masks that do not reach a customer unseen, precision the
+  share of failed masks that were really bad (the rest cost a refinement or a person's look);
+- ``escaped``: subjects whose final mask passed the gate and is bad (what reaches customers);
+- the gated-out masks' mean IoU before and after refinement;
+- the share of subjects sent to a person (failing after every refinement);
+- milliseconds per subject: segmentation, gate, refinement, all.
+
+``classical`` always; ``sam`` (``--backends classical,sam``) runs the real SAM code path on the
+random-weight ``vit_tiny`` the tests use: its figures mean nothing about SAM's quality, only that
+the path runs, and its gate thresholds must be calibrated on real weights.
+
+The gate's policy is calibrated on ``--seed 1`` (``--rows`` writes every subject's features and
+IoU for that); the default report is on seed 0, images the calibration never saw.
+
+    .venv/bin/python benchmarks/cutout_quality.py                       # ~300 images, classical
+    .venv/bin/python benchmarks/cutout_quality.py --backends classical,sam --n 40
+    .venv/bin/python benchmarks/cutout_quality.py --quick --json /tmp/cq.json   # smoke, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling cutout_data, however it is run
+
+from cutout_data import SPLITS, Sample, make_set
+
+from harness.bench import log
+from hitl_review.deployments.backends.base import make_segmenter
+from hitl_review.deployments.quality.gate import DEFAULT_POLICY, GatePolicy, judge, policy, score_mask
+from hitl_review.deployments.quality.metrics import boundary_f, mask_iou
+from hitl_review.deployments.quality.subject import QualityGate
+
+SAM_NOTE = (
+    "sam: random-weight vit_tiny (no download): its masks and figures say nothing about SAM's quality, only "
+    "that the code path runs; calibrate the gate's SAM thresholds on real weights"
+)
+
+
+def given_box(bbox: list[float], width: int, height: int, rng: np.random.Generator) -> list[float]:
+    """The true box as a detector or a reviewer draws it: each side moved out by -1..5 px."""
+    d = [float(v) for v in rng.integers(-1, 6, size=4)]
+    x1, y1, x2, y2 = bbox
+    return [max(0.0, x1 - d[0]), max(0.0, y1 - d[1]), min(float(width), x2 + d[2]), min(float(height), y2 + d[3])]
+
+
+def build_segmenter(backend: str, workdir: Path) -> Any:
+    if backend == "classical":
+        return make_segmenter("classical")
+    if backend == "sam":
+        import torch
+
+        from hitl_review.deployments.backends.sam import build_sam_vit_tiny
+
+        torch.manual_seed(0)
+        ckpt = workdir / "sam_vit_tiny_random.pth"
+        torch.save(build_sam_vit_tiny().state_dict(), ckpt)
+        return make_segmenter("sam", checkpoint=str(ckpt), model_type="vit_tiny", device="cpu")
+    raise ValueError(f"unknown backend {backend!r}; choose classical or sam")
+
+
+class _Failures(logging.Handler):
+    """Refinements that raised: ``QualityGate.check`` logs them and goes on, as production does;
+    the benchmark counts them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        self.messages.append(f"{record.getMessage()}: {exc!r}")
+
+
+def run_subjects(
+    segmenter: Any, samples: list[Sample], gate: GatePolicy, max_refinements: int, seed: int
+) -> list[dict[str, Any]]:
+    """One row per subject: the first mask's IoU / boundary F and verdict, then the production path
+    (``QualityGate.check``: refinements, the mask kept and its verdict), with times."""
+    quality = QualityGate(gate.version, max_refinements)
+    failures = _Failures()
+    logging.getLogger("hitl.quality").addHandler(failures)
+    rows: list[dict[str, Any]] = []
+    try:
+        for sample in samples:
+            rows += _run_image(segmenter, sample, gate, quality, failures, seed)
+    finally:
+        logging.getLogger("hitl.quality").removeHandler(failures)
+    return rows
+
+
+def _run_image(
+    segmenter: Any, sample: Sample, gate: GatePolicy, quality: QualityGate, failures: _Failures, seed: int
+) -> list[dict[str, Any]]:
+    image = sample.image
+    h, w = image.shape[:2]
+    sha = hashlib.sha256(image.tobytes()).hexdigest()
+    rng = np.random.default_rng([seed, 7, SPLITS.index(sample.split), sample.index])
+    boxes = [given_box(s.bbox, w, h, rng) for s in sample.subjects]
+    t0 = time.perf_counter()
+    results = segmenter.segment(image, sha, [{"box_id": f"s{j}", "bbox": b} for j, b in enumerate(boxes)])
+    seg_ms = 1000 * (time.perf_counter() - t0) / len(boxes)
+    rows = []
+    for subject, bbox, found in zip(sample.subjects, boxes, results, strict=True):
+        mask = np.asarray(found["mask"], bool)
+        t1 = time.perf_counter()
+        scores = score_mask(
+            image, bbox, mask, predicted_iou=found.get("predicted_iou"), stability=found.get("stability")
+        )
+        verdict = judge(scores, gate)
+        gate_ms = 1000 * (time.perf_counter() - t1)
+        failures.messages.clear()
+        t2 = time.perf_counter()
+        kept = quality.check(segmenter, image, sha, bbox, found)
+        check_ms = 1000 * (time.perf_counter() - t2)
+        rows.append(
+            {
+                "split": sample.split,
+                "image": sample.index,
+                "label": subject.label,
+                "background": sample.background,
+                "iou": mask_iou(mask, subject.mask),
+                "bf": boundary_f(mask, subject.mask, 2),
+                "passed": verdict.passed,
+                "reasons": verdict.reasons,
+                "scores": scores,
+                "strategies": [r["strategy"] for r in kept.refinements],
+                "refine_errors": list(failures.messages),
+                "final_iou": mask_iou(kept.mask, subject.mask),
+                "final_bf": boundary_f(kept.mask, subject.mask, 2),
+                "final_passed": kept.quality["verdict"] == "PASS",
+                "seg_ms": seg_ms,
+                "gate_ms": gate_ms,
+                "refine_ms": max(0.0, check_ms - gate_ms),  # check() gates the first mask again
+            }
+        )
+        for message in failures.messages:
+            log(f"a refinement raised on {sample.split} image {sample.index}, box {bbox}: {message}")
+    return rows
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 4) if values else None
+
+
+def summarize(rows: list[dict[str, Any]], bad_iou: float) -> dict[str, Any]:
+    bad = [r["iou"] < bad_iou for r in rows]
+    failed = [not r["passed"] for r in rows]
+    tp = sum(b and f for b, f in zip(bad, failed, strict=True))
+    out_rows = [r for r in rows if not r["passed"]]
+    n = len(rows)
+    return {
+        "subjects": n,
+        "mean_iou": _mean([r["iou"] for r in rows]),
+        "mean_bf_2px": _mean([r["bf"] for r in rows]),
+        "mean_iou_after_refinement": _mean([r["final_iou"] for r in rows]),
+        "mean_bf_2px_after_refinement": _mean([r["final_bf"] for r in rows]),
+        "bad_masks": sum(bad),
+        "gate_failed": sum(failed),
+        "gate_precision": round(tp / sum(failed), 4) if sum(failed) else None,
+        "gate_recall": round(tp / sum(bad), 4) if sum(bad) else None,
+        "escaped": sum(r["final_passed"] and r["final_iou"] < bad_iou for r in rows),
+        "gated_out_mean_iou_before": _mean([r["iou"] for r in out_rows]),
+        "gated_out_mean_iou_after": _mean([r["final_iou"] for r in out_rows]),
+        "refined_and_passed": sum(r["final_passed"] for r in out_rows),
+        "refinements": sum(len(r["strategies"]) for r in rows),
+        "refinement_errors": sum(len(r["refine_errors"]) for r in rows),
+        "to_person_share": round(sum(not r["final_passed"] for r in rows) / n, 4) if n else None,
+        "ms_per_subject": {
+            "segment": _mean([r["seg_ms"] for r in rows]),
+            "gate": _mean([r["gate_ms"] for r in rows]),
+            "refine": _mean([r["refine_ms"] for r in rows]),
+            "total": _mean([r["seg_ms"] + r["gate_ms"] + r["refine_ms"] for r in rows]),
+        },
+    }
+
+
+def targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The classical backend's targets, measured (not asserted): the gate and refinement over every
+    subject (the easy split alone has hardly any bad masks), the easy split's mean IoU."""
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, target: str, value: Any, met: bool | None) -> None:
+        out.append({"name": name, "target": target, "value": value, "met": met})
+
+    per = results.get("classical", {})
+    overall = per.get("all") or next(iter(per.values()), None)
+    if overall is None:
+        return out
+    for key, label in (("gate_recall", "gate recall at IoU < 0.85"), ("gate_precision", "gate precision")):
+        value = overall[key]
+        floor = 0.95 if key == "gate_recall" else 0.7
+        add(f"classical, all subjects: {label}", f">= {floor}", value, None if value is None else value >= floor)
+    before, after = overall["gated_out_mean_iou_before"], overall["gated_out_mean_iou_after"]
+    met = None if before is None or overall["refinements"] == 0 else after > before
+    add("classical, all subjects: refinement raises the gated-out masks' IoU", "after > before", after, met)
+    easy = per.get("easy")
+    if easy is not None:
+        add("classical easy: mean IoU", ">= 0.9", easy["mean_iou"], easy["mean_iou"] >= 0.9)
+    return out
+
+
+def fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def print_table(out: dict[str, Any]) -> None:
+    cols = [(f"{b} {s}", r) for b, per in out["results"].items() for s, r in per.items()]
+    lines: list[list[str]] = [["", *[c for c, _ in cols]]]
+
+    def row(name: str, get: Any) -> None:
+        lines.append([name, *[fmt(get(r)) for _, r in cols]])
+
+    row("subjects", lambda r: r["subjects"])
+    row("mean IoU, first mask", lambda r: r["mean_iou"])
+    row("mean IoU, after refinement", lambda r: r["mean_iou_after_refinement"])
+    row("mean boundary F (2 px), first", lambda r: r["mean_bf_2px"])
+    row("mean boundary F (2 px), after", lambda r: r["mean_bf_2px_after_refinement"])
+    row(f"bad first masks (IoU < {out['args']['bad_iou']})", lambda r: r["bad_masks"])
+    row("gate failed", lambda r: r["gate_failed"])
+    row("gate precision", lambda r: r["gate_precision"])
+    row("gate recall", lambda r: r["gate_recall"])
+    row("gated out: mean IoU before", lambda r: r["gated_out_mean_iou_before"])
+    row("gated out: mean IoU after (kept mask)", lambda r: r["gated_out_mean_iou_after"])
+    row("gated out, then passed after refining", lambda r: r["refined_and_passed"])
+    row("refinements run", lambda r: r["refinements"])
+    row("refinements that raised", lambda r: r["refinement_errors"])
+    row("sent to a person (share)", lambda r: r["to_person_share"])
+    row("escaped: passed but bad", lambda r: r["escaped"])
+    row("ms/subject: segment", lambda r: r["ms_per_subject"]["segment"])
+    row("ms/subject: gate", lambda r: r["ms_per_subject"]["gate"])
+    row("ms/subject: refine", lambda r: r["ms_per_subject"]["refine"])
+    row("ms/subject: total", lambda r: r["ms_per_subject"]["total"])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    print(
+        f"\ncut-out quality, gate policy {out['policy']}, seed {out['args']['seed']}, "
+        f"max refinements {out['args']['max_refinements']}"
+    )
+    for line in lines:
+        print(
+            "  ".join(
+                c.ljust(wd) if i == 0 else c.rjust(wd) for i, (c, wd) in enumerate(zip(line, widths, strict=True))
+            )
+        )
+    print()
+    for t in out["targets"]:
+        met = "-" if t["met"] is None else ("yes" if t["met"] else "NO")
+        print(f"  target {t['name']}: {fmt(t['value'])} (target {t['target']}) met: {met}")
+    for note in out["notes"]:
+        print(f"  note: {note}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backends", default="classical", help="comma-separated: classical, sam")
+    ap.add_argument("--splits", default="easy,hard")
+    ap.add_argument("--n", type=int, default=300, help="images in all, half per split")
+    ap.add_argument("--seed", type=int, default=0, help="the data set's seed (the gate is calibrated on 1)")
+    ap.add_argument("--max-refinements", type=int, default=2)
+    ap.add_argument("--policy", default=DEFAULT_POLICY, help="quality-gate policy version")
+    ap.add_argument("--bad-iou", type=float, default=0.85, help="a mask below this IoU is bad")
+    ap.add_argument("--quick", action="store_true", help="a tiny set (6 images per split): a smoke run")
+    ap.add_argument("--rows", action="store_true", help="also write every subject's features and IoU (calibration)")
+    ap.add_argument("--json", type=Path, default=Path("benchmarks/out/cutout_quality.json"))
+    args = ap.parse_args(argv)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    gate = policy(args.policy)
+    per_split = 6 if args.quick else max(1, args.n // len(splits))
+    out: dict[str, Any] = {
+        "benchmark": "cutout_quality",
+        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "args": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "per_split": per_split},
+        "policy": gate.version,
+        "results": {},
+        "notes": [],
+    }
+    all_rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in backends:
+            seg = build_segmenter(backend, Path(tmp))
+            if backend == "sam":
+                out["notes"].append(SAM_NOTE)
+            out["results"][backend] = {}
+            for split in splits:
+                samples = make_set(split, per_split, args.seed)
+                log(f"{backend} {split}: {len(samples)} images, {sum(len(s.subjects) for s in samples)} subjects")
+                t0 = time.perf_counter()
+                rows = run_subjects(seg, samples, gate, args.max_refinements, args.seed)
+                out["results"][backend][split] = summarize(rows, args.bad_iou)
+                log(f"{backend} {split}: done in {time.perf_counter() - t0:.1f} s")
+                all_rows += [{"backend": backend, **r} for r in rows]
+            if len(splits) > 1:
+                mine = [r for r in all_rows if r["backend"] == backend]
+                out["results"][backend]["all"] = summarize(mine, args.bad_iou)
+    out["targets"] = targets(out["results"])
+    if args.rows:
+        out["rows"] = all_rows
+    print_table(out)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=1))
+    log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
