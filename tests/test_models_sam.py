@@ -120,7 +120,13 @@ def test_segment_batches_boxes_and_maps_coordinates(checkpoint, store, image):
         outside = m.copy()
         outside[y1:y2, x1:x2] = False
         assert not outside.any()  # clipped to its box
-    assert out[3]["reason"] and not out[3]["mask"].any()
+        # The decoder's predicted IoU rides along, for the quality gate's scores.
+        assert 0.0 <= r["predicted_iou"] <= 1.0
+    assert out[3]["reason"] and not out[3]["mask"].any() and "predicted_iou" not in out[3]
+    from hitl_review.deployments.quality.subject import QualityGate
+
+    gated = QualityGate(max_refinements=0).check(seg, image, SHA, boxes[0]["bbox"], out[0])
+    assert gated.quality["scores"]["predicted_iou"] == pytest.approx(out[0]["predicted_iou"], abs=1e-4)
 
 
 def test_predict_boxes_returns_image_sized_masks(checkpoint, image):

@@ -47,12 +47,14 @@ class SamSegmenter:
         problems = {b["box_id"]: box_problem(b.get("bbox"), w, h) for b in boxes}
         good = [b for b in boxes if problems[b["box_id"]] is None]
         masks: dict[str, np.ndarray] = {}
+        scores: dict[str, float] = {}
         if good:
             emb = self.encoder.embed(image, image_sha)
-            raw, _ = self.encoder.model.predict_boxes(
+            raw, iou = self.encoder.model.predict_boxes(
                 emb, np.array([b["bbox"] for b in good], np.float32), self.multimask
             )
-            for b, m in zip(good, raw, strict=True):
+            for b, m, q in zip(good, raw, iou, strict=True):
+                scores[b["box_id"]] = float(min(1.0, max(0.0, q)))  # the decoder's own, for the gate
                 if self.clip_to_box:
                     x1, y1, x2, y2 = int_box(b["bbox"], w, h)
                     clip = np.zeros_like(m)
@@ -65,7 +67,7 @@ class SamSegmenter:
             if mask is None:
                 out.append({"box_id": b["box_id"], "mask": np.zeros((h, w), bool), "reason": problems[b["box_id"]]})
                 continue
-            item: dict[str, Any] = {"box_id": b["box_id"], "mask": mask}
+            item: dict[str, Any] = {"box_id": b["box_id"], "mask": mask, "predicted_iou": scores[b["box_id"]]}
             if not mask.any():
                 item["reason"] = "the model found no object inside the box"
             elif self.feather_px > 0:
