@@ -67,6 +67,7 @@ bench: setup
 	$(PY) benchmarks/bench_interventions.py --jobs 60 --json benchmarks/out/bench_interventions.json
 	$(PY) benchmarks/gpu_sam.py --device cpu --tiny --json benchmarks/out/gpu_sam_cpu.json
 	$(PY) benchmarks/metrics_scrape.py --json benchmarks/out/metrics_scrape.json
+	$(PY) benchmarks/cutout_quality.py --json benchmarks/out/cutout_quality.json
 
 # A fresh `hitl up --no-ui`, locust headless, the invariant checker, then
 # benchmarks/bench_interventions.py against the same server (--no-bench skips it).
