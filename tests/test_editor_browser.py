@@ -6,7 +6,8 @@
    redo; the submission carries the labels and the browser forgets its draft once it is confirmed;
 2. a reload in the middle of an edit puts the unsent edits back (kept in localStorage under the job
    and pause), and a page load writes no asset lines to the server log;
-3. "Reset to model boxes" brings the offered boxes back, and is itself undoable;
+3. "Reset to model boxes" brings the offered boxes back, and is itself undoable; Enter submits
+   whatever button has focus;
 4. every main control is reached with Tab, has an accessible name and a visible focus ring, in the
    light and the dark theme;
 5. the queue shows thumbnails and stages in words, filters by stage, and its stats panel counts a
@@ -64,7 +65,8 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     up.start()
     s = Stack(up)
     try:
-        for name, seed in (("keys", 21), ("reload", 22), ("reset", 23), ("focus", 24), ("decided", 25)):
+        jobs = (("keys", 21), ("reload", 22), ("reset", 23), ("focus", 24), ("decided", 25), ("enter", 26))
+        for name, seed in jobs:
             s.jobs[name] = s.api.submit(product_composite(seed, 640, 480, n=2)[0])
         yield s
     finally:
@@ -161,6 +163,29 @@ def test_number_keys_label_the_selected_box_and_undo_redo(stack: Stack, reviewer
         assert time.monotonic() < deadline, "the draft outlived its confirmed submission"
         time.sleep(0.1)
     stack.api.cancel(job)
+
+
+FOCUS_BUTTON_JS = """(id) => {
+  const el = document.getElementById(id);
+  const b = el.tagName === "BUTTON" ? el : el.querySelector("button");
+  b.focus();
+  return document.activeElement === b;
+}"""
+
+
+@pytest.mark.timeout(240)
+def test_enter_submits_whatever_button_has_focus(stack: Stack, reviewer: Callable[..., Reviewer]) -> None:
+    """A clicked "Open next job (N)" keeps the focus; Enter, the documented submit key, used to press
+    that button again (another job opened, the claim on this one released, nothing submitted). The
+    keys act on the review panel wherever the focus is, except in a text field."""
+    rv = reviewer()
+    job, snap, _ = open_review(rv, stack, "enter")
+    assert rv.page.evaluate(FOCUS_BUTTON_JS, "next-job-btn")
+    rv.page.keyboard.press("Enter")
+    rv.expect_text("#banner", re.compile(r"Submitted|The job ended"))
+    after = stack.api.wait(job, lambda s: s["version"] > snap["version"], "the submission by Enter")
+    assert {b["box_id"] for b in after["approved_box_list"]} == {b["box_id"] for b in snap["box_list"]}
+    assert job in rv.page.inner_text("#job-id")  # the same job on screen: no other one was opened
 
 
 @pytest.mark.timeout(240)

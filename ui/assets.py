@@ -139,7 +139,11 @@ _KEYS_JS = """
       if (b) { e.preventDefault(); b.click(); }
       return;
     }
-    if (typing || tag === "BUTTON") { return; }
+    if (typing) { return; }
+    // The documented keys act on the review panel whatever button has focus (a clicked "Open next job"
+    // keeps it, and Enter would press it again), except on a confirmation's own buttons, where Enter
+    // confirms what is asked. Space still presses the focused button.
+    if (tag === "BUTTON" && t.closest("#confirm-cut-nothing, #confirm-cancel")) { return; }
     if (e.key === "Delete") {
       const box = document.querySelector("#annotator .annotator-container");
       if (box && t !== box) {
