@@ -44,7 +44,6 @@ import logging
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -52,10 +51,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling cutout_data, however it is run
-
-from cutout_data import SPLITS, Sample, make_set
-
+from benchmarks.cutout_data import SPLITS, Sample, make_set
 from harness.bench import log
 from hitl_review.deployments.backends.base import make_segmenter
 from hitl_review.deployments.quality.gate import DEFAULT_POLICY, GatePolicy, judge, policy, score_mask
