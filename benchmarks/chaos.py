@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             "5",
         ]
         if args.scenario != "random":
-            from chaos_recovery import run_scenario  # benchmarks/ is the script's directory
+            from benchmarks.chaos_recovery import run_scenario  # it imports this module: here, not at the top
 
             return run_scenario(args, data_dir, flags)
         up = HitlUp(data_dir, *flags, log_path=data_dir / "chaos-hitl-up.log").start()

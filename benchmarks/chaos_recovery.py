@@ -57,8 +57,8 @@ from typing import Any
 
 import httpx
 import redis
-from chaos import TERMINAL, WAITING, JobRun, Run
 
+from benchmarks.chaos import TERMINAL, WAITING, JobRun, Run
 from harness.hitl_up import HitlUp
 from hitl_review.archive import reads
 from hitl_review.archive.db import Archive, archive_url
