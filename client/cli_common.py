@@ -31,6 +31,7 @@ STATUS_STYLE = {
     "CANCELLED": "yellow",
     "WAITING_USER_SELECTION": "magenta",
     "WAITING_BOX_BATCH_REVISION": "magenta",
+    "WAITING_MASK_REVIEW": "magenta",
 }
 
 

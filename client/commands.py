@@ -21,6 +21,7 @@ from .batch import DEFAULT_BATCH, check_batch_name
 from .cli_admin import cmd_dead_letters, cmd_gc_artifacts, cmd_reconcile, cmd_replay, cmd_verify_audit
 from .cli_common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, Handler
 from .cli_jobs import cmd_jobs, cmd_results, cmd_status, cmd_watch, format_event, print_results, print_snapshot
+from .cli_reviewers import add_reviewer_commands
 from .cli_submit import cmd_submit
 
 __all__ = [
@@ -227,7 +228,8 @@ def add_client_commands(subparsers: Any) -> Any:
         cmd_jobs,
         help="list jobs, or the review queue",
         description="List the jobs you may see, newest first. With --status WAITING_USER_SELECTION (or "
-        "WAITING_BOX_BATCH_REVISION) it is the review queue, oldest pause first.",
+        "WAITING_BOX_BATCH_REVISION, WAITING_MASK_REVIEW, or WAITING for all three) it is the review queue, "
+        "oldest pause first.",
     )
     p.add_argument("--status", metavar="S", help="only jobs in status S, e.g. WAITING_USER_SELECTION, SUCCEEDED")
     p.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs (default: 50)")
@@ -236,7 +238,7 @@ def add_client_commands(subparsers: Any) -> Any:
     admin = subparsers.add_parser(
         "admin",
         formatter_class=HelpFormatter,
-        help="operator commands (admin token): dead letters, reconcile, audit, artifact GC",
+        help="operator commands (admin token): dead letters, reconcile, audit, artifact GC, reviewer accounts",
         description="Operator commands; they need an admin token.",
     )
     admin_sub = admin.add_subparsers(dest="admin_command", metavar="ADMIN_COMMAND", required=True)
@@ -292,4 +294,5 @@ def add_client_commands(subparsers: Any) -> Any:
     )
     p.add_argument("--older-than-days", type=float, required=True, metavar="D", help="jobs finished over D days ago")
     p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    add_reviewer_commands(admin_sub, _command, HelpFormatter)
     return admin_sub

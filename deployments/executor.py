@@ -50,6 +50,7 @@ from hitl_review.statecore.nodes import (
 from hitl_review.statecore.states import NodeType
 
 from .backends.base import DetectorBackend, Role, SegmenterBackend, ValidatorBackend, make_backend
+from .quality.gate import judge, score_mask
 from .quality.subject import QualityGate
 
 if TYPE_CHECKING:  # fsspec is imported when a store is built, so a bare GPU box can import this module
@@ -289,6 +290,8 @@ def process_boxes(
         return out
     img, sha = _image_of(inp, artifacts, image)
     h, w = img.shape[:2]
+    if inp.prompts:  # a reviewer's REFINE (a mask review): box + points, final, not gated again
+        return _process_prompted(inp, models, artifacts, img, sha)
     results = {r["box_id"]: r for r in segmenter.segment(img, sha, _backend_boxes(inp.approved_box_list))}
     for b in inp.approved_box_list:
         r = results.get(b.box_id) or {}
@@ -314,6 +317,39 @@ def process_boxes(
         if gated is not None:
             outcome.quality = QualityVerdict.model_validate(gated.quality)
             outcome.refinements = [Refinement.model_validate(x) for x in gated.refinements]
+        out.subjects.append(outcome)
+    return out
+
+
+def _process_prompted(
+    inp: ProcessInput, models: Models, artifacts: ArtifactStore, img: np.ndarray, sha: str
+) -> ProcessOutput:
+    """Each box from its box and the reviewer's points through the segmenter's prompted path (SAM's
+    point and box prompt; the classical backend's GrabCut seeded by the points). The gate's verdict is
+    recorded for the reviewer's information; the reviewer decided, so it is not gated again."""
+    segmenter = _need(models.segmenter, "segmenter", NodeType.PROCESS_APPROVED_BOX_LIST)
+    prompt = getattr(segmenter, "segment_prompt", None)
+    out = ProcessOutput(subjects=[], backend=segmenter.name)
+    for b in inp.approved_box_list:
+        points = [p.model_dump() for p in inp.prompts.get(b.box_id, [])]
+        if not callable(prompt):
+            reason = f"the {segmenter.name} segmenter has no prompted path (box and points) to refine with"
+            out.subjects.append(SubjectOutcome(box_id=b.box_id, status="FAILED", reason=reason))
+            continue
+        [best, *_] = prompt(img, sha, list(b.bbox), points)
+        mask = np.asarray(best["mask"], bool)
+        if mask.shape != img.shape[:2] or not mask.any():
+            reason = "the mask from the reviewer's points came out empty"
+            out.subjects.append(SubjectOutcome(box_id=b.box_id, status="FAILED", reason=reason))
+            continue
+        mask_name = artifacts.put("mask", mask_png(mask), "png")
+        cutout_name = artifacts.put("cutout", cutout_png(img, np.where(mask, 255, 0).astype(np.uint8)), "png")
+        outcome = SubjectOutcome(box_id=b.box_id, status="SUCCEEDED", mask=mask_name, cutout=cutout_name)
+        if models.quality is not None:
+            scores = score_mask(
+                img, list(b.bbox), mask, predicted_iou=best.get("predicted_iou"), stability=best.get("stability")
+            )
+            outcome.quality = QualityVerdict.model_validate(judge(scores, models.quality.policy).to_dict())
         out.subjects.append(outcome)
     return out
 

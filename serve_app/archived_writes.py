@@ -118,7 +118,7 @@ async def intervene(store: Store, archive: Archive | None, job_id: str, req: Int
     from hitl_review.archive import reads
 
     snap: JobSnapshot = view.snapshot
-    decide.check_bboxes_in_image(req.subjects, snap.image.width, snap.image.height)
+    decide.check_bboxes_in_image(req.subjects or [], snap.image.width, snap.image.height)
     rec = await _read(archive, reads.intervention_record, job_id, req.intervention_id)
     if rec is not None:
         phash, _, response = rec.partition("\n")

@@ -23,6 +23,7 @@ def store_for(settings: Settings, redis_url: str, *, blocking_s: float = 0.0) ->
             retry_backoff_s=settings.retry_backoff_s,
             claim_ttl_s=settings.claim_ttl_s,
             archive=settings.archive,
+            quality_gate=settings.quality_gate,
         ),
         timeout_s=settings.store_timeout_s + blocking_s,
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from . import mask_review
 from .errors import InvalidRequest
 from .ids import canonical_json, new_id
 from .jobstate import JobState, require
@@ -103,13 +104,23 @@ def create_response(job_id: str) -> str:
 
 
 def plan_create(
-    job_id: str, submitter: str, image: ImageRef, idem_key: str | None, now: str, now_ms: int, review_quorum: int = 1
+    job_id: str,
+    submitter: str,
+    image: ImageRef,
+    idem_key: str | None,
+    now: str,
+    now_ms: int,
+    review_quorum: int = 1,
+    quality_gate: str = "off",
 ) -> tuple[Plan, NodeCommand]:
     """A new job: CREATED then at once DETECTING with DETECT_SUBJECTS in the outbox (version 1).
-    ``review_quorum`` ≥ 2: each pause needs that many reviewers (docs/protocol.md § Quorum)."""
+    ``review_quorum`` ≥ 2: each pause needs that many reviewers (docs/protocol.md § Quorum).
+    ``quality_gate``: which masks wait for a person (statecore.mask_review), fixed for the job's life."""
     policy: dict[str, Any] = {"workflow": WORKFLOW_VERSION, "auto_approve": None}
     if review_quorum > 1:
         policy["review_quorum"] = review_quorum
+    if quality_gate != "off":  # off, the default, left out: the policy of every job created before
+        policy["quality_gate"] = quality_gate
     plan = Plan(expect_version=0, status=S.DETECTING)
     transition(S.CREATED, S.DETECTING, job_id=job_id)
     # Fields at their default are left out (every byte of a waiting job counts; JobState.from_meta
@@ -239,29 +250,25 @@ def plan_intervention(
     checks (idempotency, cancel, version, pause, token) must win over it and
     they run inside the Lua script.
     """
+    pause = state.active_pause
+    if pause is not None and pause.status == "WAITING" and pause.stage == mask_review.STAGE:
+        return _plan_mask_review(state, req, reviewer, now, now_ms)
     try:
+        if req.subjects is None:
+            raise InvalidRequest(
+                "this pause is a box stage: send 'subjects' (the complete box list), not 'decisions'", field="subjects"
+            )
         d = diff_subjects(state.box_list, req.subjects)
     except InvalidRequest as e:
         return InterventionPlan(None, None, e)
-    pause = state.active_pause
     if pause is None or pause.status != "WAITING" or state.status == S.CANCELLED or is_terminal(state.status):
         # The script will answer with the precise 409; nothing to plan.
         return InterventionPlan(None, None, None)
     plan = Plan(expect_version=state.version, status=state.status)
     hop = next_hop(d.box_list)
-    consumed = pause.model_copy(
-        update={
-            "status": "CONSUMED",
-            "consumed_at": now,
-            "consumed_by": ConsumedBy(intervention_id=req.intervention_id, reviewer=reviewer),
-        }
-    )
-    plan.pause_history[pause.pause_token] = dump(consumed)
-    plan.meta["active_pause"] = ""
-    plan.meta["pause_token"] = ""
+    _consume(plan, state, req, reviewer, now)
     boxes = box_dicts(d.box_list)  # dumped once: the meta's box list and the node's input share it
     plan.meta["box_list"] = canonical_json(boxes)
-    plan.waiting = ("del", 0)
     diff = Diff(kept=d.kept, added=d.added, deleted=d.deleted)
     plan.events.append(
         (
@@ -310,6 +317,64 @@ def plan_intervention(
         next_type = hop.value
     if plan.outbox is not None:  # the one command this consumption produced, for audits
         plan.events[0][1]["node_instance_id"] = plan.outbox.node_instance_id
+    resp = InterventionResponse(
+        intervention_id=req.intervention_id,
+        job_id=state.job_id,
+        accepted=True,
+        status=plan.status,
+        version=state.version + 1,
+        next_node_type=next_type,
+        diff=diff,
+    )
+    return InterventionPlan(plan, resp, None)
+
+
+def _consume(plan: Plan, state: JobState, req: InterventionRequest, reviewer: str, now: str) -> None:
+    """The waiting pause becomes CONSUMED by this intervention and the job leaves the review queue."""
+    pause = state.active_pause
+    assert pause is not None
+    consumed = pause.model_copy(
+        update={
+            "status": "CONSUMED",
+            "consumed_at": now,
+            "consumed_by": ConsumedBy(intervention_id=req.intervention_id, reviewer=reviewer),
+        }
+    )
+    plan.pause_history[pause.pause_token] = dump(consumed)
+    plan.meta["active_pause"] = ""
+    plan.meta["pause_token"] = ""
+    plan.waiting = ("del", 0)
+
+
+def _plan_mask_review(
+    state: JobState, req: InterventionRequest, reviewer: str, now: str, now_ms: int
+) -> InterventionPlan:
+    """A submission to a mask review: its decisions checked (400 after the script's 409s), the pause
+    consumed, the decisions applied (statecore.mask_review)."""
+    try:
+        decisions = mask_review.check_decisions(state, req)
+    except InvalidRequest as e:
+        return InterventionPlan(None, None, e)
+    if state.status == S.CANCELLED or is_terminal(state.status):
+        return InterventionPlan(None, None, None)
+    pause = state.active_pause
+    assert pause is not None
+    plan = Plan(expect_version=state.version, status=state.status)
+    _consume(plan, state, req, reviewer, now)
+    accepted: dict[str, Any] = {
+        "intervention_id": req.intervention_id,
+        "reviewer": reviewer,
+        "pause_token": pause.pause_token,
+        "round": pause.round,
+        "stage": pause.stage,
+        "decisions": {d.box_id: d.decision for d in decisions},
+    }
+    plan.events.append(("INTERVENTION_ACCEPTED", accepted))
+    diff, next_type = mask_review.apply_decisions(plan, state, decisions, reviewer, now, now_ms)
+    accepted["diff"] = diff.model_dump()
+    accepted["next_node_type"] = next_type
+    if plan.outbox is not None:
+        accepted["node_instance_id"] = plan.outbox.node_instance_id
     resp = InterventionResponse(
         intervention_id=req.intervention_id,
         job_id=state.job_id,

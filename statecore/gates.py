@@ -55,7 +55,16 @@ def plan_reoffer(state: JobState, now: str, now_ms: int, workflow: str) -> Plan:
         )
     )
     open_pause(
-        plan, state, pause.stage, pause.round, state.box_list, list(pause.box_ids_to_revise), now, now_ms, workflow
+        plan,
+        state,
+        pause.stage,
+        pause.round,
+        state.box_list,
+        list(pause.box_ids_to_revise),
+        now,
+        now_ms,
+        workflow,
+        subjects_to_review=pause.subjects_to_review,
     )
     plan.waiting = None
     if state.votes:

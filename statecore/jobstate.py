@@ -14,6 +14,7 @@ from pydantic import TypeAdapter
 from .errors import JobNotFound
 from .ids import batch_of
 from .models import (
+    PENDING_ACTIONS_MASK_REVIEW,
     PENDING_ACTIONS_WAITING,
     Box,
     CurrentNode,
@@ -108,7 +109,13 @@ class JobState:
             box_list=self.box_list,
             approved_box_list=self.approved_box_list,
             active_pause=self.active_pause,
-            pending_actions=list(PENDING_ACTIONS_WAITING) if waiting else [],
+            pending_actions=(
+                []
+                if not waiting
+                else list(PENDING_ACTIONS_MASK_REVIEW)
+                if self.active_pause is not None and self.active_pause.stage == "WAITING_MASK_REVIEW"
+                else list(PENDING_ACTIONS_WAITING)
+            ),
             current_node=self.current_node,
             reason_code=self.reason_code,
             cancel_requested=self.cancel_requested,

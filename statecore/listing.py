@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from . import decide, errors, keys
 from .models import ClaimView, JobSummary
 from .quorum import votes_of
+from .states import is_waiting
 
 CURSOR_RE = re.compile(r"^([0-9]{1,16}):([A-Za-z0-9_]{1,64})$")
 
@@ -150,7 +151,7 @@ async def list_jobs(
     ``unclaimed_for`` (the next job for that reviewer), a job claimed by another reviewer does not
     match, nor a quorum job whose pause already has that reviewer's vote (docs/protocol.md § Quorum).
     """
-    waiting_queue = status in ("WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION", "WAITING")
+    waiting_queue = status == "WAITING" or (status is not None and is_waiting(status))
     after = parse_cursor(cursor) if cursor else None
     index = keys.waiting if waiting_queue else keys.jobs
     readers = [_IndexReader(r, index(p), waiting_queue, after) for p in range(keys.PARTITIONS)]

@@ -11,8 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .states import JobStatus, NodeType
 
 BBox = tuple[float, float, float, float]
-PauseStage = Literal["WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION"]
+PauseStage = Literal["WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION", "WAITING_MASK_REVIEW"]
 PENDING_ACTIONS_WAITING = ["SUBMIT_BOX_LIST", "DRAW_MANUAL_BOX"]
+PENDING_ACTIONS_MASK_REVIEW = ["DECIDE_SUBJECT_MASKS"]
 
 
 def check_bbox(bbox: tuple[float, ...] | list[float]) -> BBox:
@@ -54,6 +55,35 @@ class ConsumedBy(BaseModel):
     reviewer: str
 
 
+class QualityVerdict(BaseModel):
+    """The quality gate's word on one mask (docs/protocol.md § Cut-out quality): under ``policy`` (its
+    version, recorded with every verdict), ``PASS``, or ``FAIL`` with ``reasons`` a reviewer can read."""
+
+    verdict: Literal["PASS", "FAIL"]
+    reasons: list[str] = Field(default_factory=list)
+    scores: dict[str, float] = Field(default_factory=dict)
+    policy: str
+    severity: float = 0.0  # how far past the policy's thresholds the mask is (0 for a pass)
+
+
+class Refinement(BaseModel):
+    """One refinement tried on a mask the gate failed: the prompt strategy and the gate's verdict on it."""
+
+    strategy: str
+    quality: QualityVerdict
+
+
+class SubjectToReview(BaseModel):
+    """One subject of a mask review: what the reviewer is shown and decides on."""
+
+    box_id: str
+    label: str | None = None
+    bbox: BBox
+    mask_url: str | None = None
+    cutout_url: str | None = None
+    quality: QualityVerdict | None = None
+
+
 # The workflow definition of every pause recorded before pauses named theirs (docs/protocol.md § Pause).
 FIRST_WORKFLOW_VERSION = "cutout-v1"
 
@@ -72,6 +102,9 @@ class Pause(BaseModel):
     workflow_version: str = FIRST_WORKFLOW_VERSION  # the definition that opened it (the fifth gate)
     # A reconciliation pause (docs/protocol.md § Quorum): each reviewer's list, side by side; one decides.
     reconciliation: dict[str, list[dict[str, Any]]] | None = None
+    # A mask review (stage WAITING_MASK_REVIEW, docs/protocol.md § Cut-out quality): the subjects
+    # that wait for a person's decision, each with its mask, cut-out and the gate's verdict.
+    subjects_to_review: list[SubjectToReview] | None = None
 
 
 class ImageRef(BaseModel):
@@ -204,11 +237,36 @@ MAX_SUBJECTS = 500
 SNAPSHOT_ID_PATTERN = r"^snap_[0-9a-f]{20}$"  # statecore.plan.snapshot_id
 
 
+class Point(Strict):
+    """A reviewer's click on the image: ``positive`` (part of the subject) or not."""
+
+    x: float = Field(ge=0, allow_inf_nan=False)
+    y: float = Field(ge=0, allow_inf_nan=False)
+    positive: bool = True
+
+
+MAX_POINTS = 64
+
+
+class MaskDecision(Strict):
+    """A reviewer's decision on one subject of a mask review (docs/protocol.md § Cut-out quality)."""
+
+    box_id: str = Field(min_length=1, max_length=128)
+    decision: Literal["ACCEPT", "REJECT", "REFINE"]
+    reason: str | None = Field(default=None, max_length=500)
+    points: list[Point] = Field(default_factory=list, max_length=MAX_POINTS)
+
+
 class InterventionRequest(Strict):
+    """A box stage's submission carries ``subjects`` (the complete list); a mask review's carries
+    ``decisions`` (one per listed subject) and no ``subjects``. Which one the pause needs is checked
+    against its stage, after the 409 gates (``statecore.decide``)."""
+
     intervention_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")
     pause_token: str = Field(min_length=1, max_length=128)
     base_version: int = Field(ge=0, le=2**63 - 1)  # a Redis integer; beyond it is a 400, not a 500
-    subjects: list[Subject] = Field(max_length=MAX_SUBJECTS)
+    subjects: list[Subject] | None = Field(default=None, max_length=MAX_SUBJECTS)
+    decisions: list[MaskDecision] | None = Field(default=None, max_length=MAX_SUBJECTS)
     # The pause's snapshot the reviewer was shown; checked after the pause token (the fifth gate).
     snapshot_id: str | None = Field(default=None, pattern=SNAPSHOT_ID_PATTERN)
 
@@ -216,9 +274,18 @@ class InterventionRequest(Strict):
         """The body as its idempotency hash covers it: without an absent ``snapshot_id``, so a body
         recorded before the field existed still replays."""
         body = self.model_dump(mode="json")
-        if body.get("snapshot_id") is None:
-            body.pop("snapshot_id", None)
+        for absent in ("snapshot_id", "decisions", "subjects"):
+            if body.get(absent) is None:
+                body.pop(absent, None)
         return body
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> InterventionRequest:
+        if self.subjects is None and self.decisions is None:
+            raise ValueError("a submission needs 'subjects' (a box stage) or 'decisions' (a mask review)")
+        if self.subjects is not None and self.decisions is not None:
+            raise ValueError("a submission carries 'subjects' or 'decisions', not both")
+        return self
 
     @field_validator("base_version", mode="before")
     @classmethod
@@ -240,7 +307,7 @@ class InterventionResponse(BaseModel):
     accepted: bool = True
     status: JobStatus
     version: int
-    next_node_type: Literal["VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST"] | None
+    next_node_type: Literal["VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST", "FINALIZE_RESULTS"] | None
     diff: Diff
     quorum: QuorumProgress | None = None  # only for jobs created with review_quorum >= 2
 
@@ -286,29 +353,12 @@ class NodeReport(BaseModel):
         return self
 
 
-class QualityVerdict(BaseModel):
-    """The quality gate's word on one mask (docs/protocol.md § Cut-out quality): under ``policy`` (its
-    version, recorded with every verdict), ``PASS``, or ``FAIL`` with ``reasons`` a reviewer can read."""
-
-    verdict: Literal["PASS", "FAIL"]
-    reasons: list[str] = Field(default_factory=list)
-    scores: dict[str, float] = Field(default_factory=dict)
-    policy: str
-    severity: float = 0.0  # how far past the policy's thresholds the mask is (0 for a pass)
-
-
-class Refinement(BaseModel):
-    """One refinement tried on a mask the gate failed: the prompt strategy and the gate's verdict on it."""
-
-    strategy: str
-    quality: QualityVerdict
-
-
 class SubjectResult(BaseModel):
     box_id: str
     bbox: BBox
     label: str | None = None
-    status: Literal["SUCCEEDED", "FAILED", "REJECTED"]
+    # WAITING_REVIEW: in a mask review; REFINING: a reviewer's points are being segmented.
+    status: Literal["SUCCEEDED", "FAILED", "REJECTED", "WAITING_REVIEW", "REFINING"]
     reason: str | None = None
     mask_url: str | None = None
     cutout_url: str | None = None

@@ -107,9 +107,19 @@ class ValidateInput(_Wire):
         return self.items_to_validate
 
 
+class PromptPoint(_Wire):
+    x: Number
+    y: Number
+    positive: Flag = True
+
+
 class ProcessInput(_Wire):
+    """``prompts``: a reviewer's points per box (a mask review's REFINE, statecore.mask_review): those
+    boxes are segmented from their box and points, and their masks are final (not gated again)."""
+
     image: ImageRef
     approved_box_list: list[NodeBox]
+    prompts: dict[str, list[PromptPoint]] = Field(default_factory=dict)
 
     def work(self) -> list[NodeBox]:
         return self.approved_box_list

@@ -14,7 +14,16 @@ from pydantic import TypeAdapter
 from . import eventrefs
 from .ids import canonical_json, new_id, now_iso
 from .jobstate import JobState
-from .models import FIRST_WORKFLOW_VERSION, Box, CurrentNode, ImageRef, NodeCommand, Pause, PauseStage
+from .models import (
+    FIRST_WORKFLOW_VERSION,
+    Box,
+    CurrentNode,
+    ImageRef,
+    NodeCommand,
+    Pause,
+    PauseStage,
+    SubjectToReview,
+)
 from .nodes import NodeBox, NodeInput, ProcessInput, ValidateInput
 from .states import JobStatus, NodeType, transition
 
@@ -193,18 +202,22 @@ def open_pause(
     now_ms: int,
     workflow: str = WORKFLOW_VERSION,
     reconciliation: dict[str, list[dict[str, Any]]] | None = None,
+    subjects_to_review: list[SubjectToReview] | None = None,
 ) -> Pause:
+    """``subjects_to_review``: a mask review's subjects (stage WAITING_MASK_REVIEW); its snapshot id
+    names them too (the masks shown), not only the boxes."""
     pause = Pause(
         pause_token=new_id("pause"),
         status="WAITING",
         stage=stage,
         base_version=state.version + 1,
         round=round_,
-        snapshot_id=snapshot_id(state.image.sha256, box_list, workflow),
+        snapshot_id=snapshot_id(state.image.sha256, box_list, workflow, subjects_to_review),
         box_ids_to_revise=to_revise,
         created_at=now,
         workflow_version=workflow,
         reconciliation=reconciliation,
+        subjects_to_review=subjects_to_review,
     )
     # A waiting pause is stored without its null fields (consumed_at, consumed_by: null until it is
     # consumed): every byte of a waiting job counts, and reading it back gives the same Pause.
@@ -227,17 +240,22 @@ def open_pause(
     return pause
 
 
-def snapshot_id(image_sha: str, box_list: list[Box], workflow: str = WORKFLOW_VERSION) -> str:
-    """Names the exact boxes, image and workflow version a reviewer is shown."""
-    digest = hashlib.sha256(
-        canonical_json(
-            {
-                "image": image_sha,
-                "workflow": workflow,
-                "boxes": [b.model_dump(mode="json") for b in box_list],
-            }
-        ).encode()
-    ).hexdigest()
+def snapshot_id(
+    image_sha: str,
+    box_list: list[Box],
+    workflow: str = WORKFLOW_VERSION,
+    subjects_to_review: list[SubjectToReview] | None = None,
+) -> str:
+    """Names the exact boxes, image and workflow version a reviewer is shown (and a mask review's
+    masks and verdicts)."""
+    shown: dict[str, Any] = {
+        "image": image_sha,
+        "workflow": workflow,
+        "boxes": [b.model_dump(mode="json") for b in box_list],
+    }
+    if subjects_to_review is not None:
+        shown["subjects_to_review"] = [s.model_dump(mode="json") for s in subjects_to_review]
+    digest = hashlib.sha256(canonical_json(shown).encode()).hexdigest()
     return "snap_" + digest[:20]
 
 
@@ -266,7 +284,7 @@ def process_input(image: ImageRef, approved: list[Box]) -> ProcessInput:
 # a model per box (the same bytes in the outbox and the meta's ``node_input``).
 if (
     tuple(NodeBox.model_fields) != tuple(Box.model_fields)
-    or tuple(ProcessInput.model_fields) != ("image", "approved_box_list")
+    or tuple(ProcessInput.model_fields)[:2] != ("image", "approved_box_list")
     or tuple(ValidateInput.model_fields)
     != ("image", "round", "box_list", "items_to_validate", "reusable_valid_items", "deleted_box_ids")
 ):

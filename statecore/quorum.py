@@ -58,8 +58,22 @@ def _key(s: dict[str, Any]) -> str | None:
     return s.get("box_id") or s.get("candidate_id")
 
 
+def decisions_disagree(lists: Sequence[Sequence[dict[str, Any]]]) -> str | None:
+    """A mask review's votes agree when every reviewer made the same decision on every subject
+    (a REFINE's points may differ: the deciding reviewer's are run)."""
+    first = {d["box_id"]: d["decision"] for d in lists[0]}
+    for other in lists[1:]:
+        mine = {d["box_id"]: d["decision"] for d in other}
+        for box_id in sorted(first):
+            if mine.get(box_id) != first[box_id]:
+                return f"subject {box_id}: {first[box_id]} and {mine.get(box_id)}"
+    return None
+
+
 def disagreement(lists: Sequence[Sequence[dict[str, Any]]]) -> str | None:
     """None when every list agrees with the first; else why not (for the event and the panel)."""
+    if any("decision" in d for ls in lists for d in ls):
+        return decisions_disagree(lists)
     first = lists[0]
     ids0 = {k for s in first if (k := _key(s))}
     manual0 = [s for s in first if not _key(s)]
@@ -92,7 +106,12 @@ def record_vote(
     votes: dict[str, dict[str, Any]], req: InterventionRequest, reviewer: str, now: str
 ) -> dict[str, dict[str, Any]]:
     """The votes with ``reviewer``'s (a second vote of one reviewer replaces the first)."""
-    mine = {"intervention_id": req.intervention_id, "at": now, "subjects": subjects_json(req.subjects)}
+    # A mask review's vote keeps its decisions where a box stage's keeps its list.
+    if req.decisions is not None:
+        shown = [d.model_dump(mode="json") for d in req.decisions]
+    else:
+        shown = subjects_json(req.subjects or [])
+    mine = {"intervention_id": req.intervention_id, "at": now, "subjects": shown}
     return {**{r: v for r, v in votes.items() if r != reviewer}, reviewer: mine}
 
 
@@ -122,6 +141,7 @@ def plan_reconciliation(
         now_ms,
         workflow,
         reconciliation=lists,
+        subjects_to_review=pause.subjects_to_review,
     )
     assert new.reconciliation == lists
     plan.meta["votes"] = None  # the reconciliation pause starts without votes

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
+from . import mask_review
 from .errors import NodeExecutionError
 from .ids import new_id
 from .jobstate import JobState
@@ -196,7 +197,7 @@ def plan_report(
     elif isinstance(output, ValidateOutput):
         _on_validate(plan, state, output, now, now_ms, workflow)
     elif isinstance(output, ProcessOutput):
-        _on_process(plan, state, output, now, now_ms, artifact_url)
+        _on_process(plan, state, output, now, now_ms, artifact_url, workflow)
     else:
         _on_finalize(plan, state, output)
     return plan
@@ -284,7 +285,13 @@ def rejected_result(b: Box) -> SubjectResult:
 
 
 def _on_process(
-    plan: Plan, state: JobState, output: ProcessOutput, now: str, now_ms: int, artifact_url: Callable[[str], str]
+    plan: Plan,
+    state: JobState,
+    output: ProcessOutput,
+    now: str,
+    now_ms: int,
+    artifact_url: Callable[[str], str],
+    workflow: str,
 ) -> None:
     by_id = {b.box_id: b for b in state.approved_box_list}
     results: list[SubjectResult] = []
@@ -313,8 +320,9 @@ def _on_process(
             )
         if ok and s.quality is not None:
             plan.events.append(("SUBJECT_GATED", {"box_id": r.box_id, **s.quality.model_dump(mode="json")}))
+    refine_round = mask_review.is_refine_round(state)  # refined_results answers the missing ones
     for b in state.approved_box_list:
-        if b.box_id not in {r.box_id for r in results}:
+        if not refine_round and b.box_id not in {r.box_id for r in results}:
             results.append(
                 SubjectResult(
                     box_id=b.box_id,
@@ -324,7 +332,12 @@ def _on_process(
                     reason="segmenter returned no result for this box",
                 )
             )
-    results += [rejected_result(b) for b in state.box_list if b.validation and b.validation.status == "REJECTED"]
+    if refine_round:  # a reviewer's REFINE: final masks, no second review
+        results = mask_review.refined_results(state, results)
+    else:
+        results += [rejected_result(b) for b in state.box_list if b.validation and b.validation.status == "REJECTED"]
+        if mask_review.open_if_needed(plan, state, results, now, now_ms, workflow):
+            return
     plan.meta["results"] = dump(results)
     move(plan, state, S.FINALIZING_RESULTS)
     cmd = command(state.job_id, NodeType.FINALIZE_RESULTS, now, FinalizeInput())

@@ -16,6 +16,7 @@ class JobStatus(StrEnum):
     VALIDATING_MANUAL_BOXES = "VALIDATING_MANUAL_BOXES"
     WAITING_BOX_BATCH_REVISION = "WAITING_BOX_BATCH_REVISION"
     PROCESSING_APPROVED_SUBJECTS = "PROCESSING_APPROVED_SUBJECTS"
+    WAITING_MASK_REVIEW = "WAITING_MASK_REVIEW"
     FINALIZING_RESULTS = "FINALIZING_RESULTS"
     SUCCEEDED = "SUCCEEDED"
     PARTIAL_SUCCEEDED = "PARTIAL_SUCCEEDED"
@@ -48,7 +49,9 @@ class NodeType(StrEnum):
 TERMINAL: frozenset[JobStatus] = frozenset(
     {S.SUCCEEDED, S.PARTIAL_SUCCEEDED, S.FAILED, S.EMPTY_SELECTION, S.CANCELLED, S.TIMED_OUT}
 )
-WAITING: frozenset[JobStatus] = frozenset({S.WAITING_USER_SELECTION, S.WAITING_BOX_BATCH_REVISION})
+WAITING: frozenset[JobStatus] = frozenset(
+    {S.WAITING_USER_SELECTION, S.WAITING_BOX_BATCH_REVISION, S.WAITING_MASK_REVIEW}
+)
 
 # The only place the allowed moves are written down. The WAITING states have no
 # edge to TIMED_OUT: nothing but an intervention or a cancel leaves a pause.
@@ -80,7 +83,12 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
             S.CANCELLED,
         }
     ),
-    S.PROCESSING_APPROVED_SUBJECTS: frozenset({S.FINALIZING_RESULTS, S.FAILED, S.CANCELLED, S.TIMED_OUT}),
+    S.PROCESSING_APPROVED_SUBJECTS: frozenset(
+        {S.WAITING_MASK_REVIEW, S.FINALIZING_RESULTS, S.FAILED, S.CANCELLED, S.TIMED_OUT}
+    ),
+    # A person's decision on the masks the gate still fails (docs/protocol.md § Cut-out quality):
+    # back to segmenting (REFINE with points) or on to the results. No TIMED_OUT: it is a wait.
+    S.WAITING_MASK_REVIEW: frozenset({S.PROCESSING_APPROVED_SUBJECTS, S.FINALIZING_RESULTS, S.FAILED, S.CANCELLED}),
     S.FINALIZING_RESULTS: frozenset({S.SUCCEEDED, S.PARTIAL_SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT}),
     **{t: frozenset() for t in TERMINAL},
 }

@@ -25,6 +25,7 @@ from .claims import ClaimsMixin
 from .history import HistoryMixin
 from .ids import canonical_json, now_iso, payload_hash
 from .lifecycle import LifecycleMixin
+from .mask_review import GATE_MODES
 from .models import (
     ImageRef,
     InterventionRequest,
@@ -54,8 +55,13 @@ class StoreConfig:
     # continues (docs/protocol.md § Snapshot echo and the fifth gate): the build's, unless a test says otherwise.
     workflow_version: str = WORKFLOW_VERSION
     continuable_workflow_versions: frozenset[str] = CONTINUABLE_WORKFLOW_VERSIONS
+    # Which masks wait for a person (docs/protocol.md § Cut-out quality): review-failing, review-all,
+    # or off (the gate only records); recorded in each job's policy when it is created.
+    quality_gate: str = "off"
 
     def __post_init__(self) -> None:
+        if self.quality_gate not in GATE_MODES:
+            raise ValueError(f"quality_gate {self.quality_gate!r} must be one of {list(GATE_MODES)}")
         if self.workflow_version not in self.continuable_workflow_versions:
             # Its own re-offers would be refused again at every submission: never done reviewing.
             raise ValueError(
@@ -216,7 +222,9 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
             jk = keys.job(job_id)
             now = now_iso()
             now_ms = int(time.time() * 1000)
-            plan, _cmd = decide.plan_create(job_id, submitter, image, idem_key, now, now_ms, review_quorum)
+            plan, _cmd = decide.plan_create(
+                job_id, submitter, image, idem_key, now, now_ms, review_quorum, self.config.quality_gate
+            )
             body = decide.create_response(job_id)
             fingerprint = decide.create_fingerprint(image.sha256, review_quorum)  # what a replay must match
             ks = jk.for_script() + ([keys.create_idem(submitter, idem_key)] if idem_key else [])
@@ -253,7 +261,7 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
             pause = state.active_pause
             snap_id = req.snapshot_id or (pause.snapshot_id if pause is not None else "")
             try:
-                decide.check_bboxes_in_image(req.subjects, state.image.width, state.image.height)
+                decide.check_bboxes_in_image(req.subjects or [], state.image.width, state.image.height)
             except errors.InvalidRequest:  # refused from the body and the job alone: audited all the same
                 await self.audit_only(
                     job_id, reviewer, "INTERVENE", "REFUSED:INVALID_REQUEST", req.base_version, snap_id

@@ -160,7 +160,7 @@ end
 -- Counters (statecore/counters.py reads them; keep the two status sets equal to statecore.states).
 local TERMINAL = {SUCCEEDED = true, PARTIAL_SUCCEEDED = true, FAILED = true, EMPTY_SELECTION = true,
   CANCELLED = true, TIMED_OUT = true}
-local WAITING = {WAITING_USER_SELECTION = true, WAITING_BOX_BATCH_REVISION = true}
+local WAITING = {WAITING_USER_SELECTION = true, WAITING_BOX_BATCH_REVISION = true, WAITING_MASK_REVIEW = true}
 local MINUTE_MS = 60000
 local HORIZON = 360 -- minutes of coverage buckets kept: the longest --coverage-window-s (6 h)
 
