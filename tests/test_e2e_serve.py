@@ -119,6 +119,40 @@ def keep(snap: dict, n: int | None = None) -> list[dict]:
     return [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in snap["box_list"][:n]]
 
 
+def mask_review(api: Api) -> None:
+    """A sample image whose first subject the classical gate fails after its refinements (seed 12:
+    a glossy box cut at its edge) reaches WAITING_MASK_REVIEW with that subject alone; the reviewer
+    refines it with a click, and the job ends with the reviewer's mask next to the gate's."""
+    job = api.submit(product_composite(seed=12, n=2)[0])
+    snap = api.wait(job, {"WAITING_USER_SELECTION"})
+    assert api.intervene(snap, keep(snap)).status_code == 200
+    review = api.wait(job, {"WAITING_MASK_REVIEW", "SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED"})
+    assert review["status"] == "WAITING_MASK_REVIEW", review["status"]
+    pause = review["active_pause"]
+    assert pause["stage"] == "WAITING_MASK_REVIEW" and review["pending_actions"] == ["DECIDE_SUBJECT_MASKS"]
+    [subject] = pause["subjects_to_review"]
+    assert subject["quality"]["verdict"] == "FAIL" and subject["quality"]["reasons"], subject
+    assert api.c.get(subject["mask_url"]).status_code == 200
+    x1, y1, x2, y2 = subject["bbox"]
+    click = {"x": (x1 + x2) / 2, "y": (y1 + y2) / 2, "positive": True}
+    r = api.c.post(f"/api/v1/jobs/{job}/subjects/{subject['box_id']}/preview", json={"points": [click]})
+    assert r.status_code == 200 and r.json()["area"] > 0, r.text
+    body = {
+        "intervention_id": f"iv_{uuid.uuid4().hex[:10]}",
+        "pause_token": pause["pause_token"],
+        "base_version": review["version"],
+        "snapshot_id": pause["snapshot_id"],
+        "decisions": [{"box_id": subject["box_id"], "decision": "REFINE", "points": [click]}],
+    }
+    r = api.c.post(f"/api/v1/jobs/{job}/interventions", json=body)
+    assert r.status_code == 200 and r.json()["next_node_type"] == "PROCESS_APPROVED_BOX_LIST", r.text
+    assert api.wait(job, {"SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED"})["status"] == "SUCCEEDED"
+    by_id = {s["box_id"]: s for s in api.c.get(f"/api/v1/jobs/{job}/results").json()["subjects"]}
+    refined = by_id.pop(subject["box_id"])
+    assert refined["decided_by"] not in (None, "gate") and refined["mask_url"] != subject["mask_url"]
+    assert [s["decided_by"] for s in by_id.values()] == ["gate"]
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("hitl-e2e")
@@ -191,7 +225,9 @@ def test_whole_flow_through_ray_serve(data_dir):
     # SIGKILL the whole process tree mid-wait, start again on the same data dir.
     up.kill()
     up.wait_port_free()
-    up2 = HitlUp(data_dir, "--ingress", "proxy").start()
+    # Restarted with the mask review on (docs/protocol.md § Cut-out quality): a job keeps the mode it
+    # was created under (the waiting job: off), a new one gets the new one.
+    up2 = HitlUp(data_dir, "--ingress", "proxy", "--quality-gate", "review-failing").start()
     api = Api(up2)
     try:
         assert port_holder(up2) == "ray::ProxyActor"
@@ -224,6 +260,8 @@ def test_whole_flow_through_ray_serve(data_dir):
         mask = Image.open(io.BytesIO(api.c.get(s["mask_url"]).content))
         cut = Image.open(io.BytesIO(api.c.get(s["cutout_url"]).content))
         assert mask.size == cut.size == (done["image"]["width"], done["image"]["height"]) and cut.mode == "RGBA"
+
+        mask_review(api)
 
         # empty selection on a fresh job
         other = api.submit(product_composite(seed=9, n=2)[0])
