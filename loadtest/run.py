@@ -181,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--weights", default="", help="user class weights, e.g. Reviewer=4,Canceller=1")
     ap.add_argument("--counts", default="", help="fixed user counts, e.g. RivalReviewers=2")
+    ap.add_argument(
+        "--quality-gate",
+        choices=["review-failing", "review-all", "off"],
+        default="review-failing",
+        help="hitl up's --quality-gate (default review-failing: the cut-outs the gate still fails wait for a "
+        "Reviewer user's decision, so the load covers the mask review too; the uvicorn server ignores it)",
+    )
     ap.add_argument("--quiet-timeout", type=float, default=120, help="seconds to wait for an empty outbox")
     ap.add_argument("--no-bench", action="store_true", help="skip the intervention benchmark")
     ap.add_argument("--bench-jobs", type=int, default=60, help="benchmark jobs per door and concurrency")
@@ -208,7 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"[start] {args.server} in {data_dir} (detector delay {args.detector_delay_ms} ms)", flush=True)
         if args.server == "hitl-up":
-            server = HitlUp(data_dir, "--detector-delay-ms", str(args.detector_delay_ms), log_path=out / "hitl-up.log")
+            server = HitlUp(
+                data_dir,
+                "--detector-delay-ms",
+                str(args.detector_delay_ms),
+                "--quality-gate",
+                args.quality_gate,
+                log_path=out / "hitl-up.log",
+            )
         else:
             server = UvicornServer(
                 data_dir, dispatchers=1, detector_delay_ms=args.detector_delay_ms, log_path=out / "uvicorn.log"

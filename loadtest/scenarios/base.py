@@ -243,7 +243,7 @@ class HitlUser(HttpUser):
                 intervention_id=body["intervention_id"],
                 pause_token=body["pause_token"],
                 base_version=body["base_version"],
-                subjects=len(body["subjects"]),
+                subjects=len(body.get("subjects") or body.get("decisions") or []),
                 status=resp.status_code,
                 code=js.get("code"),
                 replayed=replayed,
@@ -268,6 +268,27 @@ class HitlUser(HttpUser):
             "pause_token": token if token is not None else pause["pause_token"],
             "base_version": version if version is not None else pause["base_version"],
             "subjects": subjects,
+        }
+
+    def mask_body(self, pause: dict[str, Any]) -> dict[str, Any]:
+        """A mask review's submission: most masks accepted, some rejected with a reason, some refined
+        with a click in the middle of the box (docs/protocol.md § Cut-out quality)."""
+        decisions: list[dict[str, Any]] = []
+        for s in pause.get("subjects_to_review") or []:
+            roll = self.rng.random()
+            if roll < 0.6:
+                decisions.append({"box_id": s["box_id"], "decision": "ACCEPT"})
+            elif roll < 0.8:
+                decisions.append({"box_id": s["box_id"], "decision": "REJECT", "reason": "load test: not publishable"})
+            else:
+                x1, y1, x2, y2 = s["bbox"]
+                click = {"x": (x1 + x2) / 2, "y": (y1 + y2) / 2, "positive": True}
+                decisions.append({"box_id": s["box_id"], "decision": "REFINE", "points": [click]})
+        return {
+            "intervention_id": f"iv_lt_{uuid.uuid4().hex[:16]}",
+            "pause_token": pause["pause_token"],
+            "base_version": pause["base_version"],
+            "decisions": decisions,
         }
 
     def choose(
