@@ -24,6 +24,12 @@ ARCHIVE_GROUP = "archivers"  # the archivers' consumer group on every partition'
 # saw one identity and later finds none (or another) knows Redis came back empty (FLUSHALL, a
 # failover to an empty replica, a restart without persistence) and reports what it last saw.
 STORE_ID = f"{PREFIX}:store-id"
+# Reviewer accounts (statecore.accounts, ``hitl admin reviewers``): one HASH, ``n:<name>`` -> the
+# SHA-256 of the account's token and ``t:<that hash>`` -> the account's JSON (never a token), and a
+# STREAM of account changes; one hash tag, so a script changes both in one slot of a cluster.
+ACCOUNTS_TAG = f"{PREFIX}:{{accounts}}"
+REVIEWERS = f"{ACCOUNTS_TAG}:reviewers"
+REVIEWERS_LOG = f"{ACCOUNTS_TAG}:reviewers:log"
 
 
 def partition_of(job_id: str) -> int:
@@ -192,6 +198,11 @@ class JobKeys:
     # LIST of the job's audit entries, oldest first: JSON arrays in statecore.audit.STORED order, a
     # hash chain (docs/protocol.md § Audit). Its head (hash, seq) is kept in ``meta``.
     audit: str
+    # HASH (with a TTL, renewed by each note) ``flag`` -> {"by", "reason", "at"} and ``skip:<reviewer>``
+    # -> until when (ms); LIST of comments {"by", "text", "at"}: notes.lua (docs/protocol.md § Flags,
+    # skips and comments). Apart from ``meta``: a note is not a change of the job.
+    notes: str
+    comments: str
 
     @property
     def outbox(self) -> str:
@@ -281,4 +292,6 @@ def job(job_id: str) -> JobKeys:
         writeback=f"{base}:writeback",
         claim=f"{base}:claim",
         audit=f"{base}:audit",
+        notes=f"{base}:notes",
+        comments=f"{base}:comments",
     )

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 from . import decide, errors, keys
-from .models import ClaimView, JobSummary
+from .models import ClaimView, JobFlag, JobSummary
 from .quorum import votes_of
 from .states import is_waiting
 
@@ -138,6 +138,8 @@ async def list_jobs(
     cursor: str | None,
     read_claims: Callable[[list[str]], Awaitable[list[ClaimView | None]]] | None = None,
     unclaimed_for: str | None = None,
+    read_notes: Callable[[list[str], str | None], Awaitable[list[tuple[JobFlag | None, bool]]]] | None = None,
+    flagged: bool | None = None,
 ) -> tuple[list[JobSummary], str | None]:
     """Newest first over all partitions; with a waiting ``status`` (or ``WAITING``), the review
     queue, oldest pause first.
@@ -158,7 +160,12 @@ async def list_jobs(
     await fill_all(r, readers)
     heap: list[tuple[Any, int]] = [(rd.order_key(), i) for i, rd in enumerate(readers) if rd.rows]
     heapq.heapify(heap)
-    filtered = submitter is not None or (status is not None and status != "WAITING") or unclaimed_for is not None
+    filtered = (
+        submitter is not None
+        or (status is not None and status != "WAITING")
+        or unclaimed_for is not None
+        or flagged is not None
+    )
     out: list[tuple[_Row, JobSummary]] = []
     more = False
     while heap and len(out) < limit:
@@ -175,7 +182,8 @@ async def list_jobs(
         ids = [row.job_id for row in chunk]
         metas = await read_metas(ids)
         claims = await read_claims(ids) if read_claims is not None else [None] * len(chunk)
-        for n, (row, meta, claim) in enumerate(zip(chunk, metas, claims, strict=True)):
+        notes = await read_notes(ids, unclaimed_for) if read_notes is not None else [(None, False)] * len(chunk)
+        for n, (row, meta, claim, (flag, skipped)) in enumerate(zip(chunk, metas, claims, notes, strict=True)):
             if not meta:  # expired after its retention; the inspector prunes the index too
                 if not waiting_queue:
                     await r.zrem(keys.jobs(keys.partition_of(row.job_id)), row.job_id)
@@ -189,8 +197,13 @@ async def list_jobs(
                 continue
             if unclaimed_for is not None and st.votes and unclaimed_for in votes_of(st.votes):
                 continue  # this reviewer's vote is in: the quorum waits for other reviewers
+            if unclaimed_for is not None and skipped:
+                continue  # this reviewer skipped it a moment ago (docs/protocol.md § Flags, skips and comments)
+            if flagged is not None and (flag is not None) != flagged:
+                continue
             summary = st.summary()
             summary.claim = claim
+            summary.flag = flag
             out.append((row, summary))
             if len(out) == limit:
                 more = n + 1 < len(chunk)

@@ -129,6 +129,20 @@ class CurrentNode(BaseModel):
     deadline_at: str | None = None
 
 
+class JobFlag(BaseModel):
+    """A reviewer's flag for a lead on a waiting job, and why (docs/protocol.md § Flags, skips and comments)."""
+
+    by: str
+    reason: str
+    at: str
+
+
+class JobComment(BaseModel):
+    by: str
+    text: str
+    at: str
+
+
 class ClaimView(BaseModel):
     """Who is looking at a waiting job, as the snapshot and the queue show it (docs/protocol.md § Claims)."""
 
@@ -177,6 +191,9 @@ class JobSnapshot(BaseModel):
     empty_selection: bool = False
     claim: ClaimView | None = None
     quorum: QuorumView | None = None  # jobs created with review_quorum >= 2 (docs/protocol.md § Quorum)
+    # Notes that are not changes of the job (docs/protocol.md § Flags, skips and comments).
+    flag: JobFlag | None = None
+    comments: list[JobComment] = Field(default_factory=list)
 
 
 class QuorumProgress(BaseModel):
@@ -202,6 +219,7 @@ class JobSummary(BaseModel):
     claim: ClaimView | None = None
     batch: str | None = None  # `hitl submit --batch NAME` (its Idempotency-Key is <batch>:<sha256>)
     review_quorum: int = 1  # distinct reviewers each pause needs (docs/protocol.md § Quorum)
+    flag: JobFlag | None = None  # flagged for a lead (docs/protocol.md § Flags, skips and comments)
 
 
 class JobList(BaseModel):

@@ -18,6 +18,7 @@ SCRIPT_NAMES = (
     "archive_ack",
     "restore_job",
     "audit_append",
+    "notes",
 )
 STANDALONE = ("heartbeat", "lease", "archive_requeue")  # touch no job state: no shared prologue
 

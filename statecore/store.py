@@ -27,12 +27,16 @@ from .ids import canonical_json, now_iso, payload_hash
 from .lifecycle import LifecycleMixin
 from .mask_review import GATE_MODES
 from .models import (
+    ClaimView,
     ImageRef,
     InterventionRequest,
+    JobComment,
+    JobFlag,
     JobSnapshot,
     JobSummary,
 )
 from .node_writes import NodeWritesMixin
+from .notes import COMMENTS_SHOWN, NotesMixin
 from .outbox import OutboxMixin, create_groups
 from .plan import CONTINUABLE_WORKFLOW_VERSIONS, WORKFLOW_VERSION
 from .states import JobStatus, is_terminal
@@ -83,7 +87,7 @@ class Reply:
     job_id: str
 
 
-class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin):
+class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin, NotesMixin):
     """The state core's operations on Redis; the outbox, a node's lifecycle writes, the inspector-side
     reads, review claims, the audit log and a job's history are in :mod:`statecore.outbox`,
     :mod:`statecore.node_writes`, :mod:`statecore.lifecycle`,
@@ -200,13 +204,20 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
         """The job as GET answers it; a running node's ``heartbeat_at`` comes from the heartbeat index,
         the review claim from its own key."""
         job_id = state.job_id
+        jk = keys.job(job_id)
         snap = state.snapshot()
-        snap.claim = await self.claim_of(job_id)
         node = snap.current_node
-        if node is not None and node.status == "RUNNING":
-            beat = await self.r.zscore(keys.job(job_id).heartbeats, job_id)
-            if beat is not None:
-                snap.current_node = node.model_copy(update={"heartbeat_at": now_iso(beat / 1000)})
+        async with self.r.pipeline(transaction=False) as pipe:  # one round trip for what lies apart
+            pipe.hmget(jk.claim, "reviewer", "expires_at")
+            pipe.hget(jk.notes, "flag")
+            pipe.lrange(jk.comments, -COMMENTS_SHOWN, -1)
+            pipe.zscore(jk.heartbeats, job_id)
+            (reviewer, expires_at), flag, comments, beat = await pipe.execute()
+        snap.claim = ClaimView(reviewer=reviewer, expires_at=expires_at) if reviewer and expires_at else None
+        snap.flag = JobFlag.model_validate_json(flag) if flag else None
+        snap.comments = [JobComment.model_validate_json(c) for c in comments]
+        if node is not None and node.status == "RUNNING" and beat is not None:
+            snap.current_node = node.model_copy(update={"heartbeat_at": now_iso(beat / 1000)})
         return snap
 
     # ------------------------------------------------------------------ create
@@ -345,10 +356,12 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
         limit: int = 50,
         cursor: str | None = None,
         unclaimed_for: str | None = None,
+        flagged: bool | None = None,
     ) -> tuple[list[JobSummary], str | None]:
         """Newest first over all partitions; with a waiting ``status`` (or ``WAITING``), the review
         queue, oldest pause first. Exact pages: see :mod:`statecore.listing`. Each summary carries
-        the job's claim; ``unclaimed_for``: leave out jobs claimed by anyone but that reviewer."""
+        the job's claim and flag; ``unclaimed_for``: leave out jobs claimed by anyone but that reviewer
+        (and those that reviewer skipped a moment ago); ``flagged``: only (or no) flagged jobs."""
         return await listing.list_jobs(
             self.r,
             self.metas,
@@ -358,6 +371,8 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
             cursor=cursor,
             read_claims=self.claims_of,
             unclaimed_for=unclaimed_for,
+            read_notes=self.notes_of,
+            flagged=flagged,
         )
 
     async def count_by_status(self) -> dict[str, int]:
