@@ -21,8 +21,10 @@ import httpx
 
 from hitl_review.statecore.models import Claim, Event, JobList, JobResults, JobSnapshot, JobSummary
 
+from .account_calls import AccountCalls
 from .config import DEFAULT_API_URL, ClientConfig
 from .core import ClientCore
+from .note_calls import NoteCalls
 from .retry import RetryPolicy
 from .steps import Close, Driver, Emit, Plan, ReadLine, Send, Sleep, Step, emit_result
 from .waiting import TERMINAL_STATUSES, WaitCancelled
@@ -70,9 +72,12 @@ class _Client(Generic[TransportT]):
         backoff: float = 0.2,
         backoff_max: float = 5.0,
         transport: TransportT | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
+        """``headers``: sent with every request besides the token (the reviewer UI passes on the
+        user an authenticating proxy named: docs/protocol.md § Identity)."""
         policy = RetryPolicy(retries=retries, backoff=backoff, backoff_max=backoff_max)
-        self._core = ClientCore(base_url, token, timeout=timeout, policy=policy)
+        self._core = ClientCore(base_url, token, timeout=timeout, policy=policy, extra_headers=headers)
         self._connect(transport)
 
     def _connect(self, transport: TransportT | None) -> None:
@@ -95,7 +100,7 @@ class _Client(Generic[TransportT]):
         return self._core.policy
 
 
-class HitlClient(_Client[httpx.BaseTransport]):
+class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls):
     """Blocking client (``httpx.Client``). Thread-safe: the batch CLI shares one across worker threads."""
 
     def _connect(self, transport: httpx.BaseTransport | None) -> None:
@@ -204,6 +209,27 @@ class HitlClient(_Client[httpx.BaseTransport]):
         return self._run(
             self._core.intervene(job_id, intervention_id, pause_token, base_version, subjects, snapshot_id)
         )
+
+    def decide_masks(
+        self,
+        job_id: str,
+        *,
+        intervention_id: str,
+        pause_token: str,
+        base_version: int,
+        decisions: Iterable[dict[str, Any]],
+        snapshot_id: str | None = None,
+    ) -> InterventionResult:
+        """Submit a mask review's decisions (stage WAITING_MASK_REVIEW): one per listed subject,
+        ``{"box_id", "decision": "ACCEPT"|"REJECT"|"REFINE", "reason", "points": [{"x", "y", "positive"}]}``.
+        Safe to retry (replayed by ``intervention_id``); 409s as for ``intervene``."""
+        return self._run(
+            self._core.decide_masks(job_id, intervention_id, pause_token, base_version, decisions, snapshot_id)
+        )
+
+    def preview(self, job_id: str, box_id: str, points: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        """POST .../subjects/{box_id}/preview with ``points``; nothing is written, never retried (429, 503)."""
+        return self._run(self._core.preview(job_id, box_id, points))
 
     def cancel(self, job_id: str) -> JobSnapshot:
         return self._run(self._core.cancel(job_id))
@@ -383,6 +409,20 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
     ) -> InterventionResult:
         return await self._run(
             self._core.intervene(job_id, intervention_id, pause_token, base_version, subjects, snapshot_id)
+        )
+
+    async def decide_masks(
+        self,
+        job_id: str,
+        *,
+        intervention_id: str,
+        pause_token: str,
+        base_version: int,
+        decisions: Iterable[dict[str, Any]],
+        snapshot_id: str | None = None,
+    ) -> InterventionResult:
+        return await self._run(
+            self._core.decide_masks(job_id, intervention_id, pause_token, base_version, decisions, snapshot_id)
         )
 
     async def cancel(self, job_id: str) -> JobSnapshot:

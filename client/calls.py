@@ -28,17 +28,26 @@ SSE_READ_TIMEOUT = 60.0
 class CallCore:
     """Configuration, request building, and one call with retries."""
 
-    def __init__(self, base_url: str, token: str | None, *, timeout: float, policy: RetryPolicy) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None,
+        *,
+        timeout: float,
+        policy: RetryPolicy,
+        extra_headers: dict[str, str] | None = None,
+    ) -> None:
         self.base_url = normalize_base_url(base_url)
         self.token = token
         self.timeout = timeout
         self.policy = policy
+        self.extra_headers = dict(extra_headers or {})
 
     # ------------------------------------------------------------------ requests
 
     def headers(self) -> dict[str, str]:
         """Headers every request carries."""
-        headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json", **self.extra_headers}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         return headers

@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import quote
 
 from hitl_review.statecore.models import (
     Claim,
@@ -178,6 +179,39 @@ class ClientCore(CallCore):
         parsed = InterventionResponse.model_validate_json(resp.content)
         return InterventionResult(**parsed.model_dump(), replayed=was_replayed(resp), raw=resp.content)
 
+    def decide_masks(
+        self,
+        job_id: str,
+        intervention_id: str,
+        pause_token: str,
+        base_version: int,
+        decisions: Iterable[dict[str, Any]],
+        snapshot_id: str | None = None,
+    ) -> Plan[InterventionResult]:
+        """A mask review's submission (docs/protocol.md § Cut-out quality): one decision per listed
+        subject, ``{"box_id", "decision": ACCEPT|REJECT|REFINE, "reason", "points"}``. Retried like
+        ``intervene``: the server replays an ``intervention_id`` it has seen."""
+        body: dict[str, Any] = {
+            "intervention_id": intervention_id,
+            "pause_token": pause_token,
+            "base_version": base_version,
+            "decisions": [dict(d) for d in decisions],
+        }
+        if snapshot_id is not None:
+            body["snapshot_id"] = snapshot_id
+        resp = yield from self.call("POST", job_path(job_id, "/interventions"), json=body)
+        parsed = InterventionResponse.model_validate_json(resp.content)
+        return InterventionResult(**parsed.model_dump(), replayed=was_replayed(resp), raw=resp.content)
+
+    def preview(self, job_id: str, box_id: str, points: Iterable[dict[str, Any]]) -> Plan[dict[str, Any]]:
+        """POST /jobs/{id}/subjects/{box_id}/preview: ``{"box_id", "mask_png_base64", "area", "quality", "ms"}``.
+        Never retried: a 429 (``RATE_LIMITED``) or 503 (``PREVIEW_UNAVAILABLE``) is the caller's to show."""
+        body = {"points": [{"x": p["x"], "y": p["y"], "positive": p["positive"]} for p in points]}
+        path = job_path(job_id, f"/subjects/{box_id}/preview")
+        resp = yield from self.call("POST", path, mode=RetryMode.NEVER, json=body)
+        answer: dict[str, Any] = resp.json()
+        return answer
+
     def cancel(self, job_id: str) -> Plan[JobSnapshot]:
         resp = yield from self.call("POST", job_path(job_id, "/cancel"))
         return JobSnapshot.model_validate_json(resp.content)
@@ -267,6 +301,35 @@ class ClientCore(CallCore):
             after = page.get("next_after") or ""
             if not everything or not after:
                 return total
+
+    # ------------------------------------------------------------------ identity and reviewer accounts
+
+    def whoami(self) -> Plan[dict[str, Any]]:
+        """GET /whoami: ``{"name", "role"}`` of this client's token (or of the proxy's user)."""
+        resp = yield from self.call("GET", f"{API}/whoami")
+        result: dict[str, Any] = resp.json()
+        return result
+
+    def reviewers(self) -> Plan[dict[str, Any]]:
+        """GET /admin/reviewers (admin): ``{"accounts": [...], "static": [...]}``."""
+        resp = yield from self.call("GET", f"{API}/admin/reviewers")
+        result: dict[str, Any] = resp.json()
+        return result
+
+    def add_reviewer(self, name: str, role: str) -> Plan[dict[str, Any]]:
+        """POST /admin/reviewers (admin): the new account with its token, shown this once. Only a
+        request that never left is retried (a second one would find the name taken: 409)."""
+        body = {"name": name, "role": role}
+        resp = yield from self.call("POST", f"{API}/admin/reviewers", json=body, mode=RetryMode.CONNECT_ONLY)
+        result: dict[str, Any] = resp.json()
+        return result
+
+    def remove_reviewer(self, name: str) -> Plan[dict[str, Any]]:
+        """DELETE /admin/reviewers/{name} (admin): ``{"removed": account}``."""
+        path = f"{API}/admin/reviewers/{quote(name, safe='')}"
+        resp = yield from self.call("DELETE", path, mode=RetryMode.CONNECT_ONLY)
+        result: dict[str, Any] = resp.json()
+        return result
 
     # ------------------------------------------------------------------ events
 

@@ -45,10 +45,12 @@ from .audit_routes import add_audit_routes
 from .auth import Authenticator, Identity
 from .claim_routes import add_claim_routes
 from .config import Settings
+from .note_routes import add_note_routes
 from .preview_routes import Previewer, add_preview_route
 from .recovery import Recovery
 from .request_log import RequestLog, log_intervention
-from .uploads import check_image, read_upload
+from .reviewer_routes import REVIEWER_ROLES, add_reviewer_routes
+from .uploads import UPLOAD_OPENAPI, check_image, read_upload
 
 if TYPE_CHECKING:
     from hitl_review.archive.db import Archive
@@ -76,6 +78,8 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/claim/?$"), ("reviewer",)),
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/subjects/[^/]+/preview/?$"), ("reviewer",)),
     ("DELETE", re.compile(rf"^{API}/jobs/[^/]+/claim/?$"), ("reviewer",)),
+    ("POST", re.compile(rf"^{API}/jobs/[^/]+/(flag|comments|skip)/?$"), ("reviewer",)),
+    ("DELETE", re.compile(rf"^{API}/jobs/[^/]+/flag/?$"), ("reviewer",)),
     ("GET", re.compile(rf"^{API}/jobs/[^/]+(/events|/results|/audit)?/?$"), _READ),
     ("GET", re.compile(rf"^{API}/artifacts/[^/]+$"), _READ),
     ("GET", re.compile(rf"^{API}/whoami$"), ("submitter", "reviewer", "executor")),
@@ -84,6 +88,7 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("POST", re.compile(rf"^{API}/admin/reconcile/?$"), ("admin",)),
     ("GET", re.compile(rf"^{API}/admin/audit/verify/?$"), ("admin",)),
     ("POST", re.compile(rf"^{API}/admin/artifacts/gc/?$"), ("admin",)),
+    *REVIEWER_ROLES,  # /admin/reviewers (hitl admin reviewers)
 ]
 
 
@@ -106,23 +111,6 @@ INTERVENTION_409 = (
 EVENT_ID_RE = re.compile(r"^[0-9]{1,15}$")  # ASCII digits: str.isdigit() also takes "²" and "٣"
 PUBLIC = re.compile(r"^/(healthz|readyz|metrics|docs|redoc|openapi\.json)(/.*)?$")
 
-
-# The upload is parsed by serve_app.uploads (streamed under the byte limit), not by FastAPI, so the
-# schema of its body is spelled out here for /docs and the schema-driven fuzzer.
-UPLOAD_OPENAPI: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["image"],
-                    "properties": {"image": {"type": "string", "format": "binary", "description": "PNG, JPEG or WebP"}},
-                }
-            }
-        },
-    }
-}
 
 EventSource = Callable[[str, int], AsyncIterator[str]]
 
@@ -174,9 +162,9 @@ class AuthMiddleware:
         if scope["type"] != "http" or PUBLIC.match(scope["path"]):
             await self.app(scope, receive, send)
             return
-        authorization = next((v for k, v in scope.get("headers", []) if k.lower() == b"authorization"), None)
         try:
-            ident = self.runtime_of().auth.identify(authorization)
+            rt = self.runtime_of()  # HITL_TOKENS, a reviewer account (Redis), or a trusted proxy's user
+            ident = await rt.auth.authenticate(scope, rt.store.r, rt.settings)
             Authenticator.require(ident, *roles_for(scope["method"], scope["path"]))
         except errors.HitlError as e:
             await _error(e, {"WWW-Authenticate": "Bearer"} if e.status == 401 else None)(scope, receive, send)
@@ -336,8 +324,9 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         unclaimed: bool = Query(
             default=False,
             description="leave out jobs another reviewer has claimed, and quorum jobs the caller already voted on "
-            "(status=WAITING: the next job to review first)",
+            "(status=WAITING: the next job to review first), and jobs the caller skipped a moment ago",
         ),
+        flagged: bool | None = Query(default=None, description="only flagged jobs (true) or only unflagged (false)"),
     ) -> JobList:
         if status is not None and status != "WAITING" and status not in JobStatus.__members__:
             raise errors.InvalidRequest(f"unknown status {status!r}", field="status")
@@ -348,6 +337,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
             limit=limit,
             cursor=cursor,
             unclaimed_for=ident.name if unclaimed else None,
+            flagged=flagged,
         )
         return JobList(jobs=jobs, next_cursor=nxt)
 
@@ -381,11 +371,13 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         return snap
 
     add_claim_routes(app, lambda: rt().store)
+    add_note_routes(app, lambda: rt().store)
     add_preview_route(app, located, lambda: rt().preview)
     add_audit_routes(app, lambda: rt().store, lambda: rt().archive, located)
     add_artifact_gc_route(
         app, lambda: rt().store, lambda: rt().archive, lambda: rt().artifacts, lambda r: identity(r).name
     )
+    add_reviewer_routes(app, lambda: rt().store, lambda: rt().auth, lambda r: identity(r).name)
 
     @app.get(
         f"{API}/jobs/{{job_id}}/events",

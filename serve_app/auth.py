@@ -6,18 +6,26 @@ import hmac
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
+from redis import exceptions as redis_errors
 
-from hitl_review.statecore.errors import Forbidden, Unauthorized
+from hitl_review.client.trusted_proxy import TrustedProxies
+from hitl_review.statecore import accounts, durable
+from hitl_review.statecore.errors import Forbidden, StoreUnavailable, Unauthorized
 
 log = logging.getLogger("hitl.auth")
 
 Role = Literal["submitter", "reviewer", "admin", "executor"]
 ROLES: tuple[str, ...] = ("submitter", "reviewer", "admin", "executor")
 TOKEN_FILE = "api-token"
+# How long a replica believes what Redis said about an account's token (the account, or that there
+# is none): an account removed is refused by every replica within this, an added one works at once.
+ACCOUNT_CACHE_S = 2.0
+ACCOUNT_CACHE_MAX = 10_000  # tokens remembered at most (then forgotten all at once)
 
 
 class Identity(BaseModel):
@@ -60,6 +68,8 @@ class Authenticator:
         if not tokens:
             raise ValueError("no API tokens configured")
         self._tokens = tokens
+        self._seen: dict[str, tuple[float, Identity | None]] = {}  # token hash -> (until, account's identity)
+        self._proxies: tuple[tuple[tuple[str, ...], str], TrustedProxies] | None = None
 
     @classmethod
     def from_settings(cls, tokens_spec: str | None, data_dir: Path, loopback: bool) -> Authenticator:
@@ -74,17 +84,76 @@ class Authenticator:
 
         Compared as bytes, so a token with non-ASCII or non-UTF-8 bytes is just an unknown
         token (401), never an error inside the comparison."""
-        raw = authorization.encode("utf-8", "surrogateescape") if isinstance(authorization, str) else authorization
-        if not raw or raw[:7].lower() != b"bearer ":
+        given = _bearer(authorization)
+        if given is None:
             raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-        given = raw[7:].strip()
+        found = self._static(given)
+        if found is None:
+            raise Unauthorized("unknown token")
+        return found
+
+    def _static(self, given: bytes) -> Identity | None:
         found: Identity | None = None
         for token, ident in self._tokens.items():
             if hmac.compare_digest(token.encode(), given):  # every token compared: no timing hint
                 found = ident
-        if found is None:
-            raise Unauthorized("unknown token")
         return found
+
+    def static_names(self) -> dict[str, str]:
+        """The identities of ``HITL_TOKENS`` (or the local token): {name: role}."""
+        return {i.name: i.role for i in self._tokens.values()}
+
+    async def authenticate(self, scope: dict[str, Any], r: Any, settings: Any) -> Identity:
+        """The identity of a request (its ASGI ``scope``): a ``HITL_TOKENS`` token, else a reviewer
+        account's token (looked up in Redis ``r``, remembered ``ACCOUNT_CACHE_S``), else the user an
+        authenticating proxy names, when the connection comes from one of ``settings.trusted_proxies``."""
+        headers = scope.get("headers", [])
+        given = _bearer(next((v for k, v in headers if k.lower() == b"authorization"), None))
+        if given is not None:
+            found = self._static(given)
+            if found is None:
+                found = await self._account(r, accounts.token_hash(given))
+            if found is not None:
+                return found
+        proxies = self._trusted(settings)
+        peer = (scope.get("client") or (None,))[0]
+        try:
+            user = proxies.user(peer, headers) if proxies else None
+        except ValueError as e:
+            raise Unauthorized(str(e)) from None
+        if user is not None:
+            return Identity.model_validate({"name": user, "role": proxies.role})
+        if given is None:
+            raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+        raise Unauthorized("unknown token")
+
+    async def _account(self, r: Any, hashed: str) -> Identity | None:
+        now = time.monotonic()
+        seen = self._seen.get(hashed)
+        if seen is not None and seen[0] > now:
+            return seen[1]
+        try:
+            account = await accounts.lookup(r, hashed)
+        except redis_errors.RedisError as e:
+            if not durable.store_unavailable(e):
+                raise
+            raise StoreUnavailable(f"the state store (Redis) is unavailable: {type(e).__name__}: {e}") from None
+        ident = None if account is None else Identity(name=account.name, role=account.role)
+        if len(self._seen) >= ACCOUNT_CACHE_MAX:
+            self._seen.clear()
+        self._seen[hashed] = (now + ACCOUNT_CACHE_S, ident)
+        return ident
+
+    def forget_accounts(self) -> None:
+        """Drop what this replica remembers of accounts (after an account was removed here)."""
+        self._seen.clear()
+
+    def _trusted(self, settings: Any) -> TrustedProxies:
+        """``settings``' trusted proxies, parsed once per configuration."""
+        key = (tuple(getattr(settings, "trusted_proxies", ()) or ()), str(getattr(settings, "proxy_role", "reviewer")))
+        if self._proxies is None or self._proxies[0] != key:
+            self._proxies = (key, TrustedProxies(key[0], key[1]))
+        return self._proxies[1]
 
     @staticmethod
     def require(ident: Identity, *roles: str) -> Identity:
@@ -94,3 +163,11 @@ class Authenticator:
         if not ident.can(*roles):
             raise Forbidden(f"role {ident.role!r} may not do this (needs {' or '.join(roles)})")
         return ident
+
+
+def _bearer(authorization: str | bytes | None) -> bytes | None:
+    """The token of an ``Authorization: Bearer …`` header, as bytes; None without one."""
+    raw = authorization.encode("utf-8", "surrogateescape") if isinstance(authorization, str) else authorization
+    if not raw or raw[:7].lower() != b"bearer ":
+        return None
+    return raw[7:].strip() or None

@@ -77,6 +77,22 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ui-port", type=int, default=7860, metavar="PORT", help="reviewer UI port (default 7860)")
     g.add_argument("--no-ui", action="store_true", help="do not start the Gradio reviewer UI (API only)")
     g.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=None,
+        metavar="CIDR",
+        help="an authenticating proxy in front of the API and the UI (oauth2-proxy): the user it names in "
+        "X-Forwarded-User, X-Auth-Request-User or X-Forwarded-Email is signed in, but only on connections from "
+        "this address or block (the peer address, never X-Forwarded-For); repeat for several; the UI forwards "
+        "its user to the API, so list the UI's own address too (127.0.0.1 on one machine). Default: none",
+    )
+    g.add_argument(
+        "--proxy-role",
+        choices=("reviewer", "submitter", "admin"),
+        default=None,
+        help="the role of a user a trusted proxy names (default reviewer)",
+    )
+    g.add_argument(
         "--data-dir",
         default=None,
         metavar="DIR",
@@ -345,6 +361,14 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="refinements a mask that fails the gate gets, each with another prompt strategy, 0-4 (default 2)",
+    )
+    m.add_argument(
+        "--quality-gate",
+        choices=("review-failing", "review-all", "off"),
+        default=None,
+        help="which cut-outs wait for a person in WAITING_MASK_REVIEW: review-failing (those the gate still "
+        "fails after their refinements), review-all (every mask), off (the gate only records its verdict; "
+        "the default). Recorded in each job when it is created",
     )
 
 

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hitl_review.client.trusted_proxy import parse_networks
 
 # Environment variables a setting falls back to when it is not given (the first one set wins): read
 # the same way by ``hitl up`` (``Settings.from_env``) and the Serve builder
@@ -89,6 +91,11 @@ class Settings(BaseModel):
     max_pixels: int = 50_000_000
 
     tokens: str | None = None  # HITL_TOKENS="name:role:token,..."
+    # An authenticating proxy's user (X-Forwarded-User, X-Auth-Request-User, X-Forwarded-Email) is
+    # believed only from these peer addresses (hitl up --trusted-proxy CIDR; none by default), and
+    # gets proxy_role (docs/protocol.md § Identity).
+    trusted_proxies: list[str] = Field(default_factory=list)
+    proxy_role: Literal["reviewer", "submitter", "admin"] = "reviewer"
     api_replicas: int = 1
     events_replicas: int = 1
     models: dict[str, Any] = Field(default_factory=dict)  # per-deployment overrides from --config
@@ -104,7 +111,16 @@ class Settings(BaseModel):
     # The quality gate on every mask (docs/protocol.md § Cut-out quality): its policy version, and how
     # many refinements a failing mask gets before it is kept with its FAIL verdict.
     quality_gate_policy: str = "gate-v1"
+    # Which masks wait for a person in WAITING_MASK_REVIEW: review-failing (those the gate still fails
+    # after their refinements), review-all, or off (the gate only records its verdict).
+    quality_gate: Literal["review-failing", "review-all", "off"] = "off"
     max_refinements: int = Field(default=2, ge=0, le=4)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, v: list[str]) -> list[str]:
+        parse_networks(v)  # a ValueError naming the bad one
+        return [c.strip() for c in v]
 
     @property
     def log_level(self) -> int:

@@ -167,6 +167,8 @@ def up(
             if not settings.loopback:
                 raise SystemExit("hitl up: set HITL_TOKENS (name:role:token,...) to listen beyond loopback")
             token = local_token(settings.data_dir)
+        if settings.trusted_proxies:  # the peer decides, never X-Forwarded-For: Serve's and Gradio's uvicorn
+            os.environ["FORWARDED_ALLOW_IPS"] = ""  # must not rewrite it (read before Ray and the UI start)
         log.info("starting Ray (%s)", settings.ray_address or "local")
         ray_info = ray_runtime.start(
             settings, dashboard=dashboard, dashboard_port_requested=dashboard_port, ingress=ingress
@@ -284,8 +286,9 @@ def _start_ui(
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # its lines reach ui.log as they are written
     if token:
         env["HITL_TOKEN"] = token
-    if settings.tokens:
+    if settings.tokens or settings.trusted_proxies:  # each reviewer signs in: a token, or through the proxy
         args.append("--require-login")
+    args += [f"--trusted-proxy={cidr}" for cidr in settings.trusted_proxies]
     if settings.labels:
         args += ["--labels", ",".join(settings.labels)]
     # A session of its own: a terminal's Ctrl-C reaches `hitl up`, which stops the UI in order; and
@@ -389,6 +392,7 @@ def _settings_from_args(args: Any) -> Settings:
         segmenter_delay_ms=getattr(args, "segmenter_delay_ms", None),
         quality_gate_policy=getattr(args, "quality_gate_policy", None),
         max_refinements=getattr(args, "max_refinements", None),
+        quality_gate=getattr(args, "quality_gate", None),
         api_replicas=args.api_replicas,
         store_timeout_s=getattr(args, "store_timeout_s", None),
         durability=getattr(args, "durability", None),
@@ -409,4 +413,6 @@ def _settings_from_args(args: Any) -> Settings:
         retention_s=int(days * 86400) if days is not None else None,
         log_format=getattr(args, "log_format", None),
         models=models or None,
+        trusted_proxies=getattr(args, "trusted_proxy", None),
+        proxy_role=getattr(args, "proxy_role", None),
     )

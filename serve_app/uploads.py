@@ -17,6 +17,7 @@ import hashlib
 import io
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 from starlette.datastructures import UploadFile
@@ -25,6 +26,23 @@ from starlette.requests import ClientDisconnect, Request
 
 from hitl_review.statecore.errors import InvalidRequest, PayloadTooLarge
 from hitl_review.statecore.media import sniff
+
+# The upload is parsed here (streamed under the byte limit), not by FastAPI, so the schema of its
+# body is spelled out for POST /jobs (serve_app.api), /docs and the schema-driven fuzzer.
+UPLOAD_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["image"],
+                    "properties": {"image": {"type": "string", "format": "binary", "description": "PNG, JPEG or WebP"}},
+                }
+            }
+        },
+    }
+}
 
 EXTENSIONS = {"png": "png", "jpeg": "jpg", "webp": "webp"}
 PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}

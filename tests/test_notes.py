@@ -165,3 +165,32 @@ async def test_notes_refused_where_they_make_no_sense(api, store, image):
     await store.cancel(job_id, "admin")
     r = await api.post(f"{API}/jobs/{job_id}/comments", json={"text": "late"}, headers=auth("rev1"))
     assert (r.status_code, r.json()["code"]) == (409, "JOB_CANCELLED")
+
+
+def test_the_client_flags_comments_skips_and_lists_flagged_jobs(api_server):
+    """The synchronous client's calls on the real control plane under uvicorn (tests/conftest.py)."""
+    from hitl_review.client import HitlClient
+    from hitl_review.serve_app.samples import product_composite
+
+    from .client_integration_util import TOKENS, wait_until
+
+    sub = HitlClient(api_server.url, token=TOKENS["sub1"])
+    rev = HitlClient(api_server.url, token=TOKENS["rev1"])
+    lead = HitlClient(api_server.url, token=TOKENS["admin"])
+    try:
+        job_id = sub.submit(product_composite(seed=31, width=160, height=120)[0]).job_id
+        wait_until(lambda: rev.get_job(job_id).status == "WAITING_USER_SELECTION", 60, "the job's pause")
+        flagged = rev.flag(job_id, "is the mannequin the product?")
+        assert flagged.by == "rev1" and flagged.reason == "is the mannequin the product?"
+        assert job_id in [j.job_id for j in lead.flagged_jobs().jobs]
+        posted = rev.comment(job_id, "left one is the product")
+        assert posted.text == "left one is the product"
+        snap = lead.get_job(job_id)
+        assert snap.flag is not None and [c.text for c in snap.comments] == ["left one is the product"]
+        skipped = rev.skip(job_id, for_s=30)
+        assert skipped["job_id"] == job_id and skipped["until"]
+        assert lead.unflag(job_id) is True and lead.unflag(job_id) is False
+        assert job_id not in [j.job_id for j in lead.flagged_jobs().jobs]
+    finally:
+        for c in (sub, rev, lead):
+            c.close()

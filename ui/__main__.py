@@ -6,6 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
+from hitl_review.client.trusted_proxy import parse_networks
+
 from .editor import LABELS_ENV, parse_labels
 from .server import launch
 
@@ -35,6 +37,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-dir", default=None, help="where `hitl up` keeps the local token (default .hitl)")
     p.add_argument("--require-login", action="store_true", help="each reviewer signs in with their own token")
     p.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="an authenticating proxy's address or block: the user it names (X-Forwarded-User, …) is signed in "
+        "and passed on to the API, which must trust this UI's address too (repeatable; default none)",
+    )
+    p.add_argument(
         "--labels",
         default=os.environ.get(LABELS_ENV),
         help=f"the label set, comma-separated (e.g. shoe,bag,shirt); keys 1-9 pick the first 9 (default {LABELS_ENV})",
@@ -44,8 +54,12 @@ def main(argv: list[str] | None = None) -> None:
         labels = parse_labels(args.labels)
     except ValueError as e:
         p.error(f"--labels: {e}")
+    try:
+        parse_networks(args.trusted_proxy)
+    except ValueError as e:
+        p.error(str(e))
     token = None if args.require_login else _token(args)
-    launch(args.api_url, args.host, args.port, token, args.require_login, labels)
+    launch(args.api_url, args.host, args.port, token, args.require_login, labels, tuple(args.trusted_proxy))
 
 
 if __name__ == "__main__":

@@ -16,11 +16,16 @@ from typing import Any
 
 import gradio as gr
 
+from hitl_review.client.trusted_proxy import TrustedProxies
+
 from .assets import KEYS_JS, LOAD_DRAFT_JS, SAVE_DRAFT_JS, URL_JS, pick_js
 from .callbacks import Callbacks, show
 from .editor import labels_from_env
 from .images import ImageStore
+from .kept_signin import SIGN_OUT_JS
 from .layout import Components, layout
+from .mask_review_view import ReviewerCallbacks
+from .mask_wiring import wire_mask
 
 
 def default_store_root() -> Path:
@@ -35,12 +40,14 @@ def build_app(
     require_login: bool = False,
     labels: tuple[str, ...] | None = None,
     store_root: Path | None = None,
+    trusted_proxies: tuple[str, ...] = (),
 ) -> gr.Blocks:
     """The reviewer app for the control plane at ``api_url``.
 
     Without ``require_login`` every browser acts with ``token`` (the local
     token of ``hitl up``); with it, each reviewer signs in with their own API token.
     ``labels`` is the configured label set (default: ``HITL_LABELS``, comma-separated).
+    ``trusted_proxies``: the addresses of an authenticating proxy whose user is signed in (ui.signin).
     """
     labels = labels_from_env() if labels is None else labels
     # Gradio copies every image it serves into its cache; drop copies older than a day, hourly.
@@ -48,8 +55,10 @@ def build_app(
     with demo:
         comps = layout(token, require_login, labels)
         root = store_root or default_store_root()
-        cb = Callbacks(comps, api_url, ImageStore(root), labels)
+        cb = ReviewerCallbacks(comps, api_url, ImageStore(root), labels)  # box stages and mask review
+        cb.proxies = TrustedProxies(trusted_proxies)
         wire(demo, comps, cb)
+        wire_mask(demo, comps, cb)
     demo.queue(default_concurrency_limit=None)
     return demo
 
@@ -71,8 +80,12 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
         then_follow(event.then(cb.after_open, inputs=st, outputs=panel_outputs, show_progress="hidden"))
 
     demo.load(None, js=KEYS_JS)
+    # The proxy's user or the sign-in this browser kept (ui.signin) first, then the page as usual.
+    restored = demo.load(
+        cb.on_restore, inputs=[c.session, c.saved_login], outputs=cb.restore_outputs(), show_progress="hidden"
+    )
     then_draw(
-        demo.load(
+        restored.then(
             cb.on_load,
             inputs=st,
             outputs=[*panel_outputs, c.queue_table, c.queue_note, c.backend_md],
@@ -86,16 +99,18 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     c.stats_acc.expand(cb.on_stats, inputs=st, outputs=[c.stats_md])
     # The tick also renews the open job's claim and notices a takeover (ui.claims).
     tick_outputs = [c.queue_table, c.queue_note, c.claim_md, c.takeover_btn, c.review_col, c.banner_md]
-    tick_outputs += [c.submit_btn, c.cut_btn]
+    tick_outputs += [c.submit_btn, c.cut_btn, c.mask.submit_btn]
     c.timer.tick(cb.on_tick, inputs=st, outputs=tick_outputs, show_progress="hidden")
     c.current_job.change(None, inputs=[c.current_job], js=URL_JS)
 
     then_draw(c.queue_table.select(cb.on_queue_select, inputs=st, outputs=panel_outputs))
     then_draw(c.next_btn.click(cb.on_next, inputs=st, outputs=panel_outputs))
     then_draw(c.takeover_btn.click(cb.on_take_over, inputs=st, outputs=panel_outputs))
-    login_outputs = [*panel_outputs, c.login_col, c.main_row, c.login_msg, c.login_token, c.queue_table, c.queue_note]
-    then_draw(c.login_btn.click(cb.on_login, inputs=[c.session, c.login_token], outputs=login_outputs))
-    then_draw(c.login_token.submit(cb.on_login, inputs=[c.session, c.login_token], outputs=login_outputs))
+    login_outputs = [*panel_outputs, *cb.restore_outputs(), c.queue_table, c.queue_note]
+    login_inputs = [c.session, c.login_name, c.login_token]
+    then_draw(c.login_btn.click(cb.on_login, inputs=login_inputs, outputs=login_outputs))
+    then_draw(c.login_token.submit(cb.on_login, inputs=login_inputs, outputs=login_outputs))
+    c.signout_btn.click(None, js=SIGN_OUT_JS)
 
     # preprocess=False: the annotator's raw value (boxes in canvas units with their scale) is read by
     # ui.annotator without decoding the image on every click.

@@ -17,7 +17,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from hitl_review.client import ApiError, AsyncHitlClient, ConflictError, HitlClient
+from hitl_review.client import ApiError, ConflictError, HitlClient
 from hitl_review.statecore.models import JobSnapshot, JobSummary
 
 from .annotator import (
@@ -41,6 +41,7 @@ from .quorum import stage_markdown
 from .rebase import rebase_edits, rebase_text, with_mine
 from .results import ResultsView
 from .session import ReviewerState, conflict_banner
+from .signin import SignInHandlers, make_async_client, make_client
 from .stats import ReviewStats
 
 QUEUE_MAX_ROWS = 200
@@ -72,11 +73,11 @@ class Clients:
         with self._lock:
             c = self._by_token.get(token)
             if c is None:
-                c = self._by_token[token] = HitlClient(self.api_url, token)
+                c = self._by_token[token] = make_client(self.api_url, token)  # or as the proxy's user
             return c
 
 
-class Callbacks(EditorHandlers, ClaimHandlers):
+class Callbacks(EditorHandlers, ClaimHandlers, SignInHandlers):
     """Every handler of the page; ``app.wire`` connects them to ``comps``' events."""
 
     def __init__(self, comps: Components, api_url: str, store: ImageStore, labels: tuple[str, ...] = ()) -> None:
@@ -314,31 +315,6 @@ class Callbacks(EditorHandlers, ClaimHandlers):
                 out.update(self.emptied(st, self.open_job(st, job)))  # drawn by ``after_open``, the next step
         return out
 
-    def on_login(self, st: ReviewerState, tok: str) -> Update:
-        tok = (tok or "").strip()
-        if not tok:
-            return {self.c.login_msg: "Paste your API token."}
-        try:
-            with HitlClient(self.api_url, tok) as probe:
-                probe.list_jobs(status="WAITING", limit=1)
-        except Exception as exc:  # said under the token field
-            return {self.c.login_msg: error_text(exc)}
-        with st.lock:
-            pending = st.job_id
-            st.token, st.signed_in, st.job_id = tok, True, None
-        out: Update = {
-            self.c.login_col: gr.update(visible=False),
-            self.c.main_row: gr.update(visible=True),
-            self.c.login_msg: "",
-            self.c.login_token: "",
-        }
-        out.update(self.queue_update(st))
-        if pending:
-            # The panel shows in this update; its canvas is drawn by ``after_open``, the next step: drawn in
-            # the update that first showed the page, the canvas stayed empty (and the stage line blank).
-            out.update(self.emptied(st, self.open_job(st, pending)))
-        return out
-
     # ------------------------------------------------------------------ following the open job
 
     async def follow(self, st: ReviewerState, request: gr.Request) -> AsyncGenerator[Update, None]:
@@ -352,7 +328,7 @@ class Callbacks(EditorHandlers, ClaimHandlers):
         session = request.session_hash if request is not None else None
         self.followers.add(session, stop)
         try:
-            async with AsyncHitlClient(self.api_url, st.token) as client:
+            async with make_async_client(self.api_url, st.token) as client:
                 async for update in follow_job(st, job_id, gen, client, self, stop):
                     yield update
         finally:

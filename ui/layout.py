@@ -16,6 +16,8 @@ from gradio_image_annotation import image_annotator
 
 from .assets import HELP
 from .editor import ALL_STAGES, button_text, stage_choices
+from .kept_signin import browser_state
+from .mask_layout import MaskComponents, mask_layout
 from .panel import NEW_BOX_COLOR_HEX
 from .queue import TABLE_HEADERS
 from .session import ReviewerState
@@ -33,6 +35,11 @@ class Components:
     login_token: gr.Textbox
     login_btn: gr.Button
     login_msg: gr.Markdown
+    login_name: gr.Textbox  # optional: checked against the token's owner (ui.signin)
+    account_row: gr.Row  # "Signed in as …" and the sign-out link
+    who_md: gr.Markdown
+    signout_btn: gr.Button
+    saved_login: gr.BrowserState  # the sign-in this browser keeps (localStorage)
     main_row: gr.Row
     queue_table: gr.Dataframe
     queue_note: gr.Markdown
@@ -80,6 +87,7 @@ class Components:
     stats_md: gr.Markdown
     stats_btn: gr.Button
     stats_acc: gr.Accordion
+    mask: MaskComponents  # the mask-review panel, shown instead of the box editor (ui.mask_layout)
 
     def panel_outputs(self) -> list[Any]:
         """What a view of the open job may change: the outputs of every event that opens or redraws one."""
@@ -112,6 +120,7 @@ class Components:
             self.redo_btn,
             self.pause_key,
             self.draft_out,
+            *self.mask.outputs(),
         ]
 
 
@@ -131,11 +140,18 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
     gr.Markdown(HELP, elem_id="help-line")
 
     with gr.Column(visible=require_login, elem_id="login-panel") as login_col:
+        login_name = gr.Textbox(
+            label="Your name", elem_id="login-name", max_lines=1, placeholder="as your admin added you (optional)"
+        )
         login_token = gr.Textbox(
             label="API token", type="password", elem_id="login-token", placeholder="the reviewer token you were given"
         )
         login_btn = gr.Button("Sign in", variant="primary", elem_id="login-btn")
         login_msg = gr.Markdown("", elem_id="login-message")
+    with gr.Row(visible=False, elem_id="account-bar") as account_row:
+        who_md = gr.Markdown("", elem_id="signed-in-as")
+        signout_btn = gr.Button("Sign out", size="sm", elem_id="signout-btn", scale=0, min_width=100)
+    saved_login = browser_state()
 
     with gr.Row(visible=not require_login, elem_id="main-panel") as main_row:
         with gr.Column(scale=2, min_width=460):
@@ -227,6 +243,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
                     gr.Markdown("**Cut nothing?** The job ends as EMPTY_SELECTION and no subject is cut out.")
                     cut_yes = gr.Button("Yes, cut nothing", variant="stop", elem_id="confirm-cut-nothing-btn")
                     cut_no = gr.Button("Back", elem_id="cut-nothing-back-btn")
+            mask = mask_layout()
             cancel_btn = gr.Button("Cancel job", variant="stop", visible=False, elem_id="cancel-job-btn")
             with gr.Row(visible=False, elem_id="confirm-cancel") as cancel_confirm:
                 gr.Markdown("**Cancel this job?** It stops for good; nothing more is cut out.")
@@ -268,6 +285,11 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         login_token=login_token,
         login_btn=login_btn,
         login_msg=login_msg,
+        login_name=login_name,
+        account_row=account_row,
+        who_md=who_md,
+        signout_btn=signout_btn,
+        saved_login=saved_login,
         main_row=main_row,
         queue_table=queue_table,
         queue_note=queue_note,
@@ -315,4 +337,5 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         stats_md=stats_md,
         stats_btn=stats_btn,
         stats_acc=stats_acc,
+        mask=mask,
     )

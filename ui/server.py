@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import os
 from typing import Any
 
 from .app import build_app, default_store_root
@@ -40,10 +41,13 @@ def launch(
     token: str | None = None,
     require_login: bool = False,
     labels: tuple[str, ...] | None = None,
+    trusted_proxies: tuple[str, ...] = (),
 ) -> None:
     """Serve the reviewer UI until interrupted (blocks the calling thread)."""
     quiet_asset_prints()
-    demo = build_app(api_url, token, require_login=require_login, labels=labels)
+    if trusted_proxies:  # the peer address decides (ui.signin): uvicorn must not rewrite it from X-Forwarded-For
+        os.environ["FORWARDED_ALLOW_IPS"] = ""
+    demo = build_app(api_url, token, require_login=require_login, labels=labels, trusted_proxies=trusted_proxies)
     demo.launch(
         server_name=host,
         server_port=port,

@@ -1,0 +1,92 @@
+"""Reviewer accounts over the API (admin; ``hitl admin reviewers``, docs/protocol.md § Reviewer accounts):
+``GET /admin/reviewers`` lists them, ``POST /admin/reviewers`` adds one and answers its token (this once),
+``DELETE /admin/reviewers/{name}`` removes one. Accounts live in Redis (``statecore.accounts``), so every
+API replica honours a change without a restart; each change is logged here and recorded in Redis's
+stream of account changes, with the admin who made it."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel
+
+from hitl_review.statecore import accounts, errors
+
+if TYPE_CHECKING:
+    from hitl_review.statecore.store import Store
+
+    from .auth import Authenticator
+
+log = logging.getLogger("hitl.api")
+
+API = "/api/v1"
+# serve_app.api.ROUTE_ROLES: only an admin manages accounts.
+REVIEWER_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
+    ("GET", re.compile(rf"^{API}/admin/reviewers/?$"), ("admin",)),
+    ("POST", re.compile(rf"^{API}/admin/reviewers/?$"), ("admin",)),
+    ("DELETE", re.compile(rf"^{API}/admin/reviewers/[^/]+/?$"), ("admin",)),
+]
+
+
+class NewReviewer(BaseModel):
+    name: str
+    role: accounts.AccountRole = "reviewer"
+
+
+class AddedReviewer(accounts.Account):
+    token: str  # shown this once: Redis keeps only its SHA-256
+
+
+class StaticIdentity(BaseModel):
+    name: str
+    role: str
+
+
+class ReviewerList(BaseModel):
+    accounts: list[accounts.Account]  # added with hitl admin reviewers add, by name
+    static: list[StaticIdentity]  # HITL_TOKENS (or the local token): changed only by a restart
+
+
+class RemovedReviewer(BaseModel):
+    removed: accounts.Account
+
+
+def add_reviewer_routes(
+    app: FastAPI,
+    store_of: Callable[[], Store],
+    auth_of: Callable[[], Authenticator],
+    who: Callable[[Request], str],
+) -> None:
+    @app.get(f"{API}/admin/reviewers", response_model=ReviewerList)
+    async def list_reviewers() -> ReviewerList:
+        """The reviewer accounts, and the identities ``HITL_TOKENS`` configures."""
+        static = [StaticIdentity(name=n, role=r) for n, r in sorted(auth_of().static_names().items())]
+        return ReviewerList(accounts=await accounts.list_all(store_of().r), static=static)
+
+    @app.post(f"{API}/admin/reviewers", status_code=201, response_model=AddedReviewer, responses={400: {}, 409: {}})
+    async def add_reviewer(request: Request, body: NewReviewer) -> AddedReviewer:
+        """Add an account; the answer holds its token, which is not kept anywhere else: pass it on now."""
+        accounts.check_name(body.name)
+        if body.name in auth_of().static_names():
+            raise accounts.NameTaken(f"{body.name!r} is configured in HITL_TOKENS; choose another name", name=body.name)
+        by = who(request)
+        account, token = await accounts.add(store_of(), body.name, body.role, by)
+        log.warning("reviewer account %s (%s) added by %s", account.name, account.role, by)
+        return AddedReviewer(**account.model_dump(), token=token)
+
+    @app.delete(f"{API}/admin/reviewers/{{name}}", response_model=RemovedReviewer, responses={400: {}, 404: {}})
+    async def remove_reviewer(request: Request, name: str) -> RemovedReviewer:
+        """Remove an account: its token is refused by every replica within a few seconds."""
+        if name in auth_of().static_names():
+            raise errors.InvalidRequest(
+                f"{name!r} is configured in HITL_TOKENS, not an account: remove it there (and restart)", field="name"
+            )
+        by = who(request)
+        removed = await accounts.remove(store_of(), name, by)
+        auth_of().forget_accounts()  # at once on this replica; the others within ACCOUNT_CACHE_S
+        log.warning("reviewer account %s (%s) removed by %s", removed.name, removed.role, by)
+        return RemovedReviewer(removed=removed)

@@ -1,0 +1,169 @@
+"""Reviewer accounts in a real browser: headless Debian Chromium driven by Playwright against ONE real
+`hitl up` (embedded Redis, local Ray, Ray Serve, the Gradio UI) started with the test identities
+(HITL_TOKENS) and ``--trusted-proxy 127.0.0.1`` (README § Reviewer accounts).
+
+1. a reviewer added while it runs (the admin route) signs in on the page with a name and the token, sees
+   the queue, is still signed in after a reload (the browser kept the sign-in), signs out (the form is
+   back, also after a reload); removed with ``hitl admin reviewers remove``, the token is refused and a
+   sign-in the browser kept is forgotten;
+2. a page whose requests name a user in ``X-Forwarded-User`` (an authenticating proxy on 127.0.0.1)
+   is signed in as that user, no form, and sees the queue: the UI passes the user on to the API.
+
+Under CI=true a missing Chromium fails the module; locally it skips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from harness.hitl_up import HitlUp
+from harness.tokens import TOKENS, TOKENS_SPEC
+from hitl_review.serve_app.cli import main as hitl
+from hitl_review.serve_app.samples import product_composite
+
+from .browser_util import VIEWPORT, WAIT_MS, Api, Reviewer, launched_chromium, require_chromium
+
+pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
+
+
+class Stack:
+    def __init__(self, up: HitlUp) -> None:
+        self.up = up
+        self.ui_url = up.ui_url or ""
+        self.api = Api(up.api_url, TOKENS["admin"])
+        self.job = ""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    require_chromium()
+    up = HitlUp(
+        tmp_path_factory.mktemp("hitl-accounts"),
+        "--trusted-proxy",
+        "127.0.0.1",
+        ui=True,
+        env={"HITL_TOKENS": TOKENS_SPEC},
+    )
+    up.start()
+    s = Stack(up)
+    try:
+        s.job = s.api.submit(product_composite(21, 640, 480, n=2)[0])
+        s.api.wait_round(s.job, 1)
+        yield s
+    finally:
+        if s.job:
+            s.api.cancel(s.job)
+        s.api.close()
+        try:
+            up.stop(timeout=60)
+        except Exception:  # a stuck shutdown must not hide the test result
+            up.kill()
+
+
+@pytest.fixture(scope="module")
+def browser(stack: Stack) -> Iterator[Any]:
+    with launched_chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page_of(browser: Any, stack: Stack) -> Iterator[Callable[..., Reviewer]]:
+    """``page_of(**context_options)``: a page in a browser context of its own (its own localStorage)."""
+    contexts: list[Any] = []
+
+    def make(**options: Any) -> Reviewer:
+        ctx = browser.new_context(viewport=VIEWPORT, **options)
+        ctx.set_default_timeout(WAIT_MS)
+        contexts.append(ctx)
+        return Reviewer(ctx.new_page(), stack.ui_url)
+
+    yield make
+    for ctx in contexts:
+        ctx.close()
+
+
+def expect(locator: Any) -> Any:
+    from playwright.sync_api import expect as pw_expect  # imported late: a missing Playwright skips the module
+
+    return pw_expect(locator)
+
+
+def sign_in(rv: Reviewer, name: str, token: str) -> None:
+    rv.page.goto(rv.ui_url)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(3):  # a click that reached a page whose Gradio app was not connected yet: again
+        rv.page.locator("#login-name input, #login-name textarea").first.fill(name)
+        rv.page.locator("#login-token input, #login-token textarea").first.fill(token)
+        rv.page.locator("#login-btn").click()
+        try:
+            rv.page.locator("#main-panel").wait_for(state="visible", timeout=WAIT_MS // 3)
+            return
+        except PlaywrightTimeout:
+            if attempt == 2:
+                said = rv.page.inner_text("#login-message").strip()
+                raise AssertionError(f"no review panel after 3 sign-ins; the form says {said!r}") from None
+
+
+def sees_the_queue(rv: Reviewer, name: str, job: str) -> None:
+    rv.expect_text("#signed-in-as", f"Signed in as {name}")
+    rv.queue_row(job).wait_for(state="visible", timeout=WAIT_MS)
+    expect(rv.page.locator("#login-panel")).to_be_hidden()
+
+
+@pytest.mark.timeout(300)
+def test_a_reviewer_added_at_run_time_signs_in_keeps_it_and_signs_out(
+    stack: Stack, page_of: Callable[..., Reviewer]
+) -> None:
+    r = stack.api.c.post("/api/v1/admin/reviewers", json={"name": "erin"})
+    assert r.status_code == 201, r.text
+    token = r.json()["token"]
+
+    rv = page_of()
+    sign_in(rv, "erin", token)
+    sees_the_queue(rv, "erin", stack.job)
+
+    rv.page.reload()  # the browser kept the sign-in: no form
+    sees_the_queue(rv, "erin", stack.job)
+
+    rv.page.locator("#signout-btn").click()
+    expect(rv.page.locator("#login-panel")).to_be_visible(timeout=WAIT_MS)
+    expect(rv.page.locator("#main-panel")).to_be_hidden()
+    rv.page.reload()
+    expect(rv.page.locator("#login-panel")).to_be_visible(timeout=WAIT_MS)
+    expect(rv.page.locator("#main-panel")).to_be_hidden()
+
+    # Signed in again, then removed by the CLI: the kept sign-in is refused on the next load, and so
+    # is the token in the form.
+    sign_in(rv, "erin", token)
+    sees_the_queue(rv, "erin", stack.job)
+    conn = ["--api-url", stack.up.api_url, "--token", TOKENS["admin"]]
+    assert hitl(["admin", "reviewers", "remove", "erin", *conn]) == 0
+    rv.page.wait_for_timeout(3000)  # past every replica's account cache (serve_app.auth.ACCOUNT_CACHE_S)
+    rv.page.reload()
+    rv.expect_text("#login-message", "401")
+    expect(rv.page.locator("#main-panel")).to_be_hidden()
+    expect(rv.page.locator("#login-name input, #login-name textarea").first).to_have_value("erin")
+    rv.page.locator("#login-token input, #login-token textarea").first.fill(token)
+    rv.page.locator("#login-btn").click()
+    rv.expect_text("#login-message", "401")
+    expect(rv.page.locator("#main-panel")).to_be_hidden()
+
+
+@pytest.mark.timeout(300)
+def test_an_authenticating_proxys_user_is_signed_in_without_a_form(
+    stack: Stack, page_of: Callable[..., Reviewer]
+) -> None:
+    rv = page_of(extra_http_headers={"X-Forwarded-User": "frank"})
+    rv.page.goto(rv.ui_url)
+    sees_the_queue(rv, "frank", stack.job)
+    rv.expect_text("#signed-in-as", "(reviewer)")
+    expect(rv.page.locator("#signout-btn")).to_be_hidden()  # signing out is the proxy's business
+    rv.open_from_queue(stack.job)  # the API answers the UI for frank
+
+    plain = page_of()  # the same UI without the proxy's header: the form
+    plain.page.goto(plain.ui_url)
+    expect(plain.page.locator("#login-panel")).to_be_visible(timeout=WAIT_MS)

@@ -1,0 +1,160 @@
+"""Signing in to the reviewer page (README § Reviewer accounts): a name and a token once per browser, or
+the user an authenticating proxy names.
+
+* The form takes a token (and, optionally, the reviewer's name, checked against the token's owner
+  with ``GET /whoami``). A token that works is kept in the browser (``gr.BrowserState``:
+  localStorage), so a reload, or a later visit, signs in again without asking; "Sign out" forgets it.
+  A kept token the server no longer accepts (the account was removed) shows the form again.
+* Behind an authenticating proxy (``--trusted-proxy``), a page whose connection comes from one of the
+  proxy addresses and names a user (``X-Forwarded-User`` …) is signed in as that user, with no form;
+  the app then passes the user on to the API in ``X-Forwarded-User``, so the API must trust the UI's
+  own address as a proxy too. The session's "token" is then a handle, ``PROXY_HANDLE`` + the user:
+  a per-process random prefix, so no token a person types can be taken for one.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+
+from hitl_review.client import ApiError, AsyncHitlClient, HitlClient
+from hitl_review.client.trusted_proxy import TrustedProxies
+
+from .session import ReviewerState
+
+if TYPE_CHECKING:
+    from .layout import Components
+
+Update = dict[Any, Any]
+
+PROXY_HANDLE = f"proxied:{secrets.token_hex(16)}:"
+REVIEW_ROLES = ("reviewer", "admin")
+
+
+def proxied_user(token: str | None) -> str | None:
+    """The proxy's user a session handle stands for; None for a plain token."""
+    if token and token.startswith(PROXY_HANDLE):
+        return token[len(PROXY_HANDLE) :]
+    return None
+
+
+def _options(token: str | None) -> tuple[str | None, dict[str, str] | None]:
+    user = proxied_user(token)
+    return (None, {"X-Forwarded-User": user}) if user is not None else (token, None)
+
+
+def make_client(api_url: str, token: str | None) -> HitlClient:
+    """A client acting for the session: with its token, or as the proxy's user."""
+    tok, headers = _options(token)
+    return HitlClient(api_url, tok, headers=headers)
+
+
+def make_async_client(api_url: str, token: str | None) -> AsyncHitlClient:
+    tok, headers = _options(token)
+    return AsyncHitlClient(api_url, tok, headers=headers)
+
+
+def refusal(exc: Exception, proxied: bool = False) -> str:
+    """Why a sign-in failed, in words."""
+    if isinstance(exc, ApiError) and exc.status_code == 401:
+        if proxied:
+            return "The API did not accept the proxy's user: start it with this UI's address in --trusted-proxy."
+        return "The control plane did not accept this token (401): it is mistyped, or its account was removed."
+    if isinstance(exc, ApiError):
+        return f"{exc.message} ({exc.code})"
+    return f"Could not reach the control plane: {exc}"
+
+
+class SignInHandlers:
+    """Sign-in, a kept sign-in, and the proxy's user; ``Callbacks`` provides the rest."""
+
+    c: Components
+    api_url: str
+    proxies: TrustedProxies = TrustedProxies()
+
+    queue_update: Callable[[ReviewerState], Update]  # ui.callbacks.Callbacks'
+    open_job: Callable[[ReviewerState, str | None], Update]
+    emptied: Callable[[ReviewerState, Update], Update]
+
+    def _check(self, token: str, name: str = "", proxied: bool = False) -> dict[str, Any]:
+        """Who ``token`` signs in as; ValueError saying why it cannot sign in to review."""
+        try:
+            with make_client(self.api_url, token) as probe:
+                who = probe.whoami()
+        except Exception as exc:
+            raise ValueError(refusal(exc, proxied)) from None
+        if name and name != who["name"]:
+            raise ValueError(f"This token is not {name}'s. Check both, or leave the name empty.")
+        if who["role"] not in REVIEW_ROLES:
+            raise ValueError(f"This token is a {who['role']}'s; reviewing needs a reviewer or admin token.")
+        return who
+
+    def _signed_in(self, st: ReviewerState, token: str, who: dict[str, Any], *, can_sign_out: bool) -> Update:
+        """Mark the session signed in; the page's parts to show (the queue is filled by the caller)."""
+        with st.lock:
+            st.token, st.signed_in, st.reviewer = token, True, who["name"]
+        c = self.c
+        return {
+            c.login_col: gr.update(visible=False),
+            c.main_row: gr.update(visible=True),
+            c.login_msg: "",
+            c.login_token: "",
+            c.account_row: gr.update(visible=True),
+            c.who_md: f"Signed in as **{who['name']}** ({who['role']})",
+            c.signout_btn: gr.update(visible=can_sign_out),
+        }
+
+    def on_login(self, st: ReviewerState, name: str, tok: str) -> Update:
+        """The form: sign in, keep the sign-in in this browser, and open the job the address asked for."""
+        tok, name = (tok or "").strip(), (name or "").strip()
+        if not tok:
+            return {self.c.login_msg: "Paste your API token."}
+        try:
+            who = self._check(tok, name)
+        except ValueError as e:
+            return {self.c.login_msg: str(e)}
+        with st.lock:
+            pending, st.job_id = st.job_id, None
+        out = self._signed_in(st, tok, who, can_sign_out=True)
+        out[self.c.saved_login] = {"name": who["name"], "token": tok}
+        out.update(self.queue_update(st))
+        if pending:
+            # The panel shows in this update; its canvas is drawn by ``after_open``, the next step: drawn in
+            # the update that first showed the page, the canvas stayed empty (and the stage line blank).
+            out.update(self.emptied(st, self.open_job(st, pending)))
+        return out
+
+    def on_restore(self, st: ReviewerState, saved: Any, request: gr.Request) -> Update:
+        """On page load, before ``on_load``: the proxy's user, or the sign-in this browser kept."""
+        if st.signed_in:
+            return {}
+        peer = request.client.host if request is not None and request.client is not None else None
+        try:
+            user = self.proxies.user(peer, request.headers.items()) if request is not None else None
+        except ValueError as e:
+            return {self.c.login_msg: f"The proxy's sign-in is unusable: {e}"}
+        if user is not None:
+            handle = PROXY_HANDLE + user
+            try:
+                who = self._check(handle, user, proxied=True)
+            except ValueError as e:
+                return {self.c.login_msg: str(e)}
+            return self._signed_in(st, handle, who, can_sign_out=False)
+        kept = saved if isinstance(saved, dict) else {}
+        name, tok = str(kept.get("name") or ""), str(kept.get("token") or "")
+        if not tok:
+            return {self.c.login_name: name} if name else {}
+        try:
+            who = self._check(tok, name)
+        except ValueError as e:  # forget the token, keep the name for the form
+            return {self.c.login_msg: str(e), self.c.login_name: name, self.c.saved_login: {"name": name}}
+        return self._signed_in(st, tok, who, can_sign_out=True)
+
+    def restore_outputs(self) -> list[Any]:
+        """What ``on_restore`` and ``on_login`` may change (``on_login`` the queue and the panel as well)."""
+        c = self.c
+        parts = [c.login_col, c.main_row, c.login_msg, c.login_token, c.login_name, c.account_row, c.who_md]
+        return [*parts, c.signout_btn, c.saved_login]
