@@ -69,7 +69,19 @@ def print_snapshot(snap: JobSnapshot, console: Console) -> None:
         info.add_row("pause", pause)
     if snap.pending_actions:
         info.add_row("actions", ", ".join(snap.pending_actions))
+    if snap.flag:
+        info.add_row("flag", f"{snap.flag.by} ({age_text(snap.flag.at)}): {snap.flag.reason}")
+    for c in snap.comments:
+        info.add_row("comment", f"{c.by} ({age_text(c.at)}): {c.text}")
     console.print(info)
+    if snap.active_pause and snap.active_pause.subjects_to_review:
+        review = Table(title="cut-outs to review", title_justify="left")
+        for col in ("box", "label", "verdict", "why"):
+            review.add_column(col)
+        for s in snap.active_pause.subjects_to_review:
+            q = s.quality
+            review.add_row(s.box_id, s.label or "-", q.verdict if q else "-", "; ".join(q.reasons) if q else "")
+        console.print(review)
     if snap.box_list or snap.approved_box_list:
         approved = {b.box_id for b in snap.approved_box_list}
         boxes = {b.box_id: b for b in [*snap.box_list, *snap.approved_box_list]}
@@ -207,14 +219,17 @@ def quality_cell(s: SubjectResult) -> Text:
 
 @client_command
 def cmd_jobs(args: argparse.Namespace, client: HitlClient) -> int:
-    page = client.list_jobs(args.status, args.limit, args.cursor)
+    if getattr(args, "flagged", False):
+        page = client.flagged_jobs(args.limit)
+    else:
+        page = client.list_jobs(args.status, args.limit, args.cursor)
     if args.json:
         print_json(page.model_dump(mode="json"))
         return EXIT_OK
     table = Table()
     table.add_column("job", no_wrap=True)
     table.add_column("status", no_wrap=True)
-    for col in ("version", "created", "stage", "waiting", "boxes", "submitter"):
+    for col in ("version", "created", "stage", "waiting", "boxes", "submitter", "flag"):
         table.add_column(col)
     for j in page.jobs:
         table.add_row(
@@ -226,6 +241,7 @@ def cmd_jobs(args: argparse.Namespace, client: HitlClient) -> int:
             age_text(j.pause_created_at) if j.pause_created_at else "",
             str(j.box_count),
             j.submitter,
+            f"{j.flag.by}: {j.flag.reason}" if j.flag else "",
         )
     console = Console(highlight=False)
     console.print(table)

@@ -21,6 +21,7 @@ from .batch import DEFAULT_BATCH, check_batch_name
 from .cli_admin import cmd_dead_letters, cmd_gc_artifacts, cmd_reconcile, cmd_replay, cmd_verify_audit
 from .cli_common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, Handler
 from .cli_jobs import cmd_jobs, cmd_results, cmd_status, cmd_watch, format_event, print_results, print_snapshot
+from .cli_notes import cmd_comment, cmd_flag
 from .cli_reviewers import add_reviewer_commands
 from .cli_submit import cmd_submit
 
@@ -234,6 +235,29 @@ def add_client_commands(subparsers: Any) -> Any:
     p.add_argument("--status", metavar="S", help="only jobs in status S, e.g. WAITING_USER_SELECTION, SUCCEEDED")
     p.add_argument("--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs (default: 50)")
     p.add_argument("--cursor", help="continue after a previous page (the next_cursor it printed)")
+    p.add_argument("--flagged", action="store_true", help="only the waiting jobs flagged for a lead")
+
+    p = _command(
+        subparsers,
+        "flag",
+        cmd_flag,
+        job=True,
+        help="flag a waiting job for a lead (or take the flag off)",
+        description="Flag a waiting job for a lead, with why: it stays in the review queue, shows the flag, "
+        "and `hitl jobs --flagged` lists it. --remove takes the flag off. Audited.",
+    )
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--reason", metavar="TEXT", help="why a lead should look (1-500 characters)")
+    group.add_argument("--remove", action="store_true", help="take the flag off")
+    p = _command(
+        subparsers,
+        "comment",
+        cmd_comment,
+        job=True,
+        help="comment on a live job for the next reviewer",
+        description="Add a comment to a live job; the next reviewer sees it on the page and in `hitl status`. Audited.",
+    )
+    p.add_argument("text", metavar="TEXT", help="the comment (1-2000 characters)")
 
     admin = subparsers.add_parser(
         "admin",

@@ -194,3 +194,31 @@ def test_the_client_flags_comments_skips_and_lists_flagged_jobs(api_server):
     finally:
         for c in (sub, rev, lead):
             c.close()
+
+
+def test_the_cli_flags_comments_and_lists_flagged_jobs(api_server, monkeypatch, capsys):
+    import json
+
+    from hitl_review.client import HitlClient
+    from hitl_review.serve_app.samples import product_composite
+
+    from .client_integration_util import TOKENS, run_cli, wait_until
+
+    monkeypatch.setenv("HITL_API_URL", api_server.url)
+    monkeypatch.setenv("HITL_TOKEN", TOKENS["rev2"])
+    with HitlClient(api_server.url, token=TOKENS["sub1"]) as sub:
+        job_id = sub.submit(product_composite(seed=32, width=160, height=120)[0]).job_id
+        wait_until(lambda: sub.get_job(job_id).status == "WAITING_USER_SELECTION", 60, "the job's pause")
+    code, out, err = run_cli(["flag", job_id, "--reason", "two products in one picture"], capsys)
+    assert code == 0 and "flagged for a lead by rev2" in out, err
+    code, out, err = run_cli(["comment", job_id, "ask the studio"], capsys)
+    assert code == 0 and "comment by rev2" in out, err
+    code, out, err = run_cli(["jobs", "--flagged", "--json"], capsys)
+    assert code == 0 and job_id in [j["job_id"] for j in json.loads(out)["jobs"]], err
+    code, out, err = run_cli(["status", job_id], capsys)
+    assert code == 0 and "two products in one picture" in out and "ask the studio" in out, err
+    code, out, err = run_cli(["flag", job_id, "--remove"], capsys)
+    assert code == 0 and "flag removed" in out, err
+    with pytest.raises(SystemExit) as usage:  # neither --reason nor --remove: argparse's usage error
+        run_cli(["flag", job_id], capsys)
+    assert usage.value.code == 2
