@@ -101,6 +101,7 @@ class Run:
     misses: int = 0
     odd: list[dict[str, Any]] = field(default_factory=list)  # answers not confirmed, N presses onto ended jobs
     ended_on_open: int = 0  # N presses that opened another job which had ended ("The job ended"; in misses too)
+    late_opens: int = 0  # jobs a page opened after its N press had been judged a miss (reviewed, not stranded)
     retried: int = 0  # submissions answered 429/503 and sent again
     retry_answers: Counter[str] = field(default_factory=Counter)  # "503 STORE_UNAVAILABLE" → how often
 
@@ -195,6 +196,14 @@ async def review(run: Run, page: Any, who: str) -> None:
     after = run.polls_started  # a job counts as waiting once a poll started after this reviewer's last move says so
     while await run.something_waits(who, after):
         mark = await page.evaluate("window.__hitlBannerN")
+        # A job opened after its N press was judged a miss is on screen and claimed by this page alone;
+        # N would pass it over as the job on screen (the 4-reviewer run stalled on one: issue 22).
+        got = await page.evaluate(OPENED_JS, [prev, mark])
+        if got and got.get("kind") == "open":
+            run.late_opens, prev = run.late_opens + 1, got["job"]
+            run.opened.append({**got, "reviewer": who, "pressed": None})  # no N → interactive figure
+            after = await answer(run, page, who, got)
+            continue
         shown_before = shown_job(await page.evaluate(SHOWN_JS))
         await page.evaluate(BLUR_JS)
         pressed = time.time()
@@ -230,14 +239,20 @@ async def review(run: Run, page: Any, who: str) -> None:
         run.opened.append(
             {"reviewer": who, "job": got["job"], "pause": got["pause"], "pressed": pressed, "t": got["t"]}
         )
-        mark = await page.evaluate("window.__hitlBannerN")
-        await page.evaluate(BLUR_JS)
-        sent = time.time()
-        await page.keyboard.press("Enter")
-        handle = await page.wait_for_function(ANSWERED_JS, arg=[mark], timeout=WAIT_MS)
-        ans = await handle.json_value()
-        run.answered({"reviewer": who, "job": got["job"], "pause": got["pause"], "sent": sent, **ans})
-        after = run.polls_started
+        after = await answer(run, page, who, got)
+
+
+async def answer(run: Run, page: Any, who: str, got: dict[str, Any]) -> int:
+    """Enter on the open panel (submit, every box kept) and the answer from the banner; returns the
+    poll count a next job must come after."""
+    mark = await page.evaluate("window.__hitlBannerN")
+    await page.evaluate(BLUR_JS)
+    sent = time.time()
+    await page.keyboard.press("Enter")
+    handle = await page.wait_for_function(ANSWERED_JS, arg=[mark], timeout=WAIT_MS)
+    ans = await handle.json_value()
+    run.answered({"reviewer": who, "job": got["job"], "pause": got["pause"], "sent": sent, **ans})
+    return run.polls_started
 
 
 def pause_opened_at(api_url: str, job_id: str, pause: str) -> float | None:
@@ -321,7 +336,8 @@ async def scenario(
         at = opened_at[key]
         if at is not None:
             pause_ms.append((o["t"] / 1000 - at) * 1000)
-        press_ms.append((o["t"] / 1000 - o["pressed"]) * 1000)
+        if o["pressed"] is not None:
+            press_ms.append((o["t"] / 1000 - o["pressed"]) * 1000)
     for a in run.decided.values():
         at = opened_at.get((a["job"], a["pause"]))
         if at is not None and a["kind"] == "ok":
@@ -352,6 +368,7 @@ async def scenario(
         "share_409": round(len(refusals) / answered, 4) if answered else None,
         "n_misses": run.misses,
         "n_ended_on_open": run.ended_on_open,
+        "n_late_opens": run.late_opens,
         "odd": run.odd,
         "server_refusals": refusals,
         "submissions_retried_429_503": run.retried,

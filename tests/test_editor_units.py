@@ -314,7 +314,8 @@ def test_the_label_set_reaches_the_ui_from_its_flag_or_environment(monkeypatch: 
     monkeypatch.setenv("HITL_LABELS", "hat, scarf")
     entry.main(["--token", "t"])
     entry.main(["--token", "t", "--labels", "shoe,bag,shirt"])  # the flag wins over the environment
-    assert [args[-1] for args in got] == [("hat", "scarf"), LABELS]
+    # launch(api_url, host, port, token, require_login, labels, trusted_proxies)
+    assert [args[5] for args in got] == [("hat", "scarf"), LABELS]
     with pytest.raises(SystemExit) as exit_:
         entry.main(["--token", "t", "--labels", ",".join(f"l{i}" for i in range(30))])
     assert exit_.value.code == 2

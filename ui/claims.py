@@ -47,7 +47,7 @@ def claim_text(st: ReviewerState) -> str:
         if left <= 0:
             return f"**{holder.reviewer}'s claim has expired** — press “Take over” to review this job."
         return f"**{holder.reviewer} is reviewing — {left} s left** on their claim. “Take over” to review it anyway."
-    if st.panel is not None and st.claimed == st.job_id:
+    if st.reviewing and st.claimed == st.job_id:
         return "You are reviewing this job; other reviewers see it as taken."
     return ""
 
@@ -117,13 +117,13 @@ class ClaimHandlers:
 
     def presence_update(self, st: ReviewerState) -> Update:
         c = self.c
-        waiting = st.panel is not None
+        waiting = st.reviewing  # a box panel or a mask review (ui.mask_review_view)
         free = st.held_by is None
         # The panel stays laid out (a canvas laid out hidden has no size); its submit buttons are off.
         return {
             c.claim_md: claim_text(st),
             c.takeover_btn: gr.update(visible=waiting and not free, value=c.takeover_btn.value),
-            c.review_col: gr.update(visible=waiting),
+            c.review_col: gr.update(visible=st.panel is not None),
             c.submit_btn: gr.update(interactive=free, value=c.submit_btn.value),
             c.cut_btn: gr.update(interactive=free, value=c.cut_btn.value),
         }
@@ -133,7 +133,7 @@ class ClaimHandlers:
         with st.lock:
             job = st.job_id
             due = time.monotonic() - st.renewed_at >= CLAIM_RENEW_S
-            if not job or st.panel is None:
+            if not job or not st.reviewing:
                 return {}
             if st.held_by is not None or not due:
                 return {self.c.claim_md: claim_text(st)}  # the other's countdown

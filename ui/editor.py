@@ -24,6 +24,7 @@ DRAFT_PREFIX = "hitl-draft:"
 STAGE_NAMES = {
     "WAITING_USER_SELECTION": "Confirm boxes (round 1)",
     "WAITING_BOX_BATCH_REVISION": "Fix rejected boxes (round 2)",
+    "WAITING_MASK_REVIEW": "Review cut-outs",
 }
 ALL_STAGES = "all"
 

@@ -33,6 +33,7 @@ ROUND2_TEXT = "These boxes did not pass naming — redraw or remove them"
 STAGE_TEXT = {
     "WAITING_USER_SELECTION": ROUND1_TEXT,
     "WAITING_BOX_BATCH_REVISION": ROUND2_TEXT,
+    "WAITING_MASK_REVIEW": "Check the cut-outs the quality gate did not pass",  # ui.mask_review
 }
 
 # Colour by where a box came from; round-2 problem boxes are red.
@@ -53,6 +54,7 @@ STATUS_WORDS = {
     "VALIDATING_MANUAL_BOXES": "checking the names of the hand-drawn boxes…",
     "WAITING_BOX_BATCH_REVISION": "waiting for a reviewer to fix the boxes that did not pass naming",
     "PROCESSING_APPROVED_SUBJECTS": "cutting out the approved subjects…",
+    "WAITING_MASK_REVIEW": "waiting for a reviewer to check the cut-outs the quality gate did not pass",
     "FINALIZING_RESULTS": "putting the results together…",
     "SUCCEEDED": "done: every approved subject was cut out",
     "PARTIAL_SUCCEEDED": "done: some subjects could not be cut out",
@@ -109,6 +111,8 @@ def panel_from_snapshot(snap: JobSnapshot | None) -> Panel | None:
         return None
     pause = snap.active_pause
     if pause is None or pause.status != "WAITING" or "SUBMIT_BOX_LIST" not in snap.pending_actions:
+        return None
+    if pause.stage == "WAITING_MASK_REVIEW":  # not boxes: the mask panel (ui.mask_review_view)
         return None
     revise = set(pause.box_ids_to_revise)
     boxes = tuple(PanelBox(tag=i + 1, box=b, problem=b.box_id in revise) for i, b in enumerate(snap.box_list))

@@ -124,6 +124,7 @@ class ReviewerState:
         self.carry_base: list[Box] | None = None  # the boxes ``carry`` was made over (rebased when a panel opens)
         self.rebased_over: tuple[str, Edits] | None = None  # a pause drawn with these edits laid over it (ui.rebase)
         self.undrawn = False  # a job was just opened with an empty canvas: the next step draws it
+        self.mask_review: Any = None  # the open mask review (ui.mask_review.MaskReview), or None
         self.follow_gen = 0  # bumped by every open; a follower of an older generation stops
         self.followed_gen = -1  # the generation a follower already serves
         self.lock = threading.RLock()
@@ -145,6 +146,11 @@ class ReviewerState:
         self._panel = value
         if value is not None:
             self.panels[value.pause_token] = value
+
+    @property
+    def reviewing(self) -> bool:
+        """A review is open on the page: a box panel, or a mask review (ui.mask_review_view)."""
+        return self._panel is not None or self.mask_review is not None
 
     def panel_for(self, value: Any) -> Panel | None:
         """The panel an annotator value was drawn for, which may be older than ``panel``: a submission

@@ -130,7 +130,7 @@ class SignInHandlers:
     def on_restore(self, st: ReviewerState, saved: Any, request: gr.Request) -> Update:
         """On page load, before ``on_load``: the proxy's user, or the sign-in this browser kept."""
         if st.signed_in:
-            return {}
+            return {self.c.login_msg: gr.skip()}  # a dict must name a component: {} fails the page load
         peer = request.client.host if request is not None and request.client is not None else None
         try:
             user = self.proxies.user(peer, request.headers.items()) if request is not None else None
@@ -146,7 +146,7 @@ class SignInHandlers:
         kept = saved if isinstance(saved, dict) else {}
         name, tok = str(kept.get("name") or ""), str(kept.get("token") or "")
         if not tok:
-            return {self.c.login_name: name} if name else {}
+            return {self.c.login_name: name} if name else {self.c.login_msg: gr.skip()}
         try:
             who = self._check(tok, name)
         except ValueError as e:  # forget the token, keep the name for the form
