@@ -13,9 +13,9 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from redis import exceptions as redis_errors
 
-from hitl_review.client.trusted_proxy import TrustedProxies
 from hitl_review.statecore import accounts, durable
 from hitl_review.statecore.errors import Forbidden, StoreUnavailable, Unauthorized
+from hitl_review.statecore.trusted_proxy import TrustedProxies
 
 log = logging.getLogger("hitl.auth")
 

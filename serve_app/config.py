@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hitl_review.client.trusted_proxy import parse_networks
+from hitl_review.statecore.trusted_proxy import parse_networks
 
 # Environment variables a setting falls back to when it is not given (the first one set wins): read
 # the same way by ``hitl up`` (``Settings.from_env``) and the Serve builder

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from hitl_review.client.trusted_proxy import parse_networks
+from hitl_review.statecore.trusted_proxy import parse_networks
 
 from .editor import LABELS_ENV, parse_labels
 from .server import launch

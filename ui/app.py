@@ -16,7 +16,7 @@ from typing import Any
 
 import gradio as gr
 
-from hitl_review.client.trusted_proxy import TrustedProxies
+from hitl_review.statecore.trusted_proxy import TrustedProxies
 
 from .assets import KEYS_JS, LOAD_DRAFT_JS, SAVE_DRAFT_JS, URL_JS, pick_js
 from .callbacks import Callbacks, show

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 
 from hitl_review.client import ApiError, AsyncHitlClient, HitlClient
-from hitl_review.client.trusted_proxy import TrustedProxies
+from hitl_review.statecore.trusted_proxy import TrustedProxies
 
 from .session import ReviewerState
 
