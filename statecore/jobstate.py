@@ -120,6 +120,7 @@ class JobState:
             reason_code=self.reason_code,
             cancel_requested=self.cancel_requested,
             empty_selection=self.empty_selection,
+            subjects=self.results,
             quorum=self.quorum_view(),
         )
 

@@ -191,6 +191,9 @@ class JobSnapshot(BaseModel):
     empty_selection: bool = False
     claim: ClaimView | None = None
     quorum: QuorumView | None = None  # jobs created with review_quorum >= 2 (docs/protocol.md § Quorum)
+    # Each approved subject's status so far (docs/protocol.md § Cut-out quality): empty until the
+    # segmentation reports; WAITING_REVIEW / REFINING during a mask review; as /results once ended.
+    subjects: list[SubjectResult] = Field(default_factory=list)
     # Notes that are not changes of the job (docs/protocol.md § Flags, skips and comments).
     flag: JobFlag | None = None
     comments: list[JobComment] = Field(default_factory=list)

@@ -117,6 +117,8 @@ async def test_a_failing_mask_waits_for_a_person_and_the_passing_one_does_not(ga
     assert by_id[bad].status == "WAITING_REVIEW" and by_id[bad].decided_by is None
     snap = st.snapshot()
     assert snap.pending_actions == ["DECIDE_SUBJECT_MASKS"]
+    assert {s.box_id: s.status for s in snap.subjects} == {good: "SUCCEEDED", bad: "WAITING_REVIEW"}
+    assert snap.model_validate_json(snap.model_dump_json()).subjects == snap.subjects
     queue, _ = await gated.list_jobs(status="WAITING_MASK_REVIEW", limit=10)
     assert [j.job_id for j in queue] == [job_id]
     queue, _ = await gated.list_jobs(status="WAITING", limit=10)
