@@ -373,3 +373,23 @@ async def test_quorum_of_two_on_a_mask_review(gated, image) -> None:
     st3 = await gated.get(job_id)
     assert st3.status == S.FINALIZING_RESULTS
     assert {r.box_id: r.status for r in st3.results}[b] == "REJECTED"
+
+
+@pytest.mark.cluster
+async def test_a_mask_review_on_a_redis_cluster(redis_cluster, image) -> None:
+    s = Store.from_url(
+        redis_cluster.url, StoreConfig(retention_s=3600, node_timeout_s=60, quality_gate="review-failing"), cluster=True
+    )
+    await s.r.flushall()
+    await s.ensure_groups()
+    try:
+        job_id, (a, b) = await _segmented(s, image, [FAIL, PASS])
+        st = await s.get(job_id)
+        assert st.status == S.WAITING_MASK_REVIEW
+        pts = [{"x": 20, "y": 20, "positive": True}]
+        await s.intervene(job_id, decide(st, [{"box_id": a, "decision": "REFINE", "points": pts}]), "lena")
+        assert await report(s, job_id, {"subjects": [_outcome(a, None, 3)]}) == "OK"
+        assert await report(s, job_id, {}) == "OK"
+        assert (await s.get(job_id)).status == S.SUCCEEDED
+    finally:
+        await s.close()

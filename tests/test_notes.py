@@ -222,3 +222,24 @@ def test_the_cli_flags_comments_and_lists_flagged_jobs(api_server, monkeypatch, 
     with pytest.raises(SystemExit) as usage:  # neither --reason nor --remove: argparse's usage error
         run_cli(["flag", job_id], capsys)
     assert usage.value.code == 2
+
+
+@pytest.mark.cluster
+async def test_notes_and_a_mask_review_on_a_redis_cluster(cluster_store, image):
+    """notes.lua's keys and the mask review's writes stay in the job's slot on a 3-node cluster."""
+    s = cluster_store
+    job_id = await waiting_job(s, image)
+    assert (await s.flag(job_id, "rev1", "why")).reason == "why"
+    assert (await s.comment(job_id, "rev1", "a note")).text == "a note"
+    await s.claim(job_id, "rev1")
+    await s.skip(job_id, "rev1", 60)
+    assert await s.claim_of(job_id) is None
+    [(flag, skipped)] = await s.notes_of([job_id], "rev1")
+    assert flag is not None and skipped
+    listed, _ = await s.list_jobs(status="WAITING", unclaimed_for="rev1")
+    assert job_id not in [j.job_id for j in listed]
+    listed, _ = await s.list_jobs(status="WAITING", flagged=True)
+    assert [j.job_id for j in listed] == [job_id]
+    snap = await s.snapshot(job_id)
+    assert snap.flag is not None and [c.text for c in snap.comments] == ["a note"]
+    assert await s.unflag(job_id, "rev1") is True
