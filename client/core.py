@@ -167,11 +167,26 @@ class ClientCore(CallCore):
         subjects: Iterable[SubjectInput],
         snapshot_id: str | None = None,
     ) -> Plan[InterventionResult]:
+        listed = [subject_dict(s) for s in subjects]
+        return (
+            yield from self._submit(job_id, intervention_id, pause_token, base_version, snapshot_id, subjects=listed)
+        )
+
+    def _submit(
+        self,
+        job_id: str,
+        intervention_id: str,
+        pause_token: str,
+        base_version: int,
+        snapshot_id: str | None,
+        **answer: list[dict[str, Any]],
+    ) -> Plan[InterventionResult]:
+        """POST an intervention whose ``answer`` is ``subjects`` (a box stage) or ``decisions`` (a mask review)."""
         body: dict[str, Any] = {
             "intervention_id": intervention_id,
             "pause_token": pause_token,
             "base_version": base_version,
-            "subjects": [subject_dict(s) for s in subjects],
+            **answer,
         }
         if snapshot_id is not None:
             body["snapshot_id"] = snapshot_id
@@ -191,17 +206,10 @@ class ClientCore(CallCore):
         """A mask review's submission (docs/protocol.md § Cut-out quality): one decision per listed
         subject, ``{"box_id", "decision": ACCEPT|REJECT|REFINE, "reason", "points"}``. Retried like
         ``intervene``: the server replays an ``intervention_id`` it has seen."""
-        body: dict[str, Any] = {
-            "intervention_id": intervention_id,
-            "pause_token": pause_token,
-            "base_version": base_version,
-            "decisions": [dict(d) for d in decisions],
-        }
-        if snapshot_id is not None:
-            body["snapshot_id"] = snapshot_id
-        resp = yield from self.call("POST", job_path(job_id, "/interventions"), json=body)
-        parsed = InterventionResponse.model_validate_json(resp.content)
-        return InterventionResult(**parsed.model_dump(), replayed=was_replayed(resp), raw=resp.content)
+        decided = [dict(d) for d in decisions]
+        return (
+            yield from self._submit(job_id, intervention_id, pause_token, base_version, snapshot_id, decisions=decided)
+        )
 
     def preview(self, job_id: str, box_id: str, points: Iterable[dict[str, Any]]) -> Plan[dict[str, Any]]:
         """POST /jobs/{id}/subjects/{box_id}/preview: ``{"box_id", "mask_png_base64", "area", "quality", "ms"}``.

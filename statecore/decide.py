@@ -315,7 +315,15 @@ def plan_intervention(
         )
         enqueue(plan, cmd, now_ms)
         next_type = hop.value
-    if plan.outbox is not None:  # the one command this consumption produced, for audits
+    return _accepted(plan, state, req, next_type, diff)
+
+
+def _accepted(
+    plan: Plan, state: JobState, req: InterventionRequest, next_type: str | None, diff: Diff
+) -> InterventionPlan:
+    """The consumption planned: the INTERVENTION_ACCEPTED event (``plan.events[0]``) names the one
+    command it queued, for audits, and the answer every replay of it gets."""
+    if plan.outbox is not None:
         plan.events[0][1]["node_instance_id"] = plan.outbox.node_instance_id
     resp = InterventionResponse(
         intervention_id=req.intervention_id,
@@ -373,18 +381,7 @@ def _plan_mask_review(
     diff, next_type = mask_review.apply_decisions(plan, state, decisions, reviewer, now, now_ms)
     accepted["diff"] = diff.model_dump()
     accepted["next_node_type"] = next_type
-    if plan.outbox is not None:
-        accepted["node_instance_id"] = plan.outbox.node_instance_id
-    resp = InterventionResponse(
-        intervention_id=req.intervention_id,
-        job_id=state.job_id,
-        accepted=True,
-        status=plan.status,
-        version=state.version + 1,
-        next_node_type=next_type,
-        diff=diff,
-    )
-    return InterventionPlan(plan, resp, None)
+    return _accepted(plan, state, req, next_type, diff)
 
 
 # --------------------------------------------------------------------------- cancel
