@@ -398,10 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="`hitl up` plus sample images submitted for review",
         description="Start everything as `hitl up` does, then submit sample images (product composites and "
         "scikit-image photographs, nothing downloaded) so that reviews are waiting in the UI. "
-        "Rerunning it submits nothing twice.",
+        "Rerunning it submits nothing twice. Unlike `hitl up`, the demo sends the cut-outs the quality "
+        "gate still fails to a person (--quality-gate review-failing), so the whole loop shows.",
     )
     _add_up_options(demo)
-    demo.set_defaults(func=_run_up)
+    demo.set_defaults(func=_run_up, quality_gate="review-failing")
     dispatcher = sub.add_parser(
         "dispatcher",
         formatter_class=HelpFormatter,
