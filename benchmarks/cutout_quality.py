@@ -4,28 +4,31 @@
 For each backend and split of the labelled set (``benchmarks/cutout_data.py``, exact masks): every
 subject is segmented from its box — the true box grown by a seeded -1..5 px per side, as a
 detector or a reviewer draws it — with the backend's segmenter (``make_segmenter``, all boxes
-of an image in one ``segment`` call), scored and judged by the quality gate
-(``deployments.quality.gate``), and a failed mask is refined (``deployments.quality.refine``,
-attempt 1, 2, …) and gated again, at most ``--max-refinements`` times. Reported per backend x
-split:
+of an image in one ``segment`` call), then, under each policy of ``--policies`` in turn (default
+every version, ``gate-v1`` and ``gate-v2``, side by side on the same first masks), scored and
+judged by the quality gate (``deployments.quality.gate``), and a failed mask is refined
+(``deployments.quality.refine``, attempt 1, 2, …) and gated again, at most ``--max-refinements``
+times. Reported per backend x split x policy, with each policy's ratios to the first (the JSON's
+``ratios``; the table's last column, over all subjects):
 
 - mean mask IoU and boundary F (2 px) of the first masks and of the masks kept: the production
   path, ``QualityGate.check`` (``deployments/quality/subject.py``), keeps the first refinement
-  that passes, else the mask that breaks the fewest thresholds;
+  that passes, else the mask that fails by the least (the verdict's ``severity``);
 - the gate's precision and recall at catching bad first masks (bad := IoU < ``--bad-iou``,
   0.85): recall is the share of bad masks that do not reach a customer unseen, precision the
   share of failed masks that were really bad (the rest cost a refinement or a person's look);
 - ``escaped``: subjects whose final mask passed the gate and is bad (what reaches customers);
 - the gated-out masks' mean IoU before and after refinement;
 - the share of subjects sent to a person (failing after every refinement);
-- milliseconds per subject: segmentation, gate, refinement, all.
+- milliseconds per subject: segmentation (shared by the policies), gate, refinement, all.
 
 ``classical`` always; ``sam`` (``--backends classical,sam``) runs the real SAM code path on the
 random-weight ``vit_tiny`` the tests use: its figures mean nothing about SAM's quality, only that
 the path runs, and its gate thresholds must be calibrated on real weights.
 
-The gate's policy is calibrated on ``--seed 1`` (``--rows`` writes every subject's features and
-IoU for that); the default report is on seed 0, images the calibration never saw.
+``gate-v1`` was calibrated on ``--seed 1`` (``--rows`` writes every subject's features and IoU),
+``gate-v2``'s learned score on seeds 1-5 (``benchmarks/gate_calibration.py``); the default report
+is on seed 0, images neither calibration saw.
 
     .venv/bin/python benchmarks/cutout_quality.py                       # ~300 images, classical
     .venv/bin/python benchmarks/cutout_quality.py --backends classical,sam --n 40
@@ -54,7 +57,7 @@ import numpy as np
 from benchmarks.cutout_data import SPLITS, Sample, make_set
 from harness.bench import log
 from hitl_review.deployments.backends.base import make_segmenter
-from hitl_review.deployments.quality.gate import DEFAULT_POLICY, GatePolicy, judge, policy, score_mask
+from hitl_review.deployments.quality.gate import DEFAULT_POLICY, POLICIES, GatePolicy, judge, policy, score_mask
 from hitl_review.deployments.quality.metrics import boundary_f, mask_iou
 from hitl_review.deployments.quality.subject import QualityGate
 
@@ -69,6 +72,13 @@ def given_box(bbox: list[float], width: int, height: int, rng: np.random.Generat
     d = [float(v) for v in rng.integers(-1, 6, size=4)]
     x1, y1, x2, y2 = bbox
     return [max(0.0, x1 - d[0]), max(0.0, y1 - d[1]), min(float(width), x2 + d[2]), min(float(height), y2 + d[3])]
+
+
+def subject_boxes(sample: Sample, seed: int) -> list[list[float]]:
+    """The boxes the benchmark prompts ``sample``'s subjects with (``given_box``, seeded per image)."""
+    h, w = sample.image.shape[:2]
+    rng = np.random.default_rng([seed, 7, SPLITS.index(sample.split), sample.index])
+    return [given_box(s.bbox, w, h, rng) for s in sample.subjects]
 
 
 def build_segmenter(backend: str, workdir: Path, checkpoint: Path | None = None, **sam: Any) -> Any:
@@ -104,70 +114,77 @@ class _Failures(logging.Handler):
 
 
 def run_subjects(
-    segmenter: Any, samples: list[Sample], gate: GatePolicy, max_refinements: int, seed: int
-) -> list[dict[str, Any]]:
-    """One row per subject: the first mask's IoU / boundary F and verdict, then the production path
-    (``QualityGate.check``: refinements, the mask kept and its verdict), with times."""
-    quality = QualityGate(gate.version, max_refinements)
+    segmenter: Any, samples: list[Sample], gates: list[GatePolicy], max_refinements: int, seed: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Per policy, one row per subject: the first mask's IoU / boundary F and verdict, then the production
+    path (``QualityGate.check``: refinements, the mask kept and its verdict), with times. Each image is
+    segmented once; every policy judges the same first masks."""
+    quality = [QualityGate(g.version, max_refinements) for g in gates]
     failures = _Failures()
     logging.getLogger("hitl.quality").addHandler(failures)
-    rows: list[dict[str, Any]] = []
+    rows: dict[str, list[dict[str, Any]]] = {g.version: [] for g in gates}
     try:
         for sample in samples:
-            rows += _run_image(segmenter, sample, gate, quality, failures, seed)
+            for version, got in _run_image(segmenter, sample, gates, quality, failures, seed).items():
+                rows[version] += got
     finally:
         logging.getLogger("hitl.quality").removeHandler(failures)
     return rows
 
 
 def _run_image(
-    segmenter: Any, sample: Sample, gate: GatePolicy, quality: QualityGate, failures: _Failures, seed: int
-) -> list[dict[str, Any]]:
+    segmenter: Any,
+    sample: Sample,
+    gates: list[GatePolicy],
+    quality: list[QualityGate],
+    failures: _Failures,
+    seed: int,
+) -> dict[str, list[dict[str, Any]]]:
     image = sample.image
-    h, w = image.shape[:2]
     sha = hashlib.sha256(image.tobytes()).hexdigest()
-    rng = np.random.default_rng([seed, 7, SPLITS.index(sample.split), sample.index])
-    boxes = [given_box(s.bbox, w, h, rng) for s in sample.subjects]
+    boxes = subject_boxes(sample, seed)
     t0 = time.perf_counter()
     results = segmenter.segment(image, sha, [{"box_id": f"s{j}", "bbox": b} for j, b in enumerate(boxes)])
     seg_ms = 1000 * (time.perf_counter() - t0) / len(boxes)
-    rows = []
+    out: dict[str, list[dict[str, Any]]] = {g.version: [] for g in gates}
     for subject, bbox, found in zip(sample.subjects, boxes, results, strict=True):
         mask = np.asarray(found["mask"], bool)
-        t1 = time.perf_counter()
-        scores = score_mask(
-            image, bbox, mask, predicted_iou=found.get("predicted_iou"), stability=found.get("stability")
-        )
-        verdict = judge(scores, gate)
-        gate_ms = 1000 * (time.perf_counter() - t1)
-        failures.messages.clear()
-        t2 = time.perf_counter()
-        kept = quality.check(segmenter, image, sha, bbox, found)
-        check_ms = 1000 * (time.perf_counter() - t2)
-        rows.append(
-            {
-                "split": sample.split,
-                "image": sample.index,
-                "label": subject.label,
-                "background": sample.background,
-                "iou": mask_iou(mask, subject.mask),
-                "bf": boundary_f(mask, subject.mask, 2),
-                "passed": verdict.passed,
-                "reasons": verdict.reasons,
-                "scores": scores,
-                "strategies": [r["strategy"] for r in kept.refinements],
-                "refine_errors": list(failures.messages),
-                "final_iou": mask_iou(kept.mask, subject.mask),
-                "final_bf": boundary_f(kept.mask, subject.mask, 2),
-                "final_passed": kept.quality["verdict"] == "PASS",
-                "seg_ms": seg_ms,
-                "gate_ms": gate_ms,
-                "refine_ms": max(0.0, check_ms - gate_ms),  # check() gates the first mask again
-            }
-        )
-        for message in failures.messages:
-            log(f"a refinement raised on {sample.split} image {sample.index}, box {bbox}: {message}")
-    return rows
+        iou, bf = mask_iou(mask, subject.mask), boundary_f(mask, subject.mask, 2)
+        for gate, gated in zip(gates, quality, strict=True):
+            t1 = time.perf_counter()
+            scores = score_mask(
+                image, bbox, mask, predicted_iou=found.get("predicted_iou"), stability=found.get("stability"), gate=gate
+            )
+            verdict = judge(scores, gate)
+            gate_ms = 1000 * (time.perf_counter() - t1)
+            failures.messages.clear()
+            t2 = time.perf_counter()
+            kept = gated.check(segmenter, image, sha, bbox, found)
+            check_ms = 1000 * (time.perf_counter() - t2)
+            out[gate.version].append(
+                {
+                    "split": sample.split,
+                    "image": sample.index,
+                    "label": subject.label,
+                    "background": sample.background,
+                    "iou": iou,
+                    "bf": bf,
+                    "passed": verdict.passed,
+                    "reasons": verdict.reasons,
+                    "scores": scores,
+                    "strategies": [r["strategy"] for r in kept.refinements],
+                    "refine_errors": list(failures.messages),
+                    "final_iou": mask_iou(kept.mask, subject.mask),
+                    "final_bf": boundary_f(kept.mask, subject.mask, 2),
+                    "final_passed": kept.quality["verdict"] == "PASS",
+                    "seg_ms": seg_ms,
+                    "gate_ms": gate_ms,
+                    "refine_ms": max(0.0, check_ms - gate_ms),  # check() gates the first mask again
+                }
+            )
+            for message in failures.messages:
+                log(f"a refinement raised on {sample.split} image {sample.index}, box {bbox}: {message}")
+    return out
 
 
 def _mean(values: list[float]) -> float | None:
@@ -239,48 +256,82 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
+# The figures compared against the baseline policy (``ratios`` in the JSON): value / baseline's value.
+RATIO_KEYS = (
+    "gate_failed",
+    "gate_precision",
+    "gate_recall",
+    "escaped",
+    "gated_out_mean_iou_after",
+    "mean_iou_after_refinement",
+    "to_person_share",
+)
+RATIO_MS = ("gate", "refine", "total")
+
+
+def ratios(mine: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
+    def div(a: Any, b: Any) -> float | None:
+        return None if a is None or not b else round(a / b, 3)
+
+    out = {k: div(mine[k], base[k]) for k in RATIO_KEYS}
+    out.update({f"ms_{k}": div(mine["ms_per_subject"][k], base["ms_per_subject"][k]) for k in RATIO_MS})
+    return out
+
+
+TABLE_ROWS: tuple[tuple[str, Any], ...] = (
+    ("subjects", lambda r: r["subjects"]),
+    ("mean IoU, first mask", lambda r: r["mean_iou"]),
+    ("mean IoU, after refinement", lambda r: r["mean_iou_after_refinement"]),
+    ("mean boundary F (2 px), first", lambda r: r["mean_bf_2px"]),
+    ("mean boundary F (2 px), after", lambda r: r["mean_bf_2px_after_refinement"]),
+    ("bad first masks", lambda r: r["bad_masks"]),
+    ("gate failed", lambda r: r["gate_failed"]),
+    ("gate precision", lambda r: r["gate_precision"]),
+    ("gate recall", lambda r: r["gate_recall"]),
+    ("gated out: mean IoU before", lambda r: r["gated_out_mean_iou_before"]),
+    ("gated out: mean IoU after (kept mask)", lambda r: r["gated_out_mean_iou_after"]),
+    ("gated out, then passed after refining", lambda r: r["refined_and_passed"]),
+    ("refinements run", lambda r: r["refinements"]),
+    ("refinements that raised", lambda r: r["refinement_errors"]),
+    ("sent to a person (share)", lambda r: r["to_person_share"]),
+    ("escaped: passed but bad", lambda r: r["escaped"]),
+    ("ms/subject: segment", lambda r: r["ms_per_subject"]["segment"]),
+    ("ms/subject: gate", lambda r: r["ms_per_subject"]["gate"]),
+    ("ms/subject: refine", lambda r: r["ms_per_subject"]["refine"]),
+    ("ms/subject: total", lambda r: r["ms_per_subject"]["total"]),
+)
+
+
 def print_table(out: dict[str, Any]) -> None:
-    cols = [(f"{b} {s}", r) for b, per in out["results"].items() for s, r in per.items()]
-    lines: list[list[str]] = [["", *[c for c, _ in cols]]]
-
-    def row(name: str, get: Any) -> None:
-        lines.append([name, *[fmt(get(r)) for _, r in cols]])
-
-    row("subjects", lambda r: r["subjects"])
-    row("mean IoU, first mask", lambda r: r["mean_iou"])
-    row("mean IoU, after refinement", lambda r: r["mean_iou_after_refinement"])
-    row("mean boundary F (2 px), first", lambda r: r["mean_bf_2px"])
-    row("mean boundary F (2 px), after", lambda r: r["mean_bf_2px_after_refinement"])
-    row(f"bad first masks (IoU < {out['args']['bad_iou']})", lambda r: r["bad_masks"])
-    row("gate failed", lambda r: r["gate_failed"])
-    row("gate precision", lambda r: r["gate_precision"])
-    row("gate recall", lambda r: r["gate_recall"])
-    row("gated out: mean IoU before", lambda r: r["gated_out_mean_iou_before"])
-    row("gated out: mean IoU after (kept mask)", lambda r: r["gated_out_mean_iou_after"])
-    row("gated out, then passed after refining", lambda r: r["refined_and_passed"])
-    row("refinements run", lambda r: r["refinements"])
-    row("refinements that raised", lambda r: r["refinement_errors"])
-    row("sent to a person (share)", lambda r: r["to_person_share"])
-    row("escaped: passed but bad", lambda r: r["escaped"])
-    row("ms/subject: segment", lambda r: r["ms_per_subject"]["segment"])
-    row("ms/subject: gate", lambda r: r["ms_per_subject"]["gate"])
-    row("ms/subject: refine", lambda r: r["ms_per_subject"]["refine"])
-    row("ms/subject: total", lambda r: r["ms_per_subject"]["total"])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    print(
-        f"\ncut-out quality, gate policy {out['policy']}, seed {out['args']['seed']}, "
-        f"max refinements {out['args']['max_refinements']}"
-    )
-    for line in lines:
+    """Per backend, every split under every policy side by side, then each policy's ratios to the
+    baseline over the last split (``all`` with two splits)."""
+    base, policies = out["baseline"], out["policies"]
+    for backend in out["results"][base]:
+        per = {p: out["results"][p][backend] for p in policies}
+        splits = list(per[base])
+        cols = [(f"{s} {p}", per[p][s]) for s in splits for p in policies]
+        lines: list[list[str]] = [["", *[c for c, _ in cols]]]
+        others = [p for p in policies if p != base]
+        lines[0] += [f"{splits[-1]} {p}/{base}" for p in others]
+        for name, get in TABLE_ROWS:
+            line = [name, *[fmt(get(r)) for _, r in cols]]
+            for p in others:
+                a, b = get(per[p][splits[-1]]), get(per[base][splits[-1]])
+                line.append("-" if a is None or not b or name == "subjects" else f"{a / b:.2f}x")
+            lines.append(line)
+        widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
         print(
-            "  ".join(
-                c.ljust(wd) if i == 0 else c.rjust(wd) for i, (c, wd) in enumerate(zip(line, widths, strict=True))
-            )
+            f"\ncut-out quality, {backend}, seed {out['args']['seed']}, bad: IoU < {out['args']['bad_iou']}, "
+            f"max refinements {out['args']['max_refinements']}, policies {', '.join(policies)}"
         )
+        for line in lines:
+            cells = zip(line, widths, strict=True)
+            print("  ".join(c.ljust(wd) if i == 0 else c.rjust(wd) for i, (c, wd) in enumerate(cells)))
     print()
-    for t in out["targets"]:
-        met = "-" if t["met"] is None else ("yes" if t["met"] else "NO")
-        print(f"  target {t['name']}: {fmt(t['value'])} (target {t['target']}) met: {met}")
+    for p in policies:
+        for t in out["targets"][p]:
+            met = "-" if t["met"] is None else ("yes" if t["met"] else "NO")
+            print(f"  target {t['name']} ({p}): {fmt(t['value'])} (target {t['target']}) met: {met}")
     for note in out["notes"]:
         print(f"  note: {note}")
 
@@ -290,9 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default="classical", help="comma-separated: classical, sam")
     ap.add_argument("--splits", default="easy,hard")
     ap.add_argument("--n", type=int, default=300, help="images in all, half per split")
-    ap.add_argument("--seed", type=int, default=0, help="the data set's seed (the gate is calibrated on 1)")
+    ap.add_argument("--seed", type=int, default=0, help="the data set's seed (the gates are calibrated on others)")
     ap.add_argument("--max-refinements", type=int, default=2)
-    ap.add_argument("--policy", default=DEFAULT_POLICY, help="quality-gate policy version")
+    ap.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help="quality-gate policy versions, side by side; the first is the baseline of the ratios",
+    )
     ap.add_argument("--bad-iou", type=float, default=0.85, help="a mask below this IoU is bad")
     ap.add_argument("--quick", action="store_true", help="a tiny set (6 images per split): a smoke run")
     ap.add_argument("--rows", action="store_true", help="also write every subject's features and IoU (calibration)")
@@ -308,14 +363,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
-    gate = policy(args.policy)
+    gates = [policy(p.strip()) for p in args.policies.split(",") if p.strip()]
+    versions = [g.version for g in gates]
     per_split = 6 if args.quick else max(1, args.n // len(splits))
     out: dict[str, Any] = {
         "benchmark": "cutout_quality",
         "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "args": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "per_split": per_split},
-        "policy": gate.version,
-        "results": {},
+        "policies": versions,
+        "baseline": versions[0],
+        "default_policy": DEFAULT_POLICY,
+        "results": {v: {} for v in versions},
         "notes": [],
     }
     all_rows: list[dict[str, Any]] = []
@@ -325,19 +383,27 @@ def main(argv: list[str] | None = None) -> int:
             seg = build_segmenter(backend, Path(tmp), args.sam_checkpoint, **sam)
             if backend == "sam" and args.sam_checkpoint is None:
                 out["notes"].append(SAM_NOTE)
-            out["results"][backend] = {}
+            for v in versions:
+                out["results"][v][backend] = {}
             for split in splits:
                 samples = make_set(split, per_split, args.seed)
                 log(f"{backend} {split}: {len(samples)} images, {sum(len(s.subjects) for s in samples)} subjects")
                 t0 = time.perf_counter()
-                rows = run_subjects(seg, samples, gate, args.max_refinements, args.seed)
-                out["results"][backend][split] = summarize(rows, args.bad_iou)
+                rows = run_subjects(seg, samples, gates, args.max_refinements, args.seed)
+                for v in versions:
+                    out["results"][v][backend][split] = summarize(rows[v], args.bad_iou)
+                    all_rows += [{"backend": backend, "policy": v, **r} for r in rows[v]]
                 log(f"{backend} {split}: done in {time.perf_counter() - t0:.1f} s")
-                all_rows += [{"backend": backend, **r} for r in rows]
             if len(splits) > 1:
-                mine = [r for r in all_rows if r["backend"] == backend]
-                out["results"][backend]["all"] = summarize(mine, args.bad_iou)
-    out["targets"] = targets(out["results"])
+                for v in versions:
+                    mine = [r for r in all_rows if r["backend"] == backend and r["policy"] == v]
+                    out["results"][v][backend]["all"] = summarize(mine, args.bad_iou)
+    base = out["results"][versions[0]]
+    out["ratios"] = {
+        v: {b: {s: ratios(r, base[b][s]) for s, r in per.items()} for b, per in out["results"][v].items()}
+        for v in versions[1:]
+    }
+    out["targets"] = {v: targets(out["results"][v]) for v in versions}
     if args.rows:
         out["rows"] = all_rows
     print_table(out)

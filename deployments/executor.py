@@ -346,10 +346,10 @@ def _process_prompted(
         cutout_name = artifacts.put("cutout", cutout_png(img, np.where(mask, 255, 0).astype(np.uint8)), "png")
         outcome = SubjectOutcome(box_id=b.box_id, status="SUCCEEDED", mask=mask_name, cutout=cutout_name)
         if models.quality is not None:
-            scores = score_mask(
-                img, list(b.bbox), mask, predicted_iou=best.get("predicted_iou"), stability=best.get("stability")
-            )
-            outcome.quality = QualityVerdict.model_validate(judge(scores, models.quality.policy).to_dict())
+            gate = models.quality.policy
+            best_scores = {"predicted_iou": best.get("predicted_iou"), "stability": best.get("stability")}
+            scores = score_mask(img, list(b.bbox), mask, gate=gate, **best_scores)
+            outcome.quality = QualityVerdict.model_validate(judge(scores, gate).to_dict())
         out.subjects.append(outcome)
     return out
 

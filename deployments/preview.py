@@ -40,8 +40,11 @@ def preview_mask(
     mask = np.asarray(best["mask"], bool)
     quality = None
     if models.quality is not None:
-        scores = score_mask(img, bbox, mask, predicted_iou=best.get("predicted_iou"), stability=best.get("stability"))
-        quality = judge(scores, models.quality.policy).to_dict()
+        gate = models.quality.policy
+        scores = score_mask(
+            img, bbox, mask, predicted_iou=best.get("predicted_iou"), stability=best.get("stability"), gate=gate
+        )
+        quality = judge(scores, gate).to_dict()
     return {
         "mask_png_base64": base64.b64encode(mask_png(mask)).decode("ascii"),
         "area": int(mask.sum()),

@@ -181,18 +181,26 @@ def test_the_benchmark_quick_run_writes_its_figures(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "gate recall" in proc.stdout
+    assert "gate recall" in proc.stdout and "all gate-v2/gate-v1" in proc.stdout
     data = json.loads(out.read_text())
-    assert data["benchmark"] == "cutout_quality" and data["policy"] == "gate-v1"
-    per = data["results"]["classical"]
-    assert set(per) == {"easy", "hard", "all"}
-    assert per["all"]["subjects"] == per["easy"]["subjects"] + per["hard"]["subjects"] > 0
-    for r in per.values():
-        for key in ("mean_iou", "mean_bf_2px", "mean_iou_after_refinement", "mean_bf_2px_after_refinement"):
-            assert 0.0 <= r[key] <= 1.0, key
-        for key in ("gate_precision", "gate_recall", "to_person_share"):
-            assert r[key] is None or 0.0 <= r[key] <= 1.0, key
-        assert r["ms_per_subject"]["total"] > 0
-        assert r["refinements"] <= 2 * r["gate_failed"] and r["refinement_errors"] == 0
-    assert per["easy"]["mean_iou"] > 0.9
-    assert {t["name"] for t in data["targets"]} >= {"classical, all subjects: gate recall at IoU < 0.85"}
+    assert data["benchmark"] == "cutout_quality" and data["policies"] == ["gate-v1", "gate-v2"]
+    assert data["baseline"] == "gate-v1" and data["default_policy"] == DEFAULT_POLICY
+    for version in data["policies"]:
+        per = data["results"][version]["classical"]
+        assert set(per) == {"easy", "hard", "all"}
+        assert per["all"]["subjects"] == per["easy"]["subjects"] + per["hard"]["subjects"] > 0
+        for r in per.values():
+            for key in ("mean_iou", "mean_bf_2px", "mean_iou_after_refinement", "mean_bf_2px_after_refinement"):
+                assert 0.0 <= r[key] <= 1.0, key
+            for key in ("gate_precision", "gate_recall", "to_person_share"):
+                assert r[key] is None or 0.0 <= r[key] <= 1.0, key
+            assert r["ms_per_subject"]["total"] > 0 and r["ms_per_subject"]["gate"] > 0
+            assert r["refinements"] <= 2 * r["gate_failed"] and r["refinement_errors"] == 0
+        assert per["easy"]["mean_iou"] > 0.9
+        names = {t["name"] for t in data["targets"][version]}
+        assert names >= {"classical, all subjects: gate recall at IoU < 0.85"}
+    v1, v2 = (data["results"][v]["classical"]["all"] for v in ("gate-v1", "gate-v2"))
+    assert v1["mean_iou"] == v2["mean_iou"] and v1["bad_masks"] == v2["bad_masks"]  # the same first masks
+    ratio = data["ratios"]["gate-v2"]["classical"]["all"]
+    assert ratio["ms_gate"] == pytest.approx(v2["ms_per_subject"]["gate"] / v1["ms_per_subject"]["gate"], abs=0.01)
+    assert set(ratio) >= {"gate_precision", "gate_recall", "escaped", "to_person_share", "ms_total"}

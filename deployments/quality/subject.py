@@ -67,7 +67,12 @@ class QualityGate:
         self, image: np.ndarray, bbox: list[float], mask: np.ndarray, found: Mapping[str, Any]
     ) -> dict[str, Any]:
         scores = score_mask(
-            image, bbox, mask, predicted_iou=_score(found, "predicted_iou"), stability=_score(found, "stability")
+            image,
+            bbox,
+            mask,
+            predicted_iou=_score(found, "predicted_iou"),
+            stability=_score(found, "stability"),
+            gate=self.policy,
         )
         return judge(scores, self.policy).to_dict()
 

@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""Calibrate ``gate-v2``'s learned score (``deployments/quality/gate_v2.py``) on the labelled set.
+
+For each calibration seed (default 1-5; the report is on seed 0, which calibration never sees), every
+subject of ``--n`` images is segmented by the classical segmenter from the benchmark's boxes
+(``cutout_quality.subject_boxes``) and scored with gate-v2's features; a mask is bad at IoU < 0.85.
+Masks the policy's degenerate-case thresholds already fail (fill, pieces) are left out; on the rest,
+boosted decision stumps with a logistic loss (``--rounds`` of step ``--step``, each feature cut at
+``--bins`` quantiles) are fitted and collapsed into one step function per feature, and the threshold
+is the score of the bad mask at ``--recall``. Prints the ``GATE_V2_SCORE`` literal to paste into
+``gate_v2.py``, and the calibration's own recall and precision at that threshold. ``--rows`` keeps the
+scored rows (JSON), ``--from-rows`` refits from them without segmenting again.
+
+    .venv/bin/python benchmarks/gate_calibration.py --rows /tmp/gate_rows.json    # ~10 min on 2 cores
+    .venv/bin/python benchmarks/gate_calibration.py --from-rows /tmp/gate_rows.json --recall 0.97
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.cutout_data import SPLITS, make_set
+from benchmarks.cutout_quality import subject_boxes
+from harness.bench import log
+from hitl_review.deployments.backends.base import make_segmenter
+from hitl_review.deployments.quality.gate import policy, score_mask
+from hitl_review.deployments.quality.metrics import mask_iou
+
+FEATURES = (
+    *("fill", "box_gap", "box_agreement", "edge_touch", "cut_off", "holes", "contrast", "edge_alignment", "bg_closer"),
+    *("edge_share", "solidity", "recut_iou", "bg_like", "fg_iou_loose", "fg_iou_strict", "fg_stability", "bg_noise"),
+    "outline_fit",
+)
+
+
+def score_rows(seeds: list[int], n: int) -> list[dict[str, Any]]:
+    segmenter = make_segmenter("classical")
+    rows: list[dict[str, Any]] = []
+    for seed in seeds:
+        t0 = time.perf_counter()
+        for split in SPLITS:
+            for sample in make_set(split, n // len(SPLITS), seed):
+                sha = hashlib.sha256(sample.image.tobytes()).hexdigest()
+                boxes = subject_boxes(sample, seed)
+                found = segmenter.segment(
+                    sample.image, sha, [{"box_id": str(j), "bbox": b} for j, b in enumerate(boxes)]
+                )
+                for subject, bbox, item in zip(sample.subjects, boxes, found, strict=True):
+                    mask = np.asarray(item["mask"], bool)
+                    scores = score_mask(sample.image, bbox, mask, gate="gate-v2")
+                    rows.append({"seed": seed, "split": split, "iou": mask_iou(mask, subject.mask), "scores": scores})
+        log(f"seed {seed}: {sum(r['seed'] == seed for r in rows)} subjects in {time.perf_counter() - t0:.0f} s")
+    return rows
+
+
+def degenerate(scores: dict[str, float]) -> bool:
+    """What gate-v2 fails before its learned score: an empty or box-filling mask, a sliver, pieces."""
+    p = policy("gate-v2")
+    return bool(
+        scores["fill"] < p.min_fill or scores["fill"] > p.max_fill or scores["largest_share"] < p.min_largest_share
+    )
+
+
+def fit(x: np.ndarray, y: np.ndarray, rounds: int, step: float, bins: int, min_leaf: int = 10) -> dict[str, Any]:
+    """Boosted stumps (logistic loss, Newton steps, L2 1 on the leaves) on quantile bins, summed into
+    one step function per feature: ``{"base", "edges": [...], "values": [...]}``."""
+    n, d = x.shape
+    cuts = np.linspace(100 / bins, 100 - 100 / bins, bins - 1)
+    edges = [np.unique(np.round(np.percentile(x[:, j], cuts), 4)) for j in range(d)]
+    index = [np.searchsorted(edges[j], x[:, j], side="left") for j in range(d)]
+    values = [np.zeros(len(e) + 1) for e in edges]
+    base = float(np.log(y.mean() / (1 - y.mean())))
+    f = np.full(n, base)
+    for _ in range(rounds):
+        p = 1 / (1 + np.exp(-f))
+        g, h = p - y, p * (1 - p)
+        best: tuple[float, int, int, float, float] | None = None
+        for j in range(d):
+            nb = len(edges[j]) + 1
+            cg = np.cumsum(np.bincount(index[j], g, nb))
+            ch = np.cumsum(np.bincount(index[j], h, nb))
+            cn = np.cumsum(np.bincount(index[j], minlength=nb))
+            for k in range(nb - 1):
+                if cn[k] < min_leaf or n - cn[k] < min_leaf:
+                    continue
+                gl, hl, gr, hr = cg[k], ch[k], cg[-1] - cg[k], ch[-1] - ch[k]
+                gain = gl * gl / (hl + 1) + gr * gr / (hr + 1)
+                if best is None or gain > best[0]:
+                    best = (gain, j, k, -gl / (hl + 1), -gr / (hr + 1))
+        if best is None:
+            break
+        _, j, k, left, right = best
+        update = step * np.where(np.arange(len(edges[j]) + 1) <= k, left, right)
+        values[j] += update
+        f += update[index[j]]
+    for j in range(d):  # centre each step function on the calibration set; the base takes the rest
+        mean = float(values[j][index[j]].mean())
+        values[j] -= mean
+        base += mean
+    return {"base": base, "edges": edges, "values": values}
+
+
+def merged(edges: np.ndarray, values: np.ndarray) -> tuple[list[float], list[float]]:
+    """The same step function without the edges between two equal steps."""
+    e, v = [], [round(float(values[0]), 4)]
+    for edge, value in zip(edges, values[1:], strict=True):
+        if round(float(value), 4) != v[-1]:
+            e.append(round(float(edge), 4))
+            v.append(round(float(value), 4))
+    return e, v
+
+
+def literal(model: dict[str, Any], threshold: float) -> str:
+    """``GATE_V2_SCORE``'s source: one feature's edges and values a line each (no reformatting)."""
+    lines = ["# fmt: off", "GATE_V2_SCORE = LearnedScore(", f"    base={model['base']:.4f},"]
+    lines += [f"    threshold={threshold:.4f},", "    tables={"]
+    for name, edges, values in zip(FEATURES, model["edges"], model["values"], strict=True):
+        e, v = merged(edges, values)
+        if not e:
+            continue  # never chosen: no say in the score
+        lines.append(f'        "{name}": (')
+        lines.append(f"            ({', '.join(f'{x:.4f}' for x in e)},),")
+        lines.append(f"            ({', '.join(f'{x:.4f}' for x in v)},),")
+        lines.append("        ),")
+    lines += ["    },", ")", "# fmt: on"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="1,2,3,4,5", help="calibration seeds (never 0: the report's)")
+    ap.add_argument("--n", type=int, default=300, help="images per seed, half per split")
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--step", type=float, default=0.1)
+    ap.add_argument("--bins", type=int, default=12)
+    ap.add_argument("--recall", type=float, default=0.97, help="the calibration set's recall the threshold keeps")
+    ap.add_argument("--bad-iou", type=float, default=0.85)
+    ap.add_argument("--rows", type=Path, default=None, help="write the scored rows here (JSON)")
+    ap.add_argument("--from-rows", type=Path, default=None, help="refit from rows written by --rows")
+    args = ap.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    if 0 in seeds:
+        ap.error("seed 0 is the report's: calibrate on others")
+    rows = json.loads(args.from_rows.read_text()) if args.from_rows else score_rows(seeds, args.n)
+    rows = [r for r in rows if r["seed"] in seeds]
+    if args.rows:
+        args.rows.write_text(json.dumps(rows))
+    x = np.array([[r["scores"][k] for k in FEATURES] for r in rows], float)
+    bad = np.array([r["iou"] < args.bad_iou for r in rows])
+    rule = np.array([degenerate(r["scores"]) for r in rows])
+    model = fit(x[~rule], bad[~rule].astype(float), args.rounds, args.step, args.bins)
+    score = np.full(len(rows), model["base"])
+    for j in range(len(FEATURES)):
+        score += model["values"][j][np.searchsorted(model["edges"][j], x[:, j], side="left")]
+    score[rule] = np.inf
+    threshold = float(np.sort(score[bad])[int(np.floor((1 - args.recall) * bad.sum()))])
+    failed = score >= threshold
+    log(
+        f"calibration: {len(rows)} subjects, {int(bad.sum())} bad; at threshold {threshold:.4f}: recall "
+        f"{(failed & bad).sum() / bad.sum():.3f}, precision {(failed & bad).sum() / failed.sum():.3f}"
+    )
+    print(literal(model, threshold))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,320 @@
+"""``gate-v2``'s extra features and its learned score (SPEC.md §13; the calibration is in ``gate.py``'s
+docstring and ``benchmarks/gate_calibration.py``).
+
+Features, measured without ground truth on the box, a margin around it and the mask
+(``gate.score_mask`` passes its own CIELAB crop, outline and gradient, so the extra cost is one tiny
+GrabCut and a few array passes, about 0.8x gate-v1's own time):
+
+- ``recut_iou``: self-consistency of the cut, as SAM's stability score is for SAM. A second, cheap
+  segmentation of the same subject under a perturbation (GrabCut's plain rectangle start on the box
+  grown by 3 %, 1 iteration, the neighbourhood shrunk to 32 px), compared with the mask at that size:
+  a mask the picture supports comes back much the same; one that hangs on a lucky seeding does not.
+- ``solidity``: the mask's area (pixels) over its convex hull's (the polygon through the outline's
+  pixel centres, so a convex mask scores a little over 1).
+- ``edge_share``: the share of the outline (the box's border left out) on a clear image edge (a colour
+  gradient over twice the box's mean).
+- A background model fitted to the ring around the box (a colour plane in CIELAB, robust to what else
+  stands there, so a studio gradient is still background; on every other pixel each way), its noise
+  threshold ``bg_noise`` (Delta E) and its soft foreground map ``d`` (distance from the plane over the
+  threshold), with cast shadows (the background's hue, darker) counted as background: ``bg_like``, the
+  share of the mask in blobs that look like background or shadow (a filled-in hole, the floor between
+  a chair's legs); ``fg_iou_loose`` and ``fg_iou_strict``, the mask's IoU with what stands out at half
+  and at twice the threshold; ``fg_stability``, the IoU of those two maps (how clearly the subject
+  stands out at all); ``outline_fit``, the share of the outline with the subject's side inside and
+  the background's side outside.
+
+``LearnedScore`` adds, per feature, a step function of its value (boosted decision stumps with a
+logistic loss, collapsed per feature: plain numbers, no model library at run time); the sum is the
+log-odds that the mask is bad (IoU < 0.85 on the labelled benchmark), and the mask fails at or above
+``threshold``.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from ..backends.background import resize_max
+
+RECUT_GROW = 0.03  # the perturbation: the box grown by this share of its size on every side
+RECUT_WORK_PX = 32  # the recut's neighbourhood, long side
+RECUT_ITERATIONS = 1
+RECUT_SEED = 21  # OpenCV's GrabCut draws its k-means start from a global RNG: seeded, a verdict repeats
+RING_STEP = 2  # the background model's grid: every other pixel each way (a quarter of the work)
+RING_BLUR = 3  # its smoothing window, grid pixels
+RING_NEAR = 5  # how near the outline the subject's and the background's sides are looked for, grid pixels
+
+
+@dataclass(frozen=True)
+class LearnedScore:
+    """An additive logistic score: ``base`` plus, per feature, ``values[i]`` where ``i`` is the number of
+    ``edges`` below the feature's value (``len(values) == len(edges) + 1``); fail at ``>= threshold``."""
+
+    base: float
+    tables: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]]
+    threshold: float
+
+    def contributions(self, scores: Mapping[str, float]) -> dict[str, float]:
+        return {k: values[bisect_left(edges, scores[k])] for k, (edges, values) in self.tables.items()}
+
+    def score(self, scores: Mapping[str, float]) -> float:
+        return self.base + sum(self.contributions(scores).values())
+
+    def probability(self, scores: Mapping[str, float]) -> float:
+        return 1.0 / (1.0 + math.exp(-self.score(scores)))
+
+
+# Words for what pushes a mask's score up, as ``(phrase, unit)``, the phrase taking the value formatted by
+# the unit; every feature's bad side is the one its steps rise towards (``GATE_V2_SCORE``'s tables).
+_WORDS: dict[str, tuple[str, str]] = {
+    "recut_iou": ("a second, coarser cut of the same box overlaps it by only {}", "pct"),
+    "fg_iou_loose": ("it overlaps what stands out from the background by only {}", "pct"),
+    "fg_iou_strict": ("it overlaps what clearly stands out from the background by only {}", "pct"),
+    "fg_stability": ("what stands out from the background changes with how much it must ({} stable)", "pct"),
+    "bg_like": ("{} of it looks like the background or its shadow", "pct"),
+    "outline_fit": ("only {} of its outline separates subject from background", "pct"),
+    "bg_noise": ("the background around the box is busy (noise {} Delta E)", "num"),
+    "edge_share": ("only {} of its outline lies on a clear edge", "pct"),
+    "solidity": ("it is fully convex, as a filled-in box is (solidity {})", "num"),
+    "contrast": ("the colours barely change across its outline (contrast {})", "num"),
+    "edge_alignment": ("its outline does not follow the picture's edges (alignment {})", "num"),
+    "box_gap": ("it stops {} of the box short of one side", "pct"),
+    "cut_off": ("it runs into the box's edge where the subject goes on ({} of a side)", "pct"),
+    "bg_closer": ("{} of it is nearer the background's colour than the subject's rim", "pct"),
+    "fill": ("it covers only {} of the box", "pct"),
+    "box_agreement": ("its extent matches the box's by only {}", "pct"),
+    "edge_touch": ("it runs along {} of the box's border", "pct"),
+    "holes": ("its holes are {} of it", "pct"),
+}
+SAY_FROM = 0.2  # a feature's step must add this much to the log-odds to be named in a reason
+
+
+def explain(learned: LearnedScore, scores: Mapping[str, float], top: int = 2) -> str:
+    """One plain sentence for a failing learned score: the odds it gives, and the (at most ``top``)
+    features that pushed it up the most."""
+    parts = sorted(learned.contributions(scores).items(), key=lambda kv: -kv[1])
+    said = []
+    for key, weight in parts[:top]:
+        if weight < SAY_FROM:
+            break
+        phrase, unit = _WORDS.get(key, (key + " {}", "num"))
+        value = scores[key]
+        said.append(phrase.format(f"{100 * value:.0f}%" if unit == "pct" else f"{value:.2f}"))
+    why = f": {'; '.join(said)}" if said else ""
+    return (
+        f"the learned score rates this mask likely wrong ({100 * learned.probability(scores):.0f}% on the "
+        f"labelled benchmark's odds, limit {100 / (1 + math.exp(-learned.threshold)):.0f}%){why}"
+    )
+
+
+def extra_features(
+    image: np.ndarray,
+    mask: np.ndarray,
+    image_box: tuple[int, int, int, int],
+    crop: np.ndarray,
+    lab: np.ndarray,
+    box: tuple[int, int, int, int],
+    outline: np.ndarray,
+    grad: np.ndarray,
+) -> dict[str, float]:
+    """``gate-v2``'s features (module docstring). ``crop``/``lab``: the mask and the CIELAB picture on
+    ``gate.score_mask``'s neighbourhood of the box, ``box`` the box in it, ``outline`` the mask's
+    outline there without the box's border, ``grad`` the colour gradient; ``image_box`` the box in
+    the image."""
+    bx1, by1, bx2, by2 = box
+    area = max(1, int(crop.sum()))
+    inbox = np.zeros(crop.shape, bool)
+    inbox[by1:by2, bx1:bx2] = True
+    out = {"recut_iou": recut_iou(image, mask, image_box), "solidity": _solidity(crop, area)}
+    in_box = float(grad[by1:by2, bx1:bx2].mean())
+    out["edge_share"] = float((grad[outline] > 2 * in_box).mean()) if outline.any() else 0.0
+    out.update(_ring_model(lab, crop, inbox, outline))
+    return out
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> float:
+    union = np.count_nonzero(a | b)
+    return np.count_nonzero(a & b) / union if union else 1.0
+
+
+def recut_iou(image: np.ndarray, mask: np.ndarray, image_box: tuple[int, int, int, int]) -> float:
+    """IoU of ``mask`` with a second, cheap GrabCut of its box (see ``recut_iou`` above), both at the
+    recut's size."""
+    h, w = mask.shape
+    x1, y1, x2, y2 = image_box
+    gw, gh = RECUT_GROW * (x2 - x1), RECUT_GROW * (y2 - y1)
+    gx1, gy1, gx2, gy2 = int(max(0, x1 - gw)), int(max(0, y1 - gh)), int(min(w, x2 + gw)), int(min(h, y2 + gh))
+    m = max(4, round(0.1 * max(gx2 - gx1, gy2 - gy1)))
+    cx1, cy1, cx2, cy2 = max(0, gx1 - m), max(0, gy1 - m), min(w, gx2 + m), min(h, gy2 + m)
+    small, s = resize_max(image[cy1:cy2, cx1:cx2], RECUT_WORK_PX)
+    ch, cw = small.shape[:2]
+    bx1, by1 = round((gx1 - cx1) * s), round((gy1 - cy1) * s)
+    bx2, by2 = min(cw, max(bx1 + 1, round((gx2 - cx1) * s))), min(ch, max(by1 + 1, round((gy2 - cy1) * s)))
+    shrink = cv2.INTER_AREA if s < 1 else cv2.INTER_NEAREST
+    theirs = cv2.resize(mask[cy1:cy2, cx1:cx2].astype(np.uint8), (cw, ch), interpolation=shrink) > 0
+    gc = np.full((ch, cw), cv2.GC_BGD, np.uint8)
+    gc[by1:by2, bx1:bx2] = cv2.GC_PR_FGD
+    if not (gc == cv2.GC_BGD).any():  # the box is the whole neighbourhood: its frame stands for the background
+        gc[0, :] = gc[-1, :] = cv2.GC_PR_BGD
+        gc[:, 0] = gc[:, -1] = cv2.GC_PR_BGD
+    if (gc == cv2.GC_PR_FGD).any() and ((gc == cv2.GC_PR_BGD) | (gc == cv2.GC_BGD)).any():
+        try:
+            cv2.setRNGSeed(RECUT_SEED)
+            bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
+            bgr = cv2.cvtColor(np.ascontiguousarray(small), cv2.COLOR_RGB2BGR)
+            cv2.grabCut(bgr, gc, None, bgd, fgd, RECUT_ITERATIONS, cv2.GC_INIT_WITH_MASK)  # type: ignore[call-overload]  # rect: unused with a mask
+        except cv2.error:
+            gc[:] = cv2.GC_BGD
+    return round(_iou((gc == cv2.GC_FGD) | (gc == cv2.GC_PR_FGD), theirs), 4)
+
+
+def _solidity(crop: np.ndarray, area: int) -> float:
+    contours, _ = cv2.findContours(crop.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+    if not contours:
+        return 0.0
+    hull = cv2.contourArea(cv2.convexHull(max(contours, key=cv2.contourArea)))
+    return float(area / max(1.0, hull))
+
+
+def _blob_share(sel: np.ndarray, area: int, min_share: float = 0.01) -> float:
+    """The share of ``area`` in 8-connected blobs of ``sel`` of at least ``min_share`` of it."""
+    _, _, stats, _ = cv2.connectedComponentsWithStats(sel.astype(np.uint8), connectivity=8)
+    blobs = stats[1:, cv2.CC_STAT_AREA]
+    return float(blobs[blobs >= min_share * area].sum() / area)
+
+
+_NEUTRAL = {"bg_like": 0.0, "fg_iou_loose": 1.0, "fg_iou_strict": 1.0, "fg_stability": 1.0}
+
+
+def _ring_model(lab: np.ndarray, crop: np.ndarray, inbox: np.ndarray, outline: np.ndarray) -> dict[str, float]:
+    """The background plane's features (module docstring), on every ``RING_STEP``-th pixel each way."""
+    oy, ox = np.nonzero(outline)
+    lab, crop, inbox = lab[::RING_STEP, ::RING_STEP], crop[::RING_STEP, ::RING_STEP], inbox[::RING_STEP, ::RING_STEP]
+    area = max(1, int(np.count_nonzero(crop)))
+    ch, cw = crop.shape
+    ys, xs = np.nonzero(~inbox & ~crop)
+    if ys.size < 20:  # the box fills the picture: no background to learn from
+        return {**_NEUTRAL, "bg_noise": 6.0, "outline_fit": 1.0}
+    step = max(1, ys.size // 3000)
+    ys, xs = ys[::step], xs[::step]
+    vals = lab[ys, xs].astype(np.float64)
+    design = np.stack([np.ones(xs.size), xs / cw, ys / ch], axis=1)
+    keep = np.ones(vals.shape[0], bool)
+    for _ in range(3):  # drop what else stands in the ring (another subject, a shadow) and refit
+        a = design[keep]
+        coef = np.linalg.lstsq(a.T @ a, a.T @ vals[keep], rcond=None)[0]  # the normal equations: 3 x 3
+        diff = design @ coef - vals
+        res = np.sqrt(np.einsum("ij,ij->i", diff, diff))
+        keep = res <= max(float(np.percentile(res, 60)) * 2.0, 1.0)
+    thr = max(6.0, 4.0 * float(np.median(res[keep])))
+    c = coef.astype(np.float32)
+    across = (np.arange(cw, dtype=np.float32) / cw)[None, :, None]
+    down = (np.arange(ch, dtype=np.float32) / ch)[:, None, None]
+    plane = c[0] + across * c[1] + down * c[2]
+    sq = np.square(lab - plane)
+    chroma2 = sq[..., 1] + sq[..., 2]
+    d = cv2.blur(np.sqrt(sq[..., 0] + chroma2), (RING_BLUR, RING_BLUR)) / thr
+    light, floor = lab[..., 0], plane[..., 0]
+    shadow = (chroma2 < max(thr, 8.0) ** 2) & (light > 0.5 * floor) & (light < floor)
+    shadow = cv2.blur(shadow.view(np.uint8), (RING_BLUR, RING_BLUR)) > 0  # a majority of the window
+    background = (d < 1) | shadow
+    mine = crop & inbox
+    loose, strict = inbox & (d > 0.5) & ~shadow, inbox & (d > 2) & ~shadow
+    kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (RING_NEAR, RING_NEAR))
+    near_bg = cv2.dilate((~crop & background).view(np.uint8), kernel).view(bool)
+    near_fg = cv2.dilate((crop & (d > 1) & ~shadow).view(np.uint8), kernel).view(bool)
+    return {
+        "bg_like": _blob_share(crop & background, area),
+        "fg_iou_loose": _iou(loose, mine),
+        "fg_iou_strict": _iou(strict, mine),
+        "fg_stability": _iou(loose, strict),
+        "bg_noise": thr,
+        "outline_fit": float((near_bg & near_fg)[oy // RING_STEP, ox // RING_STEP].mean()) if oy.size else 1.0,
+    }
+
+
+EXTRA_FEATURES: tuple[str, ...] = ("recut_iou", "solidity", "edge_share", "bg_like", "fg_iou_loose", "fg_iou_strict")
+EXTRA_FEATURES += ("fg_stability", "bg_noise", "outline_fit")
+
+# Written by ``benchmarks/gate_calibration.py`` (its command line and figures: ``gate.py``'s docstring).
+# fmt: off
+GATE_V2_SCORE = LearnedScore(
+    base=-4.3075,
+    threshold=-2.0529,
+    tables={
+        "fill": (
+            (0.2793, 0.5954, 0.7923, 0.8627,),
+            (1.5222, 0.8620, -0.0001, -1.2091, -2.8983,),
+        ),
+        "box_gap": (
+            (0.0476, 0.0781, 0.1747,),
+            (-0.3247, -0.2043, 1.0958, 1.7200,),
+        ),
+        "box_agreement": (
+            (0.7538, 0.9388,),
+            (0.6988, -0.0931, 0.0142,),
+        ),
+        "edge_touch": (
+            (0.0238, 0.2602,),
+            (-0.1037, -0.0818, 0.4531,),
+        ),
+        "cut_off": (
+            (0.0000, 0.0074,),
+            (-0.0231, 0.0583, 0.1137,),
+        ),
+        "holes": (
+            (0.0000,),
+            (0.0353, -0.6067,),
+        ),
+        "contrast": (
+            (1.1224, 1.9991, 2.3545, 2.7008, 3.0746,),
+            (0.6905, 0.5522, 0.3639, 0.2644, -0.4458, -0.5336,),
+        ),
+        "edge_alignment": (
+            (2.0182, 2.7150, 2.9958, 3.2905, 4.5298,),
+            (0.4922, 0.1798, -0.0392, -0.0808, -0.2134, -0.3824,),
+        ),
+        "bg_closer": (
+            (0.0071, 0.3593,),
+            (-0.0626, 0.0754, -0.0003,),
+        ),
+        "edge_share": (
+            (0.2200, 0.7432, 0.9598,),
+            (0.4814, 0.3705, -0.0874, -0.2365,),
+        ),
+        "solidity": (
+            (0.4856, 0.8632, 1.0006,),
+            (-0.3779, -0.0938, -0.3794, 1.6111,),
+        ),
+        "recut_iou": (
+            (0.3826, 0.7394, 0.8300, 0.8625, 0.8852,),
+            (0.8286, 0.6057, 0.3727, -0.1420, -0.2128, -0.3438,),
+        ),
+        "bg_like": (
+            (0.0826, 0.3234,),
+            (-0.1990, 0.4285, 0.3877,),
+        ),
+        "fg_iou_loose": (
+            (0.6993, 0.8134,),
+            (0.1915, 0.0098, -0.0730,),
+        ),
+        "fg_iou_strict": (
+            (0.6554, 0.8582, 0.9722,),
+            (1.0916, 0.6724, -0.6896, -0.7622,),
+        ),
+        "bg_noise": (
+            (7.7246,),
+            (-0.8052, 0.1610,),
+        ),
+        "outline_fit": (
+            (0.0000,),
+            (0.1494, -0.0190,),
+        ),
+    },
+)
+# fmt: on
