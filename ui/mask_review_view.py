@@ -259,6 +259,7 @@ class ReviewerCallbacks(Callbacks):
             review = self._open_review(st)
             if review is None:
                 return {self.m.error_md: gr.skip()}
+            shown = review.subject.box_id
             d = review.decide(kind, reason)
             if d.problem() is None and kind != "REFINE":
                 review.next_undecided()
@@ -266,7 +267,13 @@ class ReviewerCallbacks(Callbacks):
         problem = self._fetch(st, nxt)
         if kind == "REFINE" and d.points and review.preview() is None:
             problem = problem or self._preview(st, review)
-        return self._redrawn(st, review, error=problem or "")
+        out = self._redrawn(st, review, error=problem or "")
+        if nxt.box_id == shown:
+            # The same subject stays: the reason field is the reviewer's (R focuses it and they type at
+            # once); writing the decision's reason back would wipe what they typed while this answer was
+            # on its way (a rehearsal under load lost a reason that way).
+            out[self.m.reason] = gr.skip()
+        return out
 
     def on_mask_accept(self, st: ReviewerState) -> Update:
         return self._decide(st, "ACCEPT")
