@@ -54,13 +54,14 @@ import psutil
 import redis
 
 from harness.hitl_up import HitlUp
+from hitl_review.client.approve_calls import answer_keeping
 from hitl_review.serve_app.samples import product_composite
 from hitl_review.statecore import keys
 from hitl_review.statecore.store import Store
 from loadtest.check_invariants import check
 
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "EMPTY_SELECTION"}
-WAITING = {"WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION"}  # a person's turn
+TERMINAL = {"SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "EMPTY_SELECTION"}
+WAITING = {"WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION", "WAITING_MASK_REVIEW"}  # a person's turn
 MODEL_DEPLOYMENTS = ("Detector", "BoxValidator", "Segmenter")
 FAULTS = ("replica_kill", "replica_stop", "redis_kill", "redis_stop", "client_kill")
 
@@ -157,15 +158,19 @@ class Run:
 
     def _answer(self, c: httpx.Client, job: JobRun, snap: dict[str, Any], deadline: float) -> bool:
         boxes = snap.get("box_list") or []
-        first_round = (snap.get("active_pause") or {}).get("round", 1) == 1
+        pause = snap["active_pause"]
+        first_round = pause.get("round", 1) == 1
         subjects = [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in boxes if first_round or b["source"] == "model"]
         if first_round and job.index % 3 == 0:
             subjects.append({"bbox": [20, 20, 120, 120], "label": "manual"})  # the validator scores it
+        answer: dict[str, Any] = {"subjects": subjects}
+        if pause.get("stage") == "WAITING_MASK_REVIEW":  # a cut-out the gate failed: accepted
+            answer = answer_keeping(pause, boxes)
         body = {
             "intervention_id": f"iv_{uuid.uuid4().hex[:12]}",
-            "pause_token": snap["active_pause"]["pause_token"],
+            "pause_token": pause["pause_token"],
             "base_version": snap["version"],
-            "subjects": subjects,
+            **answer,
         }
         url = f"/api/v1/jobs/{job.job_id}/interventions"
         copies = 2 if job.index % 4 == 1 else 1  # a double click: the same intervention twice at once

@@ -36,6 +36,7 @@ from httpx_sse import aconnect_sse
 from harness.bench import log, parse_at, pct
 from harness.hitl_up import HitlUp
 from harness.uvicorn import UvicornServer
+from hitl_review.client.approve_calls import answer_keeping
 from hitl_review.serve_app.samples import product_composite
 
 CONTROL_PLANE = ("ServeReplica:hitl:Api", "ServeReplica:hitl:Events", "ProxyActor")
@@ -88,15 +89,16 @@ async def run_workload(api_url: str, token: str, jobs: int, concurrency: int, se
                         sse_lat.append(now - parse_at(ev["at"]))
                     if ev["type"] == "PAUSE_OPENED":
                         pause = ev["data"]["active_pause"]
-                        subjects = [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in ev["data"]["box_list"]]
+                        # every box kept; in a mask review (a cut-out the gate failed) every mask accepted
+                        answer = answer_keeping(pause, ev["data"]["box_list"])
                         t = time.perf_counter()
                         iv = await c.post(
                             f"/api/v1/jobs/{job_id}/interventions",
                             json={
-                                "intervention_id": f"iv_bench_{job_id}",
+                                "intervention_id": f"iv_bench_{job_id}_{pause['pause_token'][-8:]}",
                                 "pause_token": pause["pause_token"],
                                 "base_version": pause["base_version"],
-                                "subjects": subjects,
+                                **answer,
                             },
                         )
                         iv_lat.append(time.perf_counter() - t)
@@ -211,8 +213,11 @@ def main() -> int:
         "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version()},
     }
     tmp = Path(tempfile.mkdtemp(prefix="hitl-e2e-bench-"))
-    log(f"starting hitl up --no-ui --detector-delay-ms {args.delay_ms} in {tmp}")
-    up = HitlUp(tmp / "ray", "--detector-delay-ms", str(args.delay_ms), log_path=tmp / "ray.log").start()
+    log(f"starting hitl up --no-ui --detector-delay-ms {args.delay_ms} --quality-gate off in {tmp}")
+    # The same workload on both: the uvicorn harness records the quality gate's verdicts only, so Ray
+    # Serve runs with --quality-gate off too (no mask review: this compares the serving paths).
+    flags = ("--detector-delay-ms", str(args.delay_ms), "--quality-gate", "off")
+    up = HitlUp(tmp / "ray", *flags, log_path=tmp / "ray.log").start()
     try:
         out["ray-serve"] = asyncio.run(measure("ray-serve", up.api_url, up.token, control_plane_procs(), args, 0))
     finally:

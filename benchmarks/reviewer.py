@@ -485,8 +485,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="hitl-reviewer-bench-"))
     log(f"starting hitl up (UI, {max(counts)} reviewer tokens) in {tmp}")
     started = time.perf_counter()
-    env = {"HITL_TOKENS": tokens_spec(max(counts))}
-    up = HitlUp(tmp / "data", ui=True, env=env, log_path=tmp / "hitl-up.log").start()
+    env = {"HITL_TOKENS": tokens_spec(max(counts))}  # box review's speed: no mask review after it
+    up = HitlUp(tmp / "data", "--quality-gate", "off", ui=True, env=env, log_path=tmp / "hitl-up.log").start()
     log(f"hitl up ready in {time.perf_counter() - started:.1f} s")
     try:
         results = asyncio.run(measure(up, args, counts))

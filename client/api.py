@@ -22,6 +22,7 @@ import httpx
 from hitl_review.statecore.models import Claim, Event, JobList, JobResults, JobSnapshot, JobSummary
 
 from .account_calls import AccountCalls
+from .approve_calls import ApproveCalls
 from .config import DEFAULT_API_URL, ClientConfig
 from .core import ClientCore
 from .note_calls import NoteCalls
@@ -100,7 +101,7 @@ class _Client(Generic[TransportT]):
         return self._core.policy
 
 
-class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls):
+class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls, ApproveCalls):
     """Blocking client (``httpx.Client``). Thread-safe: the batch CLI shares one across worker threads."""
 
     def _connect(self, transport: httpx.BaseTransport | None) -> None:

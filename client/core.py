@@ -169,10 +169,12 @@ class ClientCore(CallCore):
     ) -> Plan[InterventionResult]:
         listed = [subject_dict(s) for s in subjects]
         return (
-            yield from self._submit(job_id, intervention_id, pause_token, base_version, snapshot_id, subjects=listed)
+            yield from self.answer_pause(
+                job_id, intervention_id, pause_token, base_version, snapshot_id, subjects=listed
+            )
         )
 
-    def _submit(
+    def answer_pause(
         self,
         job_id: str,
         intervention_id: str,
@@ -208,7 +210,9 @@ class ClientCore(CallCore):
         ``intervene``: the server replays an ``intervention_id`` it has seen."""
         decided = [dict(d) for d in decisions]
         return (
-            yield from self._submit(job_id, intervention_id, pause_token, base_version, snapshot_id, decisions=decided)
+            yield from self.answer_pause(
+                job_id, intervention_id, pause_token, base_version, snapshot_id, decisions=decided
+            )
         )
 
     def preview(self, job_id: str, box_id: str, points: Iterable[dict[str, Any]]) -> Plan[dict[str, Any]]:

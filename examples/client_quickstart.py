@@ -4,8 +4,9 @@
     .venv/bin/python examples/client_quickstart.py photo.png --out cutouts/
 
 The job pauses for a person: review it in the UI (the READY line's ui= address) and the script goes
-on by itself. ``--approve`` has the script answer the pause itself, keeping the model's boxes (what a
-reviewer clicking "Submit" without an edit does; for a try-out, never for real work). The server and
+on by itself. ``--approve`` has the script answer the pause itself, keeping the model's boxes and, in
+a mask review, the masks the quality gate failed (what a reviewer submitting without an edit does;
+for a try-out, never for real work). The server and
 token come from ``--api-url``/``--token``, else ``HITL_API_URL``/``HITL_TOKEN``, else the local
 ``hitl up``'s ``<data-dir>/api-token``, as for the ``hitl`` client commands.
 """
@@ -25,7 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="examples/client_quickstart.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("image", type=Path, help="a PNG or JPEG to cut out")
     ap.add_argument("--out", type=Path, default=None, metavar="DIR", help="download the masks and cut-outs here")
-    ap.add_argument("--approve", action="store_true", help="answer the pause here, keeping the model's boxes")
+    ap.add_argument(
+        "--approve",
+        action="store_true",
+        help="answer each pause here, keeping the model's boxes (in a mask review, its masks)",
+    )
     ap.add_argument("--api-url", default=None, metavar="URL", help="default $HITL_API_URL or http://127.0.0.1:8000")
     ap.add_argument("--token", default=None, help="default $HITL_TOKEN, else <data-dir>/api-token")
     args = ap.parse_args(argv)
@@ -48,14 +53,10 @@ def main(argv: list[str] | None = None) -> int:
                 snapshot = client.get_job(job.job_id)  # the pause as it is now, with its token
                 if snapshot.active_pause is None:  # answered meanwhile (by someone in the UI)
                     continue
-                answer = client.intervene(
-                    job.job_id,
-                    intervention_id=new_intervention_id(),  # the same id makes a retry safe
-                    pause_token=snapshot.active_pause.pause_token,
-                    base_version=snapshot.version,
-                    subjects=snapshot.box_list,  # keep every box the model proposed
-                )
-                print(f"  approved {len(snapshot.box_list)} box(es): now {answer.status}")
+                # Keep what the pause shows: every box the model proposed or, in a mask review
+                # (a cut-out the quality gate failed), every mask. The same id makes a retry safe.
+                answer = client.approve(snapshot, intervention_id=new_intervention_id())
+                print(f"  approved {snapshot.active_pause.stage}: now {answer.status}")
 
         # 3. Results: one entry per approved box, with its mask and cut-out.
         results = client.results(job.job_id)

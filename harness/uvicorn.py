@@ -45,8 +45,12 @@ class NoRunner:
 
 def settings(data_dir: Path, port: int, redis_url: str | None = None, **fields: Any) -> Settings:
     """``Settings`` as ``hitl up`` would fill them (``fields``: more of them, e.g. ``tokens``,
-    ``detector_delay_ms``); commands left unacknowledged are reclaimed after 3 s unless told otherwise."""
-    return Settings(data_dir=data_dir, api_port=port, redis_url=redis_url, **{"reclaim_idle_ms": 3000, **fields})
+    ``detector_delay_ms``); commands left unacknowledged are reclaimed after 3 s unless told otherwise.
+    The quality gate only records its verdicts (``quality_gate="off"``) unless told otherwise: this
+    harness drives the box stages' protocol, whose tests answer box pauses only; the mask review is
+    tested with ``quality_gate="review-failing"`` here and through ``hitl up``'s default."""
+    defaults = {"reclaim_idle_ms": 3000, "quality_gate": "off"}
+    return Settings(data_dir=data_dir, api_port=port, redis_url=redis_url, **{**defaults, **fields})
 
 
 def control_plane(cfg: Settings, dispatchers: int) -> FastAPI:

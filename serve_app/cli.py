@@ -367,8 +367,8 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         choices=("review-failing", "review-all", "off"),
         default=None,
         help="which cut-outs wait for a person in WAITING_MASK_REVIEW: review-failing (those the gate still "
-        "fails after their refinements), review-all (every mask), off (the gate only records its verdict; "
-        "the default). Recorded in each job when it is created",
+        "fails after their refinements; the default), review-all (every mask), off (the gate only records "
+        "its verdict). Recorded in each job when it is created",
     )
 
 
@@ -398,11 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="`hitl up` plus sample images submitted for review",
         description="Start everything as `hitl up` does, then submit sample images (product composites and "
         "scikit-image photographs, nothing downloaded) so that reviews are waiting in the UI. "
-        "Rerunning it submits nothing twice. Unlike `hitl up`, the demo sends the cut-outs the quality "
-        "gate still fails to a person (--quality-gate review-failing), so the whole loop shows.",
+        "Rerunning it submits nothing twice. As with `hitl up`, the cut-outs the quality gate still "
+        "fails go to a person (--quality-gate review-failing), so the whole loop shows.",
     )
     _add_up_options(demo)
-    demo.set_defaults(func=_run_up, quality_gate="review-failing")
+    demo.set_defaults(func=_run_up)
     dispatcher = sub.add_parser(
         "dispatcher",
         formatter_class=HelpFormatter,

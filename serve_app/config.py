@@ -113,7 +113,7 @@ class Settings(BaseModel):
     quality_gate_policy: str = "gate-v1"
     # Which masks wait for a person in WAITING_MASK_REVIEW: review-failing (those the gate still fails
     # after their refinements), review-all, or off (the gate only records its verdict).
-    quality_gate: Literal["review-failing", "review-all", "off"] = "off"
+    quality_gate: Literal["review-failing", "review-all", "off"] = "review-failing"
     max_refinements: int = Field(default=2, ge=0, le=4)
 
     @field_validator("trusted_proxies")

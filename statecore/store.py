@@ -60,7 +60,8 @@ class StoreConfig:
     workflow_version: str = WORKFLOW_VERSION
     continuable_workflow_versions: frozenset[str] = CONTINUABLE_WORKFLOW_VERSIONS
     # Which masks wait for a person (docs/protocol.md § Cut-out quality): review-failing, review-all,
-    # or off (the gate only records); recorded in each job's policy when it is created.
+    # or off (the gate only records); recorded in each job's policy when it is created. hitl up
+    # passes its --quality-gate (review-failing by default).
     quality_gate: str = "off"
 
     def __post_init__(self) -> None:

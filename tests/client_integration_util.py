@@ -83,8 +83,8 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 
 class AutoReviewer:
     """A reviewer in a thread: polls the queue (GET /jobs?status=WAITING, reviewer token) and
-    approves every pause of the jobs ``accept`` picks, keeping all boxes. With ``delay_s`` it
-    lets a pause sit that long before answering (so a stream has something to wait for)."""
+    approves every pause of the jobs ``accept`` picks, keeping all boxes (and all masks of a mask
+    review). With ``delay_s`` it lets a pause sit that long before answering (so a stream has something to wait for)."""
 
     def __init__(
         self, base_url: str, accept: Callable[[JobSnapshot], bool], *, delay_s: float = 0.0, who: str = "rev1"
@@ -133,13 +133,7 @@ class AutoReviewer:
             seen = self._first_seen.setdefault(pause.pause_token, time.monotonic())
             if time.monotonic() - seen < self.delay_s:
                 continue
-            self.client.intervene(
-                snap.job_id,
-                intervention_id=new_intervention_id(),
-                pause_token=pause.pause_token,
-                base_version=snap.version,
-                subjects=snap.box_list,
-            )
+            self.client.approve(snap, intervention_id=new_intervention_id())  # every box, or every mask
             self.approved.setdefault(snap.job_id, []).append(pause.pause_token)
 
 

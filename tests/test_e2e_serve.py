@@ -219,15 +219,20 @@ def test_whole_flow_through_ray_serve(data_dir):
         detect = [ln for ln in text.splitlines() if ln.startswith("ray_hitl_model_node_seconds_count{")]
         assert any('deployment="Detector"' in ln and "DETECT_SUBJECTS" in ln for ln in detect), detect
         assert "ray_hitl_model_ongoing_requests{" in text
+
+        # hitl up's default sends a cut-out its gate fails to a person (--quality-gate review-failing).
+        mask_review(api)
+        kept = api.submit(product_composite(seed=12, n=2)[0])  # decided after the restart below
+        kept_waiting = api.wait(kept, {"WAITING_USER_SELECTION"})
     finally:
         api.close()
 
     # SIGKILL the whole process tree mid-wait, start again on the same data dir.
     up.kill()
     up.wait_port_free()
-    # Restarted with the mask review on (docs/protocol.md § Cut-out quality): a job keeps the mode it
-    # was created under (the waiting job: off), a new one gets the new one.
-    up2 = HitlUp(data_dir, "--ingress", "proxy", "--quality-gate", "review-failing").start()
+    # Restarted with the mask review off (docs/protocol.md § Cut-out quality): a job keeps the mode it
+    # was created under (``kept``: review-failing), a new one gets the new one.
+    up2 = HitlUp(data_dir, "--ingress", "proxy", "--quality-gate", "off").start()
     api = Api(up2)
     try:
         assert port_holder(up2) == "ray::ProxyActor"
@@ -261,7 +266,17 @@ def test_whole_flow_through_ray_serve(data_dir):
         cut = Image.open(io.BytesIO(api.c.get(s["cutout_url"]).content))
         assert mask.size == cut.size == (done["image"]["width"], done["image"]["height"]) and cut.mode == "RGBA"
 
-        mask_review(api)
+        # The job created before the restart still goes to a person; one created now records the
+        # gate's FAIL and ends without one.
+        assert api.intervene(kept_waiting, keep(kept_waiting)).status_code == 200
+        assert api.wait(kept, {"WAITING_MASK_REVIEW", "SUCCEEDED", "FAILED"})["status"] == "WAITING_MASK_REVIEW"
+        assert api.c.post(f"/api/v1/jobs/{kept}/cancel").json()["status"] == "CANCELLED"
+        now = api.submit(product_composite(seed=12, n=2)[0])
+        snap = api.wait(now, {"WAITING_USER_SELECTION"})
+        assert api.intervene(snap, keep(snap)).status_code == 200
+        assert api.wait(now, {"WAITING_MASK_REVIEW", "SUCCEEDED", "FAILED"})["status"] == "SUCCEEDED"
+        verdicts = [s["quality"]["verdict"] for s in api.c.get(f"/api/v1/jobs/{now}/results").json()["subjects"]]
+        assert "FAIL" in verdicts, verdicts
 
         # empty selection on a fresh job
         other = api.submit(product_composite(seed=9, n=2)[0])

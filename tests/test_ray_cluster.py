@@ -33,7 +33,7 @@ from hitl_review.serve_app import ray_runtime
 from hitl_review.serve_app.config import Settings
 from hitl_review.serve_app.launcher import ready_line
 from hitl_review.serve_app.redis_server import free_port
-from tests.api_util import blank_with_product, intervene, keep_all, submit, wait_status
+from tests.api_util import blank_with_product, intervene, keep_all, submit, wait_done, wait_status
 
 OTHER_APP = """
 from ray import serve
@@ -136,7 +136,7 @@ def test_hitl_up_joins_a_two_node_cluster_and_leaves_only_its_app(tmp_path: Path
             assert snap["box_list"], snap
             r = intervene(c, job, snap, keep_all(snap))
             assert r.status_code == 200, r.text
-            done = wait_status(c, job, timeout=120)
+            done = wait_done(c, job, timeout=120)
             assert done["status"] == "SUCCEEDED", done
         times["job"] = time.monotonic() - t2
 

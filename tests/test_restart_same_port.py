@@ -23,7 +23,7 @@ from harness.hitl_up import HitlUp
 from harness.tokens import TOKENS_SPEC, auth
 from hitl_review.serve_app.samples import product_composite
 
-from .api_util import intervene, keep_all, wait_status
+from .api_util import intervene, keep_all, wait_done, wait_status
 
 pytestmark = [pytest.mark.faults, pytest.mark.ray, pytest.mark.slow]
 
@@ -84,7 +84,7 @@ def test_hitl_up_sigkilled_after_traffic_restarts_on_the_same_port_three_times(t
                 assert r.status_code == 200, r.text
                 again = intervene(c, job, snap, keep_all(snap), who="rev1", iid=r.json()["intervention_id"])
                 assert again.status_code == 200 and again.headers.get("Idempotent-Replayed") == "true"
-                end = wait_status(c, job, timeout=120, who="admin")
+                end = wait_done(c, job, timeout=120)
                 assert end["status"] == "SUCCEEDED", end
         print(f"\n[restart] same port {port}: READY after SIGKILL in " + ", ".join(f"{t:.1f}s" for t in took))
     finally:
