@@ -61,7 +61,8 @@ class Stack:
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     require_chromium()
     began = time.monotonic()
-    up = HitlUp(tmp_path_factory.mktemp("hitl-editor"), ui=True, env={"HITL_LABELS": LABELS})
+    # The box editor; the mask review has its own module (test_mask_review_browser).
+    up = HitlUp(tmp_path_factory.mktemp("hitl-editor"), "--quality-gate", "off", ui=True, env={"HITL_LABELS": LABELS})
     up.start()
     s = Stack(up)
     try:

@@ -71,6 +71,8 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     began = time.monotonic()
     up = HitlUp(
         tmp_path_factory.mktemp("hitl-coord"),
+        "--quality-gate",  # the box stages' coordination; the mask review: test_mask_review_browser
+        "off",
         ui=True,
         env={"HITL_TOKENS": TOKENS_SPEC, "HITL_LABELS": "shoe,bag,shirt"},
     )

@@ -81,6 +81,8 @@ def stack(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         tmp_path_factory.mktemp("hitl-ui"),
         "--detector-delay-ms",
         str(DETECTOR_DELAY_MS),
+        "--quality-gate",  # the box stages to the cut-outs; the mask review: test_mask_review_browser
+        "off",
         ui=True,
         env={"HITL_LABELS": "shoe,bag,shirt"},  # the screenshots show the label set's buttons
     )
