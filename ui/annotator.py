@@ -15,6 +15,7 @@ from typing import Any
 
 from hitl_review.statecore.models import BBox
 
+from .box_geometry import same_place, translated_bbox
 from .panel import (
     MANUAL_COLOR,
     NEW_PREFIX,
@@ -53,10 +54,6 @@ def clamp_bbox(raw: Sequence[float], width: int, height: int) -> BBox | None:
     return (x1, y1, x2, y2)
 
 
-def _same_place(a: Sequence[float], b: Sequence[float], tol: float = 1.0) -> bool:
-    return all(abs(float(p) - float(q)) <= tol for p, q in zip(a, b, strict=True))
-
-
 def raw_boxes(value: Any) -> list[dict[str, Any]]:
     if not value:
         return []
@@ -75,8 +72,9 @@ def read_annotator(panel: Panel, value: Any) -> list[DrawnBox]:
 
     A raw payload carries each box in canvas units with its ``scaleFactor``;
     dividing gives pixels of the original image, as the component's own
-    ``preprocess`` does. A box that is unmoved (within a pixel) keeps its exact
-    original coordinates so that rounding never reads as a move.
+    ``preprocess`` does. A box that is unmoved (within half a pixel) keeps its exact
+    original coordinates so that rounding never reads as a move; a box only shifted keeps
+    its size and moves by whole pixels (``ui.box_geometry``).
     """
     out: list[DrawnBox] = []
     for i, box in enumerate(raw_boxes(value)):
@@ -89,8 +87,9 @@ def read_annotator(panel: Panel, value: Any) -> list[DrawnBox]:
             x1, y1, x2, y2 = source.box.bbox
             bbox = (
                 (float(x1), float(y1), float(x2), float(y2))
-                if _same_place(raw, source.box.bbox)
-                else clamp_bbox(raw, panel.image.width, panel.image.height)
+                if same_place(raw, source.box.bbox)  # within 0.5 px (ui.box_geometry)
+                else translated_bbox(source.box.bbox, raw, panel.image.width, panel.image.height)
+                or clamp_bbox(raw, panel.image.width, panel.image.height)
             )
             out.append(DrawnBox(index=i, bbox=bbox, source=source))
             continue

@@ -19,6 +19,7 @@ import gradio as gr
 from hitl_review.statecore.trusted_proxy import TrustedProxies
 
 from .assets import KEYS_JS, LOAD_DRAFT_JS, SAVE_DRAFT_JS, URL_JS, pick_js
+from .box_list_view import wire_box_list
 from .callbacks import Callbacks, show
 from .editor import labels_from_env
 from .images import ImageStore
@@ -26,6 +27,7 @@ from .kept_signin import SIGN_OUT_JS
 from .layout import Components, layout
 from .mask_review_view import ReviewerCallbacks
 from .mask_wiring import wire_mask
+from .notes_wiring import wire_notes
 
 
 def default_store_root() -> Path:
@@ -59,6 +61,8 @@ def build_app(
         cb.proxies = TrustedProxies(trusted_proxies)
         wire(demo, comps, cb)
         wire_mask(demo, comps, cb)
+        wire_box_list(demo, comps)  # the interactive box list
+        wire_notes(demo, comps, cb)  # skip, flag for a lead, comments
     demo.queue(default_concurrency_limit=None)
     return demo
 

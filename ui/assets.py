@@ -14,8 +14,13 @@ from .editor import DRAFT_PREFIX
 HELP = (
     "**Keys:** Enter = submit · Delete = remove the selected box · N = next job · "
     "C = draw a new box, D = select/move/resize boxes, Space = reset zoom (click the image first) · "
-    "1–9 = give the selected box that label · Ctrl+Z = undo, Ctrl+Shift+Z = redo. "
-    "A drawn box needs a name: press its label's number, or type it under “Label” and press Enter."
+    "1–9 = give the selected box that label · Ctrl+Z = undo, Ctrl+Shift+Z = redo · "
+    "Tab / Shift+Tab on the image = next / previous box · arrows = nudge the selected box 1 px, "
+    "Shift+arrows 10 px (on the image or the box list; click a row of the list to select its box). "
+    "A drawn box needs a name: press its label's number, or type it under “Label” and press Enter. "
+    "**Skip, flag, comment:** S = skip the job (it goes back to the queue; N passes it over for you for 10 min) · "
+    "⚑ Flag asks a lead to look, with why (the job stays waiting; “Flagged only” lists them) · "
+    "comments are shown to the next reviewer above the panel."
 )
 
 # Accessible names of the controls, by elem_id (label buttons get theirs from their text).
@@ -35,6 +40,10 @@ ARIA = {
     "cancel-back-btn": "Back, keep the job",
     "login-btn": "Sign in",
     "takeover-btn": "Take this job over from the reviewer who has it",
+    "skip-btn": "Skip this job: hand it back and open the next one (S)",
+    "flag-btn": "Flag this job for a lead, with the reason typed",
+    "unflag-btn": "Take the flag off this job",
+    "comment-btn": "Add the comment typed, for the next reviewer",
 }
 
 CSS = """
@@ -108,7 +117,8 @@ _KEYS_JS = """
       if (b && b.getAttribute("aria-label") !== text) { b.setAttribute("aria-label", text); }
     });
     const canvas = document.querySelector("#annotator .annotator-container");
-    const cname = "Image with boxes: C draws a box, D selects and moves, Delete removes, 1 to 9 label the selected box";
+    const cname = "Image with boxes: C draws a box, D selects and moves, Delete removes, "
+      + "1 to 9 label the selected box, Tab selects the next box, arrows nudge it";
     if (canvas && canvas.getAttribute("aria-label") !== cname) {
       canvas.setAttribute("aria-label", cname);
       canvas.setAttribute("role", "application");
@@ -126,7 +136,8 @@ _KEYS_JS = """
     if (!e.isTrusted || e.defaultPrevented || e.altKey || e.repeat) { return; }
     const t = e.target;
     const tag = t && t.tagName ? t.tagName.toUpperCase() : "";
-    const typing = ["INPUT", "TEXTAREA", "SELECT"].includes(tag) || (t && t.isContentEditable);
+    const choice = tag === "INPUT" && ["checkbox", "radio"].includes((t.type || "").toLowerCase());
+    const typing = (["INPUT", "TEXTAREA", "SELECT"].includes(tag) && !choice) || (t && t.isContentEditable);
     if ((e.ctrlKey || e.metaKey) && !typing && (e.key === "z" || e.key === "Z" || e.key === "y")) {
       const b = shownButton(e.shiftKey || e.key === "y" ? "redo-btn" : "undo-btn");
       e.preventDefault();
@@ -156,6 +167,7 @@ _KEYS_JS = """
     let b = null;
     if (e.key === "Enter") { b = shownButton("submit-btn"); }
     else if (e.key === "n" || e.key === "N") { b = shownButton("next-job-btn"); }
+    else if (e.key === "s" || e.key === "S") { b = shownButton("skip-btn"); }
     if (b) { e.preventDefault(); b.click(); }
   });
   return [];

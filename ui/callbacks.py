@@ -194,7 +194,8 @@ class Callbacks(EditorHandlers, ClaimHandlers, SignInHandlers):
             jobs = self.fetch_queue(st)
         except Exception as exc:  # shown under the queue; the next tick tries again
             return {self.c.queue_note: "Queue unavailable — " + error_text(exc)}
-        rows = queue_rows(jobs, stage=st.queue_stage, me=st.reviewer, batch=st.queue_batch)
+        flagged = st.queue_flagged  # "Flagged only" (ui.notes_view)
+        rows = queue_rows(jobs, stage=st.queue_stage, me=st.reviewer, batch=st.queue_batch, flagged=flagged)
         budget = [THUMBS_PER_TICK]  # new thumbnails this tick; rows further down get theirs on later ticks
         rows = [[thumb_cell(self.thumb(st, str(r[0]), budget), str(r[0])), *r] for r in rows]
         n, total = len(rows), len(waiting_jobs(jobs))

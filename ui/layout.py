@@ -15,9 +15,11 @@ import pandas as pd
 from gradio_image_annotation import image_annotator
 
 from .assets import HELP
+from .box_list_layout import BoxListComponents, box_list_layout
 from .editor import ALL_STAGES, button_text, stage_choices
 from .kept_signin import browser_state
 from .mask_layout import MaskComponents, mask_layout
+from .notes_layout import NotesComponents, flagged_filter, notes_head, notes_layout
 from .panel import NEW_BOX_COLOR_HEX
 from .queue import TABLE_HEADERS
 from .session import ReviewerState
@@ -88,6 +90,8 @@ class Components:
     stats_btn: gr.Button
     stats_acc: gr.Accordion
     mask: MaskComponents  # the mask-review panel, shown instead of the box editor (ui.mask_layout)
+    box_list: BoxListComponents  # the interactive list of the canvas' boxes (ui.box_list_layout)
+    notes: NotesComponents  # skip, flag for a lead, comments (ui.notes_layout)
 
     def panel_outputs(self) -> list[Any]:
         """What a view of the open job may change: the outputs of every event that opens or redraws one."""
@@ -169,6 +173,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
                 elem_id="batch-filter",
                 max_lines=1,
             )
+            flagged_only = flagged_filter()
             queue_table = gr.Dataframe(
                 value=pd.DataFrame(columns=TABLE_HEADERS),
                 headers=TABLE_HEADERS,
@@ -191,6 +196,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
             banner_md = gr.Markdown("", elem_id="banner")
             claim_md = gr.Markdown("", elem_id="claim-note")
             takeover_btn = gr.Button("Take over", visible=False, elem_id="takeover-btn", size="sm")
+            head = notes_head()  # the open job's flag and comments, above its panel
             with gr.Column(visible=False, elem_id="review-panel") as review_col:
                 annotator = image_annotator(
                     value=None,
@@ -233,6 +239,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
                         label="Label", placeholder="e.g. sneaker — press Enter", elem_id="new-box-label", scale=3
                     )
                     label_btn = gr.Button("Set label", elem_id="apply-label-btn", scale=1)
+                box_list = box_list_layout()
                 review_error = gr.Markdown("", elem_id="review-error")
                 notes_md = gr.Markdown("", elem_id="box-notes")
                 with gr.Row():
@@ -244,6 +251,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
                     cut_yes = gr.Button("Yes, cut nothing", variant="stop", elem_id="confirm-cut-nothing-btn")
                     cut_no = gr.Button("Back", elem_id="cut-nothing-back-btn")
             mask = mask_layout()
+            notes = notes_layout(flagged_only, head)
             cancel_btn = gr.Button("Cancel job", variant="stop", visible=False, elem_id="cancel-job-btn")
             with gr.Row(visible=False, elem_id="confirm-cancel") as cancel_confirm:
                 gr.Markdown("**Cancel this job?** It stops for good; nothing more is cut out.")
@@ -338,4 +346,6 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         stats_btn=stats_btn,
         stats_acc=stats_acc,
         mask=mask,
+        box_list=box_list,
+        notes=notes,
     )

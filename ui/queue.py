@@ -26,6 +26,7 @@ def format_age(seconds: float) -> str:
 QUEUE_HEADERS = ["Job", "Stage", "Waiting for", "Boxes", "Reviewer"]
 TABLE_HEADERS = ["Image", *QUEUE_HEADERS]  # the table shows a thumbnail before each row
 FILE_ROUTE = "/gradio_api/file="  # how Gradio serves a file under launch(allowed_paths=…)
+FLAG_SHOWN = 80  # characters of a flag's reason in the queue's stage cell
 
 
 def thumb_cell(path: str | None, job_id: str) -> str:
@@ -59,19 +60,22 @@ def queue_rows(
     stage: str | None = None,
     me: str | None = None,
     batch: str | None = None,
+    flagged: bool = False,
 ) -> list[list[Any]]:
-    """Rows of the queue table, the stage in words and who is reviewing each job (``me``: "you");
-    ``stage`` (a raw stage name) and ``batch`` (as ``hitl submit --batch`` named it) filter."""
+    """Rows of the queue table, the stage in words (and "⚑ reason" when flagged for a lead) and who is
+    reviewing each job (``me``: "you"); ``stage`` (a raw stage name), ``batch`` (as ``hitl submit
+    --batch`` named it) and ``flagged`` (only the flagged jobs) filter."""
     now = now or datetime.now(UTC)
     rows = []
     for j in waiting_jobs(jobs):
         if stage and stage != ALL_STAGES and j.stage != stage:
             continue
-        if batch and j.batch != batch:
+        if (batch and j.batch != batch) or (flagged and j.flag is None):
             continue
         since = parse_time(j.pause_created_at) or parse_time(j.updated_at)
         age = format_age((now - since).total_seconds()) if since else "?"
-        rows.append([j.job_id, stage_name(j.stage), age, j.box_count, presence_text(j.claim, me, now)])
+        mark = f" · ⚑ {j.flag.reason[:FLAG_SHOWN]}" if j.flag else ""  # docs/protocol.md § Flags, skips and comments
+        rows.append([j.job_id, stage_name(j.stage) + mark, age, j.box_count, presence_text(j.claim, me, now)])
     return rows
 
 
