@@ -56,7 +56,7 @@ class Stack:
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     require_chromium()
     began = time.monotonic()
-    up = HitlUp(tmp_path_factory.mktemp("hitl-mask-review"), "--quality-gate", "review-failing", ui=True)
+    up = HitlUp(tmp_path_factory.mktemp("hitl-mask-review"), ui=True)  # --quality-gate review-failing: the default
     up.start()
     s = Stack(up)
     try:
