@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -22,6 +23,7 @@ from hitl_review.archive.db import Archive
 from hitl_review.serve_app.redis_server import RedisServer
 from hitl_review.statecore.models import ImageRef
 from hitl_review.statecore.store import Store, StoreConfig
+from tests.browser_util import launched_chromium
 from tests.client_fakes import CLIENT_KINDS, ClientFactory, client_factory
 
 
@@ -34,6 +36,14 @@ def hitl_logger_restored() -> Iterator[None]:
     saved = (logger.handlers[:], logger.level, logger.propagate)
     yield
     logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.fixture(scope="module")
+def browser(stack: Any) -> Iterator[Any]:
+    """Chromium for a browser module, launched once the module's ``stack`` (its ``hitl up``,
+    tests/browser_stack.py) is up, and stopped with the module."""
+    with launched_chromium() as b:
+        yield b
 
 
 @pytest.fixture(scope="session")

@@ -28,14 +28,11 @@ from hitl_review.serve_app.samples import product_composite
 from hitl_review.ui.box_list import HIDDEN_RULE
 from hitl_review.ui.panel import ROUND1_TEXT
 
+from .browser_stack import page_maker, ui_up
 from .browser_util import (
-    VIEWPORT,
     WAIT_MS,
     Api,
     Reviewer,
-    launched_chromium,
-    print_past_capture,
-    require_chromium,
     screenshot,
 )
 
@@ -59,44 +56,20 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    require_chromium()
-    began = time.monotonic()
-    up = HitlUp(tmp_path_factory.mktemp("hitl-box-list"), "--quality-gate", "off", ui=True)  # the box stages
-    up.start()
-    s = Stack(up)
-    try:
-        for name, seed in (("pick", 31), ("nudge", 32), ("undo", 33), ("hide", 34), ("lock", 35)):
-            s.jobs[name] = s.api.submit(product_composite(seed, *SIZE, n=2)[0])
-        yield s
-    finally:
-        s.api.close()
+    with ui_up(request, tmp_path_factory.mktemp("hitl-box-list"), "--quality-gate", "off") as up:  # the box stages
+        s = Stack(up)
         try:
-            up.stop(timeout=60)
-        except Exception:  # a stuck shutdown must not hide the test result
-            up.kill()
-        line = f"tests/test_box_list_browser.py: wall time {time.monotonic() - began:.1f} s (hitl up included)"
-        print_past_capture(request, line)
-
-
-@pytest.fixture(scope="module")
-def browser(stack: Stack) -> Iterator[Any]:
-    with launched_chromium() as b:
-        yield b
+            for name, seed in (("pick", 31), ("nudge", 32), ("undo", 33), ("hide", 34), ("lock", 35)):
+                s.jobs[name] = s.api.submit(product_composite(seed, *SIZE, n=2)[0])
+            yield s
+        finally:
+            s.api.close()
 
 
 @pytest.fixture
 def reviewer(browser: Any, stack: Stack) -> Iterator[Callable[..., Reviewer]]:
-    contexts: list[Any] = []
-
-    def make(**kwargs: Any) -> Reviewer:
-        ctx = browser.new_context(viewport=VIEWPORT, **kwargs)
-        ctx.set_default_timeout(WAIT_MS)
-        contexts.append(ctx)
-        return Reviewer(ctx.new_page(), stack.ui_url)
-
-    yield make
-    for ctx in contexts:
-        ctx.close()
+    with page_maker(browser, stack.ui_url) as make:
+        yield make
 
 
 def open_review(rv: Reviewer, stack: Stack, name: str) -> tuple[str, dict[str, Any], tuple[int, int]]:

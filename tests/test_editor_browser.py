@@ -29,15 +29,12 @@ from harness.hitl_up import HitlUp
 from hitl_review.serve_app.samples import product_composite
 from hitl_review.ui.panel import ROUND1_TEXT
 
+from .browser_stack import page_maker, ui_up
 from .browser_util import (
-    VIEWPORT,
     WAIT_MS,
     Api,
     Reviewer,
     contrast,
-    launched_chromium,
-    print_past_capture,
-    require_chromium,
     screenshot,
 )
 
@@ -59,46 +56,23 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    require_chromium()
-    began = time.monotonic()
     # The box editor; the mask review has its own module (test_mask_review_browser).
-    up = HitlUp(tmp_path_factory.mktemp("hitl-editor"), "--quality-gate", "off", ui=True, env={"HITL_LABELS": LABELS})
-    up.start()
-    s = Stack(up)
-    try:
-        jobs = (("keys", 21), ("reload", 22), ("reset", 23), ("focus", 24), ("decided", 25), ("enter", 26))
-        for name, seed in jobs:
-            s.jobs[name] = s.api.submit(product_composite(seed, 640, 480, n=2)[0])
-        yield s
-    finally:
-        s.api.close()
+    folder = tmp_path_factory.mktemp("hitl-editor")
+    with ui_up(request, folder, "--quality-gate", "off", env={"HITL_LABELS": LABELS}) as up:
+        s = Stack(up)
         try:
-            up.stop(timeout=60)
-        except Exception:  # a stuck shutdown must not hide the test result
-            up.kill()
-        line = f"tests/test_editor_browser.py: wall time {time.monotonic() - began:.1f} s (hitl up included)"
-        print_past_capture(request, line)
-
-
-@pytest.fixture(scope="module")
-def browser(stack: Stack) -> Iterator[Any]:
-    with launched_chromium() as b:
-        yield b
+            jobs = (("keys", 21), ("reload", 22), ("reset", 23), ("focus", 24), ("decided", 25), ("enter", 26))
+            for name, seed in jobs:
+                s.jobs[name] = s.api.submit(product_composite(seed, 640, 480, n=2)[0])
+            yield s
+        finally:
+            s.api.close()
 
 
 @pytest.fixture
 def reviewer(browser: Any, stack: Stack) -> Iterator[Callable[..., Reviewer]]:
-    contexts: list[Any] = []
-
-    def make(**kwargs: Any) -> Reviewer:
-        ctx = browser.new_context(viewport=VIEWPORT, **kwargs)
-        ctx.set_default_timeout(WAIT_MS)
-        contexts.append(ctx)
-        return Reviewer(ctx.new_page(), stack.ui_url)
-
-    yield make
-    for ctx in contexts:
-        ctx.close()
+    with page_maker(browser, stack.ui_url) as make:
+        yield make
 
 
 def open_review(rv: Reviewer, stack: Stack, name: str) -> tuple[str, dict[str, Any], tuple[int, int]]:

@@ -40,7 +40,8 @@ from hitl_review.ui.annotator import Edits
 from hitl_review.ui.editor import draft_key, edits_to_json
 from hitl_review.ui.panel import ROUND1_TEXT
 
-from .browser_util import VIEWPORT, WAIT_MS, Api, Reviewer, launched_chromium, print_past_capture, require_chromium
+from .browser_stack import ui_up
+from .browser_util import VIEWPORT, WAIT_MS, Api, Reviewer
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
 
@@ -85,31 +86,16 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    require_chromium()
-    began = time.monotonic()
     env = {"HITL_LABELS": ",".join(LABELS)}
-    up = HitlUp(tmp_path_factory.mktemp("hitl-keys"), "--quality-gate", "off", ui=True, env=env)  # the box stages
-    up.start()
-    s = Stack(up)
-    try:
-        jobs = [s.api.submit(product_composite(100 + i, 640, 480, n=2)[0]) for i in range(POOL)]
-        for job in jobs:
-            s.api.wait_round(job, 1)
-        yield s
-    finally:
-        s.api.close()
+    with ui_up(request, tmp_path_factory.mktemp("hitl-keys"), "--quality-gate", "off", env=env) as up:  # box stages
+        s = Stack(up)
         try:
-            up.stop(timeout=60)
-        except Exception:  # a stuck shutdown must not hide the test result
-            up.kill()
-        line = f"tests/test_keys_browser.py: wall time {time.monotonic() - began:.1f} s (hitl up included)"
-        print_past_capture(request, line)
-
-
-@pytest.fixture(scope="module")
-def browser(stack: Stack) -> Iterator[Any]:
-    with launched_chromium() as b:
-        yield b
+            jobs = [s.api.submit(product_composite(100 + i, 640, 480, n=2)[0]) for i in range(POOL)]
+            for job in jobs:
+                s.api.wait_round(job, 1)
+            yield s
+        finally:
+            s.api.close()
 
 
 @pytest.fixture

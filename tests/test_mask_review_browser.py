@@ -17,7 +17,6 @@ HITL_SCREENSHOTS=1 saves docs/screenshots/mask-review-failing.png and mask-revie
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,14 +27,12 @@ from hitl_review.serve_app.samples import product_composite
 from hitl_review.ui.mask_render import window_for
 from hitl_review.ui.mask_review import MASK_STAGE, MASK_STAGE_TEXT
 
+from .browser_stack import ui_up
 from .browser_util import (
     VIEWPORT,
     WAIT_MS,
     Api,
     Reviewer,
-    launched_chromium,
-    print_past_capture,
-    require_chromium,
     screenshot,
 )
 
@@ -54,27 +51,13 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    require_chromium()
-    began = time.monotonic()
-    up = HitlUp(tmp_path_factory.mktemp("hitl-mask-review"), ui=True)  # --quality-gate review-failing: the default
-    up.start()
-    s = Stack(up)
-    try:
-        yield s
-    finally:
-        s.api.close()
+    # --quality-gate review-failing, the default: the cut-outs the gate fails wait for a person
+    with ui_up(request, tmp_path_factory.mktemp("hitl-mask-review")) as up:
+        s = Stack(up)
         try:
-            up.stop(timeout=60)
-        except Exception:  # a stuck shutdown must not hide the test result
-            up.kill()
-        line = f"tests/test_mask_review_browser.py: wall time {time.monotonic() - began:.1f} s (hitl up included)"
-        print_past_capture(request, line)
-
-
-@pytest.fixture(scope="module")
-def browser(stack: Stack) -> Iterator[Any]:
-    with launched_chromium() as b:
-        yield b
+            yield s
+        finally:
+            s.api.close()
 
 
 def widened(bbox: list[float]) -> list[float]:

@@ -34,14 +34,11 @@ from hitl_review.serve_app.samples import product_composite
 from hitl_review.ui.claims import CLAIM_RENEW_S
 from hitl_review.ui.panel import ROUND1_TEXT, ROUND2_TEXT
 
+from .browser_stack import page_maker, ui_up
 from .browser_util import (
-    VIEWPORT,
     WAIT_MS,
     Api,
     Reviewer,
-    launched_chromium,
-    print_past_capture,
-    require_chromium,
     screenshot,
 )
 
@@ -67,35 +64,14 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    require_chromium()
-    began = time.monotonic()
-    up = HitlUp(
-        tmp_path_factory.mktemp("hitl-coord"),
-        "--quality-gate",  # the box stages' coordination; the mask review: test_mask_review_browser
-        "off",
-        ui=True,
-        env={"HITL_TOKENS": TOKENS_SPEC, "HITL_LABELS": "shoe,bag,shirt"},
-    )
-    up.start()
-    s = Stack(up)
-    try:
-        yield s
-    finally:
-        s.api.close()
+    env = {"HITL_TOKENS": TOKENS_SPEC, "HITL_LABELS": "shoe,bag,shirt"}
+    # the box stages' coordination; the mask review: test_mask_review_browser
+    with ui_up(request, tmp_path_factory.mktemp("hitl-coord"), "--quality-gate", "off", env=env) as up:
+        s = Stack(up)
         try:
-            up.stop(timeout=60)
-        except Exception:  # a stuck shutdown must not hide the test result
-            up.kill()
-        line = (
-            f"tests/test_review_coordination_browser.py: wall time {time.monotonic() - began:.1f} s (hitl up included)"
-        )
-        print_past_capture(request, line)
-
-
-@pytest.fixture(scope="module")
-def browser(stack: Stack) -> Iterator[Any]:
-    with launched_chromium() as b:
-        yield b
+            yield s
+        finally:
+            s.api.close()
 
 
 @pytest.fixture(autouse=True)
@@ -110,19 +86,14 @@ def no_job_left_waiting(stack: Stack) -> Iterator[None]:
 @pytest.fixture
 def reviewer(browser: Any, stack: Stack) -> Iterator[Callable[[str, str | None], Reviewer]]:
     """``reviewer(name, job)``: a signed-in page of ``name`` (its own browser context), at ``job``."""
-    contexts: list[Any] = []
+    with page_maker(browser, stack.ui_url) as new_page:
 
-    def make(name: str, job: str | None = None) -> Reviewer:
-        ctx = browser.new_context(viewport=VIEWPORT)
-        ctx.set_default_timeout(WAIT_MS)
-        contexts.append(ctx)
-        rv = Reviewer(ctx.new_page(), stack.ui_url)
-        rv.sign_in(TOKENS[name], job)
-        return rv
+        def make(name: str, job: str | None = None) -> Reviewer:
+            rv = new_page()
+            rv.sign_in(TOKENS[name], job)
+            return rv
 
-    yield make
-    for ctx in contexts:
-        ctx.close()
+        yield make
 
 
 def size(snap: dict[str, Any]) -> tuple[int, int]:

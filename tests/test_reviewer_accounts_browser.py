@@ -24,7 +24,8 @@ from harness.tokens import TOKENS, TOKENS_SPEC
 from hitl_review.serve_app.cli import main as hitl
 from hitl_review.serve_app.samples import product_composite
 
-from .browser_util import VIEWPORT, WAIT_MS, Api, Reviewer, launched_chromium, require_chromium
+from .browser_stack import page_maker, ui_up
+from .browser_util import WAIT_MS, Api, Reviewer
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
 
@@ -38,51 +39,25 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    require_chromium()
-    up = HitlUp(
-        tmp_path_factory.mktemp("hitl-accounts"),
-        "--trusted-proxy",
-        "127.0.0.1",
-        ui=True,
-        env={"HITL_TOKENS": TOKENS_SPEC},
-    )
-    up.start()
-    s = Stack(up)
-    try:
-        s.job = s.api.submit(product_composite(21, 640, 480, n=2)[0])
-        s.api.wait_round(s.job, 1)
-        yield s
-    finally:
-        if s.job:
-            s.api.cancel(s.job)
-        s.api.close()
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    folder = tmp_path_factory.mktemp("hitl-accounts")
+    with ui_up(request, folder, "--trusted-proxy", "127.0.0.1", env={"HITL_TOKENS": TOKENS_SPEC}) as up:
+        s = Stack(up)
         try:
-            up.stop(timeout=60)
-        except Exception:  # a stuck shutdown must not hide the test result
-            up.kill()
-
-
-@pytest.fixture(scope="module")
-def browser(stack: Stack) -> Iterator[Any]:
-    with launched_chromium() as b:
-        yield b
+            s.job = s.api.submit(product_composite(21, 640, 480, n=2)[0])
+            s.api.wait_round(s.job, 1)
+            yield s
+        finally:
+            if s.job:
+                s.api.cancel(s.job)
+            s.api.close()
 
 
 @pytest.fixture
 def page_of(browser: Any, stack: Stack) -> Iterator[Callable[..., Reviewer]]:
     """``page_of(**context_options)``: a page in a browser context of its own (its own localStorage)."""
-    contexts: list[Any] = []
-
-    def make(**options: Any) -> Reviewer:
-        ctx = browser.new_context(viewport=VIEWPORT, **options)
-        ctx.set_default_timeout(WAIT_MS)
-        contexts.append(ctx)
-        return Reviewer(ctx.new_page(), stack.ui_url)
-
-    yield make
-    for ctx in contexts:
-        ctx.close()
+    with page_maker(browser, stack.ui_url) as make:
+        yield make
 
 
 def expect(locator: Any) -> Any:

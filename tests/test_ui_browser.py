@@ -29,13 +29,10 @@ from hitl_review.serve_app.samples import product_composite
 from hitl_review.statecore import keys
 from hitl_review.ui.panel import ROUND1_TEXT, ROUND2_TEXT
 
+from .browser_stack import page_maker, ui_up
 from .browser_util import (
-    VIEWPORT,
-    WAIT_MS,
     Api,
     Reviewer,
-    launched_chromium,
-    require_chromium,
     screenshot,
 )
 
@@ -71,59 +68,29 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def chromium() -> str:
-    return require_chromium()
-
-
-@pytest.fixture(scope="module")
-def stack(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    up = HitlUp(
-        tmp_path_factory.mktemp("hitl-ui"),
-        "--detector-delay-ms",
-        str(DETECTOR_DELAY_MS),
-        "--quality-gate",  # the box stages to the cut-outs; the mask review: test_mask_review_browser
-        "off",
-        ui=True,
-        env={"HITL_LABELS": "shoe,bag,shirt"},  # the screenshots show the label set's buttons
-    )
-    up.start()
-    s = None
-    try:
-        s = Stack(up)
-        # Submitted now, so their (slowed) detection runs while the browser starts.
-        for name, seed in (("main", 11), ("race", 12), ("reload", 13)):
-            s.jobs[name] = s.submit(seed)
-        yield s
-    finally:
-        if s is not None:
-            s.api.close()
-            s.redis.close()
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    args = ("--detector-delay-ms", str(DETECTOR_DELAY_MS))
+    args += ("--quality-gate", "off")  # the box stages to the cut-outs; the mask review: test_mask_review_browser
+    env = {"HITL_LABELS": "shoe,bag,shirt"}  # the screenshots show the label set's buttons
+    with ui_up(request, tmp_path_factory.mktemp("hitl-ui"), *args, env=env) as up:
+        s = None
         try:
-            up.stop(timeout=60)
-        except Exception:  # a stuck shutdown must not hide the test result
-            up.kill()
-
-
-@pytest.fixture(scope="module")
-def browser(chromium: str, stack: Stack) -> Iterator[Any]:
-    with launched_chromium(chromium) as b:
-        yield b
+            s = Stack(up)
+            # Submitted now, so their (slowed) detection runs while the browser starts.
+            for name, seed in (("main", 11), ("race", 12), ("reload", 13)):
+                s.jobs[name] = s.submit(seed)
+            yield s
+        finally:
+            if s is not None:
+                s.api.close()
+                s.redis.close()
 
 
 @pytest.fixture
 def new_reviewer(browser: Any, stack: Stack) -> Iterator[Callable[[], Reviewer]]:
     """Reviewer pages, each in its own browser context (its own Gradio session)."""
-    contexts: list[Any] = []
-
-    def make() -> Reviewer:
-        ctx = browser.new_context(viewport=VIEWPORT)
-        ctx.set_default_timeout(WAIT_MS)
-        contexts.append(ctx)
-        return Reviewer(ctx.new_page(), stack.ui_url)
-
-    yield make
-    for ctx in contexts:
-        ctx.close()
+    with page_maker(browser, stack.ui_url) as make:
+        yield make
 
 
 def image_size(snap: dict[str, Any]) -> tuple[int, int]:
