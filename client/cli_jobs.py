@@ -211,6 +211,8 @@ def quality_cell(s: SubjectResult) -> Text:
         out.append(f" ({q.policy})")
     for reason in q.reasons:
         out.append(f"\n- {reason}")
+    if q.scores:  # the gate's measurements, as recorded (docs/protocol.md § Cut-out quality)
+        out.append("\n" + " · ".join(f"{k} {v:.2f}" for k, v in sorted(q.scores.items())), style="dim")
     return out
 
 

@@ -140,4 +140,5 @@ def test_hitl_results_shows_each_subjects_verdict_reasons_and_refinements():
     assert "PASS (gate-v1, decided by gate)" in rows["box_a"]
     assert "FAIL after 1 refinement(s): enlarged_box (gate-v1)" in rows["box_b"]
     assert "touches the box edge on 38%" in buf.getvalue()
+    assert "cut_off 0.38" in buf.getvalue()  # the gate's scores, as recorded
     assert rows["box_c"].split("│")[6].strip() == "-"  # no gate judged a rejected box
