@@ -93,7 +93,9 @@ def test_burst_benchmark_runs(tmp_path: Path) -> None:
         assert b["failed"] == b["timed_out_jobs"] == b["executor_lost"] == b["not_terminal"] == 0, b
         assert b["dead_letters"] == 0, b
         assert b["redis"]["used_memory_peak_sampled"] > 0, b["redis"]
-        assert b["submit"]["backlog_full_429"] >= 0 and b["reviews"]["interventions"].get("200") == JOBS, b
+        # One answer per box review, and one per mask review the gate opened (hitl up's default).
+        assert b["submit"]["backlog_full_429"] >= 0 and JOBS <= b["reviews"]["interventions"].get("200", 0), b
+        assert b["reviews"]["interventions"].get("200", 0) <= 2 * JOBS, b
         assert "DETECT_SUBJECTS" in b["model_executions"], b["model_executions"]
         assert b["model_executions"]["DETECT_SUBJECTS"]["calls_not_started"] >= 0, b["model_executions"]
     cancel = data["cancel"]
