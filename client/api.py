@@ -180,11 +180,11 @@ class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls, ApproveC
         """The oldest waiting job no other reviewer has claimed, other than ``exclude``; None when none."""
         return self._run(self._core.next_job(exclude))
 
-    def claim(self, job_id: str, *, force: bool = False) -> Claim:
+    def claim(self, job_id: str, *, force: bool = False, snapshot: bool = False) -> Claim:
         """Take or renew this reviewer's claim on a waiting job (renew it every few seconds while the
-        panel is open); ``force`` takes over another reviewer's. ``ConflictError`` with ``claim``
-        (``CLAIMED_BY_OTHER``) when another reviewer holds it."""
-        return self._run(self._core.claim(job_id, force))
+        panel is open); ``force`` takes over another reviewer's; ``snapshot``: a ``ClaimedJob`` with the
+        job's snapshot. ``ConflictError`` with ``claim`` (``CLAIMED_BY_OTHER``) when another holds it."""
+        return self._run(self._core.claim(job_id, force, snapshot))
 
     def release(self, job_id: str) -> bool:
         """Release this reviewer's claim; False when there was none. Submitting or cancelling releases it too."""
@@ -388,8 +388,8 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
     async def next_job(self, exclude: Iterable[str] = ()) -> JobSummary | None:
         return await self._run(self._core.next_job(exclude))
 
-    async def claim(self, job_id: str, *, force: bool = False) -> Claim:
-        return await self._run(self._core.claim(job_id, force))
+    async def claim(self, job_id: str, *, force: bool = False, snapshot: bool = False) -> Claim:
+        return await self._run(self._core.claim(job_id, force, snapshot))
 
     async def release(self, job_id: str) -> bool:
         return await self._run(self._core.release(job_id))

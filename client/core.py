@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 from hitl_review.statecore.models import (
     Claim,
+    ClaimedJob,
     ClaimReleased,
     CreateJobResponse,
     Event,
@@ -228,11 +229,14 @@ class ClientCore(CallCore):
         resp = yield from self.call("POST", job_path(job_id, "/cancel"))
         return JobSnapshot.model_validate_json(resp.content)
 
-    def claim(self, job_id: str, force: bool) -> Plan[Claim]:
-        """POST /jobs/{id}/claim: take or renew the caller's claim (a second send renews it)."""
+    def claim(self, job_id: str, force: bool, snapshot: bool = False) -> Plan[Claim]:
+        """POST /jobs/{id}/claim: take or renew the caller's claim (a second send renews it); with
+        ``snapshot`` a ``ClaimedJob`` that carries the job's snapshot too (one round trip)."""
         params = {"force": "true"} if force else {}
+        if snapshot:
+            params["snapshot"] = "true"
         resp = yield from self.call("POST", job_path(job_id, "/claim"), params=params)
-        return Claim.model_validate_json(resp.content)
+        return (ClaimedJob if snapshot else Claim).model_validate_json(resp.content)
 
     def release(self, job_id: str) -> Plan[bool]:
         """DELETE /jobs/{id}/claim: True when the caller held a claim (idempotent)."""

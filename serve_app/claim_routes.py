@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from fastapi import FastAPI, Query, Request
 
-from hitl_review.statecore.models import Claim, ClaimReleased
+from hitl_review.statecore.models import Claim, ClaimedJob, ClaimReleased
 from hitl_review.statecore.store import Store
 
 log = logging.getLogger("hitl.api")
@@ -25,20 +25,30 @@ CLAIM_409 = (
 
 
 def add_claim_routes(app: FastAPI, store_of: Callable[[], Store]) -> None:
-    @app.post(CLAIM_PATH, response_model=Claim, responses={400: {}, 404: {}, 409: {"description": CLAIM_409}})
+    @app.post(
+        CLAIM_PATH, response_model=ClaimedJob | Claim, responses={400: {}, 404: {}, 409: {"description": CLAIM_409}}
+    )
     async def claim(
         request: Request,
         job_id: str,
         force: bool = Query(
             default=False, description="take over another reviewer's claim (recorded as a CLAIM_TAKEN_OVER event)"
         ),
-    ) -> Claim:
-        """Take or renew the caller's claim on a waiting job; ``expires_at`` moves with every renewal."""
+        snapshot: bool = Query(
+            default=False, description="answer the job's snapshot too, read right after the claim was taken"
+        ),
+    ) -> ClaimedJob | Claim:
+        """Take or renew the caller's claim on a waiting job; ``expires_at`` moves with every renewal.
+        With ``snapshot=true`` the answer also carries the job as ``GET /jobs/{id}`` shows it just after
+        (its ``claim`` the one taken, unless it ended in between): opening a job is one round trip."""
         reviewer = request.state.identity.name
-        taken = await store_of().claim(job_id, reviewer, force=force)
+        store = store_of()
+        taken = await store.claim(job_id, reviewer, force=force)
         if force:
             log.info("claim job=%s reviewer=%s (force)", job_id, reviewer)
-        return taken
+        if not snapshot:
+            return taken
+        return ClaimedJob(**taken.model_dump(), snapshot=await store.snapshot(job_id))
 
     @app.delete(
         CLAIM_PATH,

@@ -396,3 +396,10 @@ class JobResults(BaseModel):
     status: JobStatus
     reason_code: str | None = None
     subjects: list[SubjectResult]
+
+
+class ClaimedJob(Claim):
+    """``POST /jobs/{id}/claim?snapshot=true``: the claim and the job as ``GET /jobs/{id}`` shows it
+    right after it (docs/protocol.md § Claims), so opening a job is one round trip."""
+
+    snapshot: JobSnapshot

@@ -23,7 +23,7 @@ from hitl_review.ui.annotator import (
 )
 from hitl_review.ui.callbacks import THUMBS_PER_TICK, Callbacks, show
 from hitl_review.ui.images import ImageStore
-from hitl_review.ui.layout import Components, layout
+from hitl_review.ui.layout import CANVAS_OFF, Components, layout
 from hitl_review.ui.panel import (
     ROUND1_TEXT,
 )
@@ -50,6 +50,9 @@ def make_callbacks(api_url: str, root: Path) -> tuple[Components, Callbacks]:
 
 
 def visible(update: Any) -> bool:
+    """Shown by an update: its ``visible``, or (the review panel, ui.layout) no hiding class."""
+    if "visible" not in update and "elem_classes" in update:
+        return CANVAS_OFF not in update["elem_classes"]
     return bool(update["visible"])
 
 
@@ -65,7 +68,8 @@ def test_callbacks_draw_label_and_refuse_an_unlabelled_box_without_a_server(tmp_
     assert visible(out[comps.review_col]) and visible(out[comps.cancel_btn])
     assert not visible(out[comps.results_col]) and not visible(out[comps.reapply_btn])
     value = out[comps.annotator]
-    assert Path(value["image"]).name == f"{IMAGE.sha256}__pause_1.png" and Path(value["image"]).exists()
+    # the canvas' display copy (a JPEG, ui.images), named after the pause it shows
+    assert Path(value["image"]).name == f"{IMAGE.sha256}__pause_1.jpg" and Path(value["image"]).exists()
     assert "#1 shoe" in out[comps.notes_md] and out[comps.current_job] == "job_1"
 
     raw = as_raw(value)

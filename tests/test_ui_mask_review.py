@@ -21,7 +21,7 @@ from hitl_review.statecore.models import Claim, JobSnapshot, Pause, QualityVerdi
 from hitl_review.statecore.states import JobStatus
 from hitl_review.ui.editor import STAGE_NAMES, stage_choices
 from hitl_review.ui.images import ImageStore
-from hitl_review.ui.layout import Components, layout
+from hitl_review.ui.layout import CANVAS_OFF, Components, layout
 from hitl_review.ui.mask_render import clicks_from, cutout_view, picture_of, subject_view, window_for
 from hitl_review.ui.mask_review import (
     MASK_STAGE,
@@ -345,6 +345,8 @@ def make(tmp_path: Path, snap: JobSnapshot) -> tuple[Components, ReviewerCallbac
 
 
 def shown(update: Any) -> bool:
+    if "visible" not in update and "elem_classes" in update:  # the review panel: hidden by a class (ui.layout)
+        return CANVAS_OFF not in update["elem_classes"]
     return bool(update["visible"])
 
 

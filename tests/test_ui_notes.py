@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import gradio as gr
 import pytest
 
 from harness.tokens import TOKENS
@@ -151,7 +152,8 @@ def test_flag_unflag_and_the_flagged_only_queue(api_server: Any, tmp_path: Path)
         assert rows.loc[job, "Stage"] == "Confirm boxes (round 1) · ⚑ the boxes cut the product in half"
         table = p.call("on_flagged_only", st, True)[p.c.queue_table]
         assert job in list(table["Job"]) and all("⚑" in s for s in table["Stage"])
-        assert st.queue_flagged and list(p.cb.on_tick(st)[p.c.queue_table]["Job"]) == list(table["Job"])
+        ticked = p.cb.on_tick(st)[p.c.queue_table]  # the same rows: the poll leaves the table as it is
+        assert st.queue_flagged and (ticked == gr.skip() or list(ticked["Job"]) == list(table["Job"]))
         assert {j.job_id for j in rev2.flagged_jobs().jobs} >= {job}
 
         # Another reviewer who opens the job sees the flag on its panel.
@@ -220,9 +222,9 @@ def test_skip_opens_the_next_job_as_n_does_and_n_passes_the_skipped_one_over(api
     assert st.claimed == jobs[0]
     out = p.call("on_skip", st)
     assert st.job_id not in (None, jobs[0]) and st.claimed == st.job_id  # the next job, claimed as N claims it
-    assert out[p.c.annotator] is None and visible(out[p.c.review_col])  # emptied: after_open draws it next
+    assert out[p.c.annotator]["boxes"] and visible(out[p.c.review_col])  # drawn at once, as N draws it
     assert out[p.c.banner_md].startswith(f"Skipped {jobs[0]}") and out[p.n.error_md] == ""
-    assert p.cb.after_open(st)[p.c.annotator]["boxes"]  # drawn, as after N
+    assert p.c.annotator not in p.cb.after_open(st)  # nothing left for the second step to draw
     with HitlClient(api_server.url, TOKENS["rev1"]) as rev1, HitlClient(api_server.url, TOKENS["rev2"]) as rev2:
         snap = rev1.get_job(jobs[0])
         assert snap.claim is None and snap.active_pause is not None  # handed back, still waiting

@@ -26,7 +26,9 @@ from .panel import (
     annotator_value,
     box_caption,
     box_color,
+    from_display,
     new_box_caption,
+    to_display,
 )
 
 MAX_LABEL = 200
@@ -71,15 +73,16 @@ def read_annotator(panel: Panel, value: Any) -> list[DrawnBox]:
     """The annotator's boxes (raw payload or preprocessed value) matched to the panel by tag.
 
     A raw payload carries each box in canvas units with its ``scaleFactor``;
-    dividing gives pixels of the original image, as the component's own
-    ``preprocess`` does. A box that is unmoved (within half a pixel) keeps its exact
-    original coordinates so that rounding never reads as a move; a box only shifted keeps
-    its size and moves by whole pixels (``ui.box_geometry``).
+    dividing gives pixels of the image the canvas shows, as the component's own
+    ``preprocess`` does, and ``from_display`` pixels of the original image. A box that is
+    unmoved (within half a pixel) keeps its exact original coordinates so that rounding never
+    reads as a move; a box only shifted keeps its size and moves by whole pixels
+    (``ui.box_geometry``).
     """
     out: list[DrawnBox] = []
     for i, box in enumerate(raw_boxes(value)):
         scale = float(box.get("scaleFactor") or 1.0)
-        raw = [float(box[k]) / scale for k in ("xmin", "ymin", "xmax", "ymax")]
+        raw = from_display(panel.image, [float(box[k]) / scale for k in ("xmin", "ymin", "xmax", "ymax")])
         text = str(box.get("label") or "").strip()
         m = TAG_RE.match(text)
         source = panel.by_tag(int(m.group(1))) if m else None
@@ -321,7 +324,8 @@ def apply_label(
     boxes = []
     for d, raw in zip(drawn, raw_boxes(value), strict=True):
         scale = float(raw.get("scaleFactor") or 1.0)
-        coords = d.bbox or tuple(float(raw[k]) / scale for k in ("xmin", "ymin", "xmax", "ymax"))
+        shown = [float(raw[k]) / scale for k in ("xmin", "ymin", "xmax", "ymax")]
+        coords = to_display(panel.image, d.bbox or from_display(panel.image, shown))
         if d.source is not None:
             boxes.append(
                 annotator_box(coords, box_caption(d.source, relabels.get(d.source.box_id)), box_color(d.source))

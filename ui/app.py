@@ -80,7 +80,9 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
         """Opening a job is two steps: ``event`` lays the panel out with an empty canvas, ``after_open``
         draws it. Drawn in the update that also showed it (the page after sign-in, another job's panel,
         a column shown again), the annotator kept an image without size: an empty canvas, and after a
-        sign-in a blank stage line as well."""
+        sign-in a blank stage line as well. N (and S, which opens the next job as N does) draws in its
+        one step: the canvas' column is never unmounted any more, only hidden by a class (ui.layout),
+        and it came out drawn in every run of the reviewer benchmark (docs/benchmarks.md)."""
         then_follow(event.then(cb.after_open, inputs=st, outputs=panel_outputs, show_progress="hidden"))
 
     demo.load(None, js=KEYS_JS)
@@ -102,13 +104,14 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     c.stats_btn.click(cb.on_stats, inputs=st, outputs=[c.stats_md])
     c.stats_acc.expand(cb.on_stats, inputs=st, outputs=[c.stats_md])
     # The tick also renews the open job's claim and notices a takeover (ui.claims).
-    tick_outputs = [c.queue_table, c.queue_note, c.claim_md, c.takeover_btn, c.review_col, c.banner_md]
+    tick_outputs = [c.queue_table, c.queue_note, c.claim_md, c.takeover_btn, c.review_col, c.canvas_col, c.banner_md]
     tick_outputs += [c.submit_btn, c.cut_btn, c.mask.submit_btn]
     c.timer.tick(cb.on_tick, inputs=st, outputs=tick_outputs, show_progress="hidden")
     c.current_job.change(None, inputs=[c.current_job], js=URL_JS)
 
     then_draw(c.queue_table.select(cb.on_queue_select, inputs=st, outputs=panel_outputs))
-    then_draw(c.next_btn.click(cb.on_next, inputs=st, outputs=panel_outputs))
+    # N draws the panel in its own step (``Callbacks.on_next``); its follower comes next.
+    then_follow(c.next_btn.click(cb.on_next, inputs=st, outputs=panel_outputs, show_progress="hidden"))
     then_draw(c.takeover_btn.click(cb.on_take_over, inputs=st, outputs=panel_outputs))
     login_outputs = [*panel_outputs, *cb.restore_outputs(), c.queue_table, c.queue_note]
     login_inputs = [c.session, c.login_name, c.login_token]
@@ -133,7 +136,9 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     c.label_text.submit(cb.on_apply_label, inputs=label_inputs, outputs=label_outputs, preprocess=False)
     c.reapply_btn.click(cb.on_reapply, inputs=st, outputs=[c.annotator, c.reapply_btn, c.review_error, c.banner_md])
 
-    c.submit_btn.click(cb.on_submit, inputs=[c.session, c.annotator], outputs=panel_outputs, preprocess=False)
+    c.submit_btn.click(  # no progress spinner laid over every output
+        cb.on_submit, inputs=[c.session, c.annotator], outputs=panel_outputs, preprocess=False, show_progress="hidden"
+    )
     c.cut_btn.click(show((c.cut_confirm, True)), outputs=[c.cut_confirm], queue=False)
     c.cut_no.click(show((c.cut_confirm, False)), outputs=[c.cut_confirm], queue=False)
     c.cut_yes.click(cb.on_cut_nothing, inputs=[c.session, c.annotator], outputs=panel_outputs, preprocess=False)
@@ -154,6 +159,9 @@ def wire_editor(c: Components, cb: Callbacks, outputs: list[Any]) -> None:
     for btn, fn in ((c.undo_btn, cb.on_undo), (c.redo_btn, cb.on_redo), (c.reset_btn, cb.on_reset)):
         btn.click(fn, inputs=[c.session], outputs=outputs, show_progress="hidden", trigger_mode="multiple")
     c.draft_out.change(None, inputs=[c.draft_out], js=SAVE_DRAFT_JS, queue=False)
-    c.pause_key.change(None, inputs=[c.pause_key], outputs=[c.draft_in], js=LOAD_DRAFT_JS, queue=False).then(
+    # A drawn review's kept draft: the app hears of it only when there is one (``draft_in`` changes; the
+    # page's answer names the drawing, so a draft found again is a change too), not on every drawing.
+    c.pause_key.change(None, inputs=[c.pause_key], outputs=[c.draft_in], js=LOAD_DRAFT_JS, queue=False)
+    c.draft_in.change(
         cb.on_restore_draft, inputs=[c.session, c.draft_in], outputs=[*outputs, c.banner_md], show_progress="hidden"
     )

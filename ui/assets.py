@@ -63,6 +63,7 @@ button:focus-visible, input:focus-visible, textarea:focus-visible, select:focus-
 }
 #label-set button { min-width: 6em; flex: 0 0 auto; }
 #queue-table img { max-height: 56px; }
+#canvas-panel.hitl-off, #review-panel.hitl-off { display: none !important; }
 """
 
 # Binds the keyboard to the buttons by elem_id. The annotator handles Delete/C/D/Space itself when it
@@ -201,12 +202,19 @@ SAVE_DRAFT_JS = """
 }
 """
 
-# ``pause_key`` ("job|pause|n") changed: a review was drawn; hand the app its kept draft, if any.
+# ``pause_key`` ("job|pause|n") changed: a review was drawn; hand the app its kept draft, if any, marked
+# with the drawing's key (a draft found again after a redraw is a new value, so the app hears of it).
 LOAD_DRAFT_JS = """
 (key) => {
   const [job, pause] = (key || "").split("|");
   if (!job || !pause) { return ""; }
-  try { return localStorage.getItem("%PREFIX%" + job + ":" + pause) || ""; } catch (err) { return ""; }
+  try {
+    const kept = localStorage.getItem("%PREFIX%" + job + ":" + pause);
+    if (!kept) { return ""; }
+    const body = JSON.parse(kept);
+    body.drawn_as = key;
+    return JSON.stringify(body);
+  } catch (err) { return ""; }
 }
 """
 

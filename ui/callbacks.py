@@ -10,15 +10,13 @@ no browser: build ``Components`` with ``ui.layout.layout`` inside a
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import gradio as gr
-import pandas as pd
 
 from hitl_review.client import ApiError, ConflictError, HitlClient
-from hitl_review.statecore.models import JobSnapshot, JobSummary
+from hitl_review.statecore.models import JobSnapshot
 
 from .annotator import (
     AUTO_TARGET,
@@ -35,8 +33,11 @@ from .editor import ALL_STAGES, draft_message
 from .images import ImageStore
 from .layout import Components
 from .panel import annotator_value, backends_text, is_terminal, status_text
+from .prefetch import Prefetcher, take
 from .pump import Followers, follow_job
-from .queue import TABLE_HEADERS, queue_rows, thumb_cell, waiting_jobs
+from .queue import TABLE_HEADERS
+from .queue_view import THUMBS_PER_TICK as THUMBS_PER_TICK  # where the tests and older callers look
+from .queue_view import QueueHandlers, error_text
 from .quorum import stage_markdown
 from .rebase import rebase_edits, rebase_text, with_mine
 from .results import ResultsView
@@ -44,21 +45,7 @@ from .session import ReviewerState, conflict_banner
 from .signin import SignInHandlers, make_async_client, make_client
 from .stats import ReviewStats
 
-QUEUE_MAX_ROWS = 200
-THUMBS_PER_TICK = 12  # thumbnails made per queue refresh at most (one GET and one download each)
-
 Update = dict[Any, Any]
-
-
-def error_text(exc: Exception) -> str:
-    """A failed call in words a reviewer can act on."""
-    if isinstance(exc, ApiError):
-        if exc.status_code == 401:
-            return "The control plane did not accept your token (401)."
-        if exc.status_code == 403:
-            return "Your token may not do this (403): a reviewer or admin token is needed."
-        return f"{exc.message} ({exc.code})"
-    return f"Could not reach the control plane: {exc}"
 
 
 class Clients:
@@ -77,7 +64,7 @@ class Clients:
             return c
 
 
-class Callbacks(EditorHandlers, ClaimHandlers, SignInHandlers):
+class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
     """Every handler of the page; ``app.wire`` connects them to ``comps``' events."""
 
     def __init__(self, comps: Components, api_url: str, store: ImageStore, labels: tuple[str, ...] = ()) -> None:
@@ -89,6 +76,7 @@ class Callbacks(EditorHandlers, ClaimHandlers, SignInHandlers):
         self.clients = Clients(api_url)
         self.store = store
         self.followers = Followers()
+        self.prefetcher = Prefetcher(store)
         self._session_claims: dict[str, tuple[str | None, str]] = {}
         self._claims_lock = threading.Lock()
 
@@ -177,46 +165,6 @@ class Callbacks(EditorHandlers, ClaimHandlers, SignInHandlers):
 
     # ------------------------------------------------------------------ queue
 
-    def fetch_queue(self, st: ReviewerState) -> list[JobSummary]:
-        client = self.clients.get(st.token)
-        jobs: list[JobSummary] = []
-        cursor = None
-        while len(jobs) < QUEUE_MAX_ROWS:
-            page = client.list_jobs(status="WAITING", limit=50, cursor=cursor)
-            jobs.extend(page.jobs)
-            cursor = page.next_cursor
-            if not cursor:
-                break
-        return jobs
-
-    def queue_update(self, st: ReviewerState) -> Update:
-        try:
-            jobs = self.fetch_queue(st)
-        except Exception as exc:  # shown under the queue; the next tick tries again
-            return {self.c.queue_note: "Queue unavailable — " + error_text(exc)}
-        flagged = st.queue_flagged  # "Flagged only" (ui.notes_view)
-        rows = queue_rows(jobs, stage=st.queue_stage, me=st.reviewer, batch=st.queue_batch, flagged=flagged)
-        budget = [THUMBS_PER_TICK]  # new thumbnails this tick; rows further down get theirs on later ticks
-        rows = [[thumb_cell(self.thumb(st, str(r[0]), budget), str(r[0])), *r] for r in rows]
-        n, total = len(rows), len(waiting_jobs(jobs))
-        shown = f"{n} of {total} jobs" if n != total else f"{n} job{'s' if n != 1 else ''}"
-        note = f"{shown} waiting · updated {time.strftime('%H:%M:%S')}"
-        return {self.c.queue_table: pd.DataFrame(rows, columns=TABLE_HEADERS), self.c.queue_note: note}
-
-    def thumb(self, st: ReviewerState, job_id: str, budget: list[int]) -> str | None:
-        """The queue thumbnail of ``job_id``: the file if made, else made now while ``budget[0]`` lasts.
-
-        The budget counts only thumbnails made, so one tick makes the first missing ones wherever they
-        are in the queue and a job deep in a long queue gets its thumbnail a few ticks later."""
-        path = self.store.thumb_dir / f"{job_id}.jpg"
-        if path.exists() or budget[0] <= 0:
-            return str(path) if path.exists() else None
-        budget[0] -= 1
-        try:
-            return self.store.thumbnail(job_id, self.clients.get(st.token))
-        except Exception:  # a missing thumbnail is not worth an error: the next tick tries again
-            return None
-
     def on_stats(self, st: ReviewerState) -> Update:
         try:
             return {self.c.stats_md: self.stats.refresh(self.clients.get(st.token))}
@@ -235,24 +183,30 @@ class Callbacks(EditorHandlers, ClaimHandlers, SignInHandlers):
             return {self.c.queue_note: gr.skip()}
         out = self.renew(st)
         self.remember_session(st, request)
-        out.update(self.queue_update(st))
+        out.update(self.queue_update(st, quiet=True))
         return out
 
     # ------------------------------------------------------------------ opening jobs
 
-    def open_job(self, st: ReviewerState, job_id: str | None, *, claimed: bool = False) -> Update:
-        """Show ``job_id`` and claim it when it waits for review (``claimed``: "next job" already did)."""
+    def open_job(
+        self, st: ReviewerState, job_id: str | None, *, claimed: bool = False, snap: JobSnapshot | None = None
+    ) -> Update:
+        """Show ``job_id`` and claim it when it waits for review (``claimed``: "next job" already did,
+        and ``snap`` is the snapshot its claim answered: no GET then)."""
         job_id = (job_id or "").strip()
         if not job_id:
             return {self.c.banner_md: "No job id."}
         try:
-            snap = self.clients.get(st.token).get_job(job_id)
+            snap = snap or self.clients.get(st.token).get_job(job_id)
         except Exception as exc:  # said in the banner
             return {self.c.banner_md: f"Could not open {job_id}: " + error_text(exc)}
         holder = None if claimed else self.claim_on_open(st, job_id, snap.active_pause is not None)
+        pre = take(st, snap)  # the image fetched ahead, when it is this very state (ui.prefetch)
         st.open(snap)
         with st.lock:
             st.held_by, st.taken_over = holder, False
+            if pre is not None:
+                st.image_path = str(pre.image)
         return self.refresh_view(st, redraw=True, banner="", error="")
 
     def on_queue_select(self, st: ReviewerState, evt: gr.SelectData) -> Update:
@@ -265,9 +219,13 @@ class Callbacks(EditorHandlers, ClaimHandlers, SignInHandlers):
         return self.emptied(st, self.open_job(st, str(job_id)))
 
     def emptied(self, st: ReviewerState, out: Update) -> Update:
-        """``out`` with an empty canvas when it opened a job: ``after_open`` draws it next (``ui.app.wire``)."""
+        """``out`` with an empty canvas when it opened a job: ``after_open`` draws it next (``ui.app.wire``),
+        with what goes with a drawn canvas (sent once: each of them sets off the page's own events)."""
         if self.c.annotator in out:
             out[self.c.annotator] = None
+            c = self.c
+            for drawn_with in (c.pause_key, c.notes_md, c.label_target, c.label_text, c.undo_btn, c.redo_btn):
+                out.pop(drawn_with, None)
             st.undrawn = True
         return out
 
@@ -283,9 +241,12 @@ class Callbacks(EditorHandlers, ClaimHandlers, SignInHandlers):
             try:
                 found = client.next_job(exclude=exclude)
                 if found is None:
+                    st.prefetched = None  # whatever was fetched ahead is not waiting any more
                     return {self.c.banner_md: "No other job is waiting for review."}
+                # Before the page shows the next job, the one left is free for others (none after a submission).
                 self.release_claim(st, keep=found.job_id)
-                holder = self.claim_job(st, found.job_id)
+                # The claim and the job's fresh snapshot in one round trip (docs/protocol.md § Claims).
+                holder, snap = self.claim_fresh(st, found.job_id, snapshot=True)
             except ApiError as exc:  # e.g. the pause was consumed in between: try the next one
                 if exc.status_code != 409:
                     return {self.c.banner_md: error_text(exc)}
@@ -295,7 +256,11 @@ class Callbacks(EditorHandlers, ClaimHandlers, SignInHandlers):
             except Exception as exc:  # said in the banner
                 return {self.c.banner_md: error_text(exc)}
             if holder is None:
-                return self.emptied(st, self.open_job(st, found.job_id, claimed=True))
+                # Drawn in this one step: the canvas' column stays mounted (ui.layout), so it has its size
+                # when shown; no second event (``after_open``) on the way to the panel.
+                out = self.open_job(st, found.job_id, claimed=True, snap=snap)
+                self.prefetcher.start(st, client)  # the job N opens after this one (ui.prefetch)
+                return out
             exclude.append(found.job_id)
         return {self.c.banner_md: "Every other waiting job is being reviewed by someone else right now."}
 
@@ -355,7 +320,9 @@ class Callbacks(EditorHandlers, ClaimHandlers, SignInHandlers):
             if not st.undrawn or not st.job_id or st.snapshot is None:  # the first step opened nothing
                 return {self.c.banner_md: gr.skip()}
             st.undrawn = False
-            return self.refresh_view(st, redraw=True, banner=st.notice, error="")
+            out = self.refresh_view(st, redraw=True, banner=st.notice, error="")
+        self.prefetcher.start(st, self.clients.get(st.token))  # the job N opens next (ui.prefetch)
+        return out
 
     def after_take_over(self, st: ReviewerState) -> Update:
         return self.after_open(st)
@@ -444,6 +411,7 @@ class Callbacks(EditorHandlers, ClaimHandlers, SignInHandlers):
             res.quorum.model_dump() if res.quorum else None,
         )
         st.claimed = None  # an accepted submission ends the claim (docs/protocol.md § Claims)
+        self.prefetcher.start(st, client)  # the job N opens next (ui.prefetch)
         out = self.view(st, banner=msg + " Press N for the next job.", error="")
         out[self.c.draft_out] = draft_message(panel.job_id, panel.pause_token, None)  # confirmed: forget it
         return out

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 import gradio as gr
 
 from hitl_review.client import ApiError, ConflictError, HitlClient
-from hitl_review.statecore.models import ClaimView
+from hitl_review.statecore.models import ClaimedJob, ClaimView, JobSnapshot
 
-from .layout import Components
+from .layout import CANVAS_OFF, Components
 from .queue import claim_left_s
 from .session import ReviewerState
 
@@ -62,16 +62,24 @@ class ClaimHandlers:
 
     def claim_job(self, st: ReviewerState, job_id: str, *, force: bool = False) -> ClaimView | None:
         """Claim (or renew) ``job_id``; the other reviewer's claim when theirs is in the way (409)."""
+        return self.claim_fresh(st, job_id, force=force)[0]
+
+    def claim_fresh(
+        self, st: ReviewerState, job_id: str, *, force: bool = False, snapshot: bool = False
+    ) -> tuple[ClaimView | None, JobSnapshot | None]:
+        """``claim_job``, and with ``snapshot`` the job's snapshot read right after the claim, in the same
+        round trip (``POST …/claim?snapshot=true``, docs/protocol.md § Claims): the fresh state to open."""
         try:
-            claim = self.clients.get(st.token).claim(job_id, force=force)
+            client = self.clients.get(st.token)
+            claim = client.claim(job_id, force=force, snapshot=True) if snapshot else client.claim(job_id, force=force)
         except ConflictError as exc:
             if exc.code == "CLAIMED_BY_OTHER" and exc.claim is not None:
-                return exc.claim
+                return exc.claim, None
             raise
         with st.lock:
             st.reviewer, st.claimed, st.renewed_at = claim.reviewer, job_id, time.monotonic()
             st.held_by, st.taken_over = None, False
-        return None
+        return None, claim.snapshot if isinstance(claim, ClaimedJob) else None
 
     def release_claim(self, st: ReviewerState, keep: str | None = None) -> None:
         """Release the claim this session holds, unless it is on ``keep`` (best effort: it expires anyway)."""
@@ -123,7 +131,9 @@ class ClaimHandlers:
         return {
             c.claim_md: claim_text(st),
             c.takeover_btn: gr.update(visible=waiting and not free, value=c.takeover_btn.value),
-            c.review_col: gr.update(visible=st.panel is not None),
+            # shown or hidden by their class, never unmounted (ui.layout)
+            c.review_col: gr.update(elem_classes=[] if st.panel is not None else [CANVAS_OFF]),
+            c.canvas_col: gr.update(elem_classes=[] if st.panel is not None else [CANVAS_OFF]),
             c.submit_btn: gr.update(interactive=free, value=c.submit_btn.value),
             c.cut_btn: gr.update(interactive=free, value=c.cut_btn.value),
         }

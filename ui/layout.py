@@ -25,6 +25,7 @@ from .queue import TABLE_HEADERS
 from .session import ReviewerState
 
 QUEUE_REFRESH_S = 2.0
+CANVAS_OFF = "hitl-off"  # the class that hides the canvas' column and the review panel (ui.assets.CSS)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Components:
     claim_md: gr.Markdown  # who is reviewing the open job (docs/protocol.md § Claims)
     takeover_btn: gr.Button
     review_col: gr.Column
+    canvas_col: gr.Column  # the annotator's column: shown with the review panel (class CANVAS_OFF off)
     annotator: image_annotator
     label_target: gr.Dropdown
     label_text: gr.Textbox
@@ -103,6 +105,7 @@ class Components:
             self.claim_md,
             self.takeover_btn,
             self.review_col,
+            self.canvas_col,
             self.submit_btn,
             self.cut_btn,
             self.annotator,
@@ -197,7 +200,12 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
             claim_md = gr.Markdown("", elem_id="claim-note")
             takeover_btn = gr.Button("Take over", visible=False, elem_id="takeover-btn", size="sm")
             head = notes_head()  # the open job's flag and comments, above its panel
-            with gr.Column(visible=False, elem_id="review-panel") as review_col:
+            # The canvas and the review panel are never made invisible, only hidden by a class (CANVAS_OFF):
+            # Gradio 6 unmounts the children of an invisible column, and the annotator mounted a second
+            # time stayed empty, so no panel after a submission ever drew; mounting the panel's twenty
+            # components again on every N (and unmounting them on every submission) was most of the
+            # browser's work on the way to an interactive panel.
+            with gr.Column(elem_id="canvas-panel", elem_classes=[CANVAS_OFF]) as canvas_col:
                 annotator = image_annotator(
                     value=None,
                     label="Boxes",
@@ -215,6 +223,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
                     box_min_size=8,
                     enable_keyboard_shortcuts=True,
                 )
+            with gr.Column(elem_id="review-panel", elem_classes=[CANVAS_OFF]) as review_col:  # as the canvas
                 with gr.Row(elem_id="edit-toolbar"):
                     undo_btn = gr.Button("↶ Undo (Ctrl+Z)", elem_id="undo-btn", size="sm", interactive=False)
                     redo_btn = gr.Button("↷ Redo (Ctrl+Shift+Z)", elem_id="redo-btn", size="sm", interactive=False)
@@ -309,6 +318,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         claim_md=claim_md,
         takeover_btn=takeover_btn,
         review_col=review_col,
+        canvas_col=canvas_col,
         annotator=annotator,
         label_target=label_target,
         label_text=label_text,

@@ -197,6 +197,36 @@ def new_box_caption(label: str | None) -> str:
     return f"{NEW_PREFIX} {label}" if label else ""
 
 
+DISPLAY_MAX_W = 1280  # the canvas never shows more: a wider image is shown scaled down (ui.images)
+
+
+def display_size(width: int, height: int) -> tuple[int, int]:
+    """The size of the image the canvas shows: the original up to ``DISPLAY_MAX_W`` wide, else scaled."""
+    if width <= DISPLAY_MAX_W:
+        return width, height
+    return DISPLAY_MAX_W, max(1, round(height * DISPLAY_MAX_W / width))
+
+
+def display_scale(image: ImageRef) -> tuple[float, float]:
+    """Display pixels per original pixel, across and down (1.0 for an image shown at its own size)."""
+    w, h = display_size(image.width, image.height)
+    return w / image.width, h / image.height
+
+
+def to_display(image: ImageRef, bbox: Sequence[float]) -> tuple[float, float, float, float]:
+    """A box in original pixels as the canvas holds it (pixels of the display image)."""
+    sx, sy = display_scale(image)
+    x1, y1, x2, y2 = (float(v) for v in bbox)
+    return (x1, y1, x2, y2) if sx == sy == 1.0 else (x1 * sx, y1 * sy, x2 * sx, y2 * sy)
+
+
+def from_display(image: ImageRef, coords: Sequence[float]) -> list[float]:
+    """The inverse of ``to_display``: canvas (display) pixels back in pixels of the original image."""
+    sx, sy = display_scale(image)
+    x1, y1, x2, y2 = (float(v) for v in coords)
+    return [x1, y1, x2, y2] if sx == sy == 1.0 else [x1 / sx, y1 / sy, x2 / sx, y2 / sy]
+
+
 def annotator_box(bbox: Sequence[float], label: str, color: tuple[int, int, int]) -> dict[str, Any]:
     x1, y1, x2, y2 = bbox
     return {"xmin": x1, "ymin": y1, "xmax": x2, "ymax": y2, "label": label, "color": color}
@@ -215,16 +245,17 @@ def annotator_value(
 
     ``relabels``/``moved``/``deleted``/``added`` lay the reviewer's edits over the
     panel (used when edits are re-applied after a conflict). New boxes come first,
-    as the annotator itself puts a freshly drawn box first.
+    as the annotator itself puts a freshly drawn box first. Coordinates are in pixels of the image
+    the canvas shows (``display_size``); every reader turns them back with ``from_display``.
     """
     relabels, moved, gone = relabels or {}, moved or {}, set(deleted)
-    boxes = [annotator_box(bbox, new_box_caption(label), MANUAL_COLOR) for bbox, label in added]
+    shown = panel.image  # boxes go to the canvas in pixels of the display image (``to_display``)
+    boxes = [annotator_box(to_display(shown, bbox), new_box_caption(label), MANUAL_COLOR) for bbox, label in added]
     for pb in panel.boxes:
         if pb.box_id in gone:
             continue
-        boxes.append(
-            annotator_box(moved.get(pb.box_id, pb.box.bbox), box_caption(pb, relabels.get(pb.box_id)), box_color(pb))
-        )
+        bbox = to_display(shown, moved.get(pb.box_id, pb.box.bbox))
+        boxes.append(annotator_box(bbox, box_caption(pb, relabels.get(pb.box_id)), box_color(pb)))
     return {"image": image, "boxes": boxes, "orientation": 0}
 
 

@@ -141,6 +141,10 @@ async def follow_job(
             update, telling = await asyncio.to_thread(apply_and_render, st, snap, render)
             if update is None:
                 continue
+            if st.job_id != job_id or st.follow_gen != gen:
+                # Another job was opened while this view was rendered (an ended job's results take a
+                # while): sent now it could land after that job's panel and put this one back.
+                break
             told = telling
             yield update
             if is_terminal(snap):

@@ -113,6 +113,8 @@ class ReviewerState:
         self.queue_stage = ALL_STAGES  # the queue's stage filter
         self.queue_batch = ""  # the queue's batch filter ("": every batch)
         self.queue_flagged = False  # the queue's "Flagged only" filter (ui.notes_view)
+        self.queue_sent: list[list[Any]] | None = None  # the queue's rows last sent, without their ages
+        self.queue_sent_at = 0.0  # time.monotonic() of that
         self.history: EditHistory | None = None  # undo/redo of the open review's box edits
         self.server_set: list[Edits] = []  # states the app put on the canvas since the reviewer's last edit
         self.reviewer: str | None = None  # this reviewer's name, as their own claims spell it
@@ -127,6 +129,7 @@ class ReviewerState:
         self.undrawn = False  # a job was just opened with an empty canvas: the next step draws it
         self.mask_review: Any = None  # the open mask review (ui.mask_review.MaskReview), or None
         self.box_list: Any = None  # hidden and locked boxes of the open review (ui.box_list.BoxListState)
+        self.prefetched: Any = None  # the job N opens next, fetched ahead (ui.prefetch.Prefetched)
         self.follow_gen = 0  # bumped by every open; a follower of an older generation stops
         self.followed_gen = -1  # the generation a follower already serves
         self.lock = threading.RLock()
