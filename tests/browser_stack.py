@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from harness.hitl_up import HitlUp
+from harness.tokens import TOKENS
 
 from .browser_util import VIEWPORT, WAIT_MS, Reviewer, print_past_capture, require_chromium
 
@@ -55,3 +56,17 @@ def page_maker(browser: Any, ui_url: str) -> Iterator[Callable[..., Reviewer]]:
     finally:
         for ctx in contexts:
             ctx.close()
+
+
+@contextmanager
+def signed_in_maker(browser: Any, ui_url: str) -> Iterator[Callable[[str, str | None], Reviewer]]:
+    """``make(name, job)``: a page of reviewer ``name`` (``harness.tokens``) signed in through the
+    form, at ``job`` (``?job=``) when given; each in a browser context of its own."""
+    with page_maker(browser, ui_url) as new_page:
+
+        def make(name: str, job: str | None = None) -> Reviewer:
+            rv = new_page()
+            rv.sign_in(TOKENS[name], job)
+            return rv
+
+        yield make

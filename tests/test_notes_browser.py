@@ -27,7 +27,7 @@ from hitl_review.client import HitlClient
 from hitl_review.serve_app.samples import product_composite
 from hitl_review.ui.panel import ROUND1_TEXT
 
-from .browser_stack import page_maker, ui_up
+from .browser_stack import signed_in_maker, ui_up
 from .browser_util import (
     Api,
     Reviewer,
@@ -77,13 +77,7 @@ def no_job_left_waiting(stack: Stack) -> Iterator[None]:
 @pytest.fixture
 def reviewer(browser: Any, stack: Stack) -> Iterator[Callable[[str, str | None], Reviewer]]:
     """``reviewer(name, job)``: a signed-in page of ``name`` (its own browser context), at ``job``."""
-    with page_maker(browser, stack.ui_url) as new_page:
-
-        def make(name: str, job: str | None = None) -> Reviewer:
-            rv = new_page()
-            rv.sign_in(TOKENS[name], job)
-            return rv
-
+    with signed_in_maker(browser, stack.ui_url) as make:
         yield make
 
 

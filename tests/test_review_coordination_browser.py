@@ -34,7 +34,7 @@ from hitl_review.serve_app.samples import product_composite
 from hitl_review.ui.claims import CLAIM_RENEW_S
 from hitl_review.ui.panel import ROUND1_TEXT, ROUND2_TEXT
 
-from .browser_stack import page_maker, ui_up
+from .browser_stack import signed_in_maker, ui_up
 from .browser_util import (
     WAIT_MS,
     Api,
@@ -86,13 +86,7 @@ def no_job_left_waiting(stack: Stack) -> Iterator[None]:
 @pytest.fixture
 def reviewer(browser: Any, stack: Stack) -> Iterator[Callable[[str, str | None], Reviewer]]:
     """``reviewer(name, job)``: a signed-in page of ``name`` (its own browser context), at ``job``."""
-    with page_maker(browser, stack.ui_url) as new_page:
-
-        def make(name: str, job: str | None = None) -> Reviewer:
-            rv = new_page()
-            rv.sign_in(TOKENS[name], job)
-            return rv
-
+    with signed_in_maker(browser, stack.ui_url) as make:
         yield make
 
 
