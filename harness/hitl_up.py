@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from hitl_review.serve_app.redis_server import free_port
+from hitl_review.serve_app.ports import quiet_port
 
 from .proc import Child
 from .tokens import token_file
@@ -47,8 +47,8 @@ class HitlUp:
         keeps the whole output in a file as well; ``api_port``: the port of an earlier ``hitl up``
         on this data directory (a restart), a free one by default."""
         self.data_dir = data_dir
-        self.api_port = api_port or free_port()
-        self.ui_port = free_port() if ui else None
+        self.api_port = api_port or quiet_port()
+        self.ui_port = quiet_port() if ui else None
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         self.ui_url = f"http://127.0.0.1:{self.ui_port}" if ui else None
         self.redis_url: str | None = None

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hitl_review.serve_app.redis_server import free_port
+from hitl_review.serve_app.ports import free_port
 
 RUN_AS = "postgres"  # the account Debian's postgresql package creates
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from hitl_review.serve_app.redis_server import free_port
+from hitl_review.serve_app.ports import quiet_port
 
 from .proc import Child
 
@@ -63,7 +63,7 @@ def _node_ports(port: Any) -> list[str]:
 class RayCluster:
     def __init__(self, *, head_cpus: int = 4, log_dir: Path | None = None) -> None:
         self.temp_dir = Path(tempfile.mkdtemp(prefix="hitl-rc-", dir="/tmp"))
-        self._taken: set[int] = set()  # two free_port() calls may return one port: never hand it out twice
+        self._taken: set[int] = set()  # two quiet_port() calls may return one port: never hand it out twice
         self.gcs_port = self.port()
         self.dashboard_port = self.port()
         self.address = f"127.0.0.1:{self.gcs_port}"
@@ -79,7 +79,7 @@ class RayCluster:
 
     def port(self) -> int:
         """A free loopback port not yet given to this cluster."""
-        while (p := free_port()) in self._taken:
+        while (p := quiet_port()) in self._taken:
             continue
         self._taken.add(p)
         return p

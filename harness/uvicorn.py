@@ -28,7 +28,8 @@ from fastapi import FastAPI
 
 from hitl_review.serve_app.config import Settings
 from hitl_review.serve_app.durability import appendfsync
-from hitl_review.serve_app.redis_server import RedisServer, free_port
+from hitl_review.serve_app.ports import free_port
+from hitl_review.serve_app.redis_server import RedisServer
 from hitl_review.serve_app.runtime import local_app
 from hitl_review.statecore.models import NodeCommand
 

@@ -33,7 +33,7 @@ from .auth import local_token
 from .config import ConfigError, Settings, load_config_file, save_deployment
 from .durability import appendfsync
 from .logging_setup import BACKUPS, MAX_BYTES, rotate_file, setup_logging
-from .redis_server import RedisServer, free_port
+from .redis_server import RedisServer
 from .stopping import Stopper, descendants
 
 log = logging.getLogger("hitl.up")
@@ -281,7 +281,7 @@ def _start_ui(
     settings: Settings, api_url: str, token: str | None, stop: threading.Event | None = None
 ) -> tuple[subprocess.Popen, str]:
     """Start the UI and wait until it answers; a stop meanwhile returns at once (it is stopped next)."""
-    port = settings.ui_port or free_port()
+    port = settings.ui_port or ports.quiet_port()
     args = [sys.executable, "-m", "hitl_review.ui", "--api-url", api_url, "--host", settings.host, "--port", str(port)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # its lines reach ui.log as they are written
     if token:

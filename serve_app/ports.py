@@ -6,12 +6,20 @@ servers do (``serve_app.ray_runtime.reuse_ingress_address``), so the connections
 predecessor left behind (TIME_WAIT) do not count: a restart on the same port goes ahead at once.
 Only connections of a server that did not set ``SO_REUSEADDR`` itself (a build before this one)
 still hold the port, until the kernel lets them go (60 s): that is waited for, and said.
+
+Free ports for what binds later (:func:`quiet_port`): a port from the kernel's ephemeral range
+(32768-60999 on Linux) is what every outgoing connection takes as its local port, so one picked
+now and bound seconds later (by Ray's start, by Serve's Api replica) can be taken meanwhile by one
+of the many sockets Ray's processes open, and the bind fails (seen in CI: the head proxy's port,
+then the direct-ingress Api replica's ``NoAvailablePortError``). What binds at once (a
+``redis-server`` started on the next line) may take :func:`free_port`.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import random
 import socket
 import time
 
@@ -81,3 +89,47 @@ def check(host: str, ports: dict[str, int]) -> None:
             raise SystemExit(
                 f"hitl up: cannot listen on {host}:{port} ({flag}): {why}. Stop it, or pass another {flag}."
             )
+
+
+def free_port(max_port: int = 65535) -> int:
+    """A free loopback port; ``max_port`` bounds it (a cluster node also listens on port+10000)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port <= max_port:
+            return port
+
+
+def free_cluster_port() -> int:
+    """A free port for a cluster node: at most 55535 (redis-server refuses more in
+    cluster mode) and whose cluster bus port (+10000) is free as well."""
+    while True:
+        port = free_port(55535)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+def quiet_port(low: int = 20000, high: int = 32767) -> int:
+    """A free loopback port between Ray's worker ports (10002-19999) and the kernel's ephemeral
+    range, where no outgoing connection takes it before its owner binds it."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(low, high)
+        if port_free("127.0.0.1", port):
+            return port
+    return free_port()
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether ``port`` can be bound on ``host`` now."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

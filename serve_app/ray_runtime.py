@@ -21,7 +21,6 @@ import importlib
 import ipaddress
 import logging
 import os
-import random
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from .config import Settings
-from .redis_server import free_port
+from .ports import port_free, quiet_port
 
 log = logging.getLogger("hitl.ray")
 
@@ -130,37 +129,11 @@ def reuse_ingress_address() -> bool:
     return True
 
 
-def quiet_port(low: int = 20000, high: int = 32767) -> int:
-    """A free loopback port between Ray's worker ports (10002-19999) and the kernel's ephemeral range
-    (32768-60999): picked before Ray starts and bound seconds later, a port from the ephemeral range
-    can be taken meanwhile by one of the many sockets Ray's processes open (seen in CI: the head
-    proxy failed to bind its port)."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randint(low, high)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    return free_port()
-
-
 def serve_http_options(settings: Settings, info: RayInfo) -> dict[str, Any]:
     """``serve.start``'s ``http_options``: the proxy on the API port, or under direct ingress on
     a port of its own (the Api replica takes ``--api-port`` and the same host)."""
     port = info.proxy_port if info.ingress == "direct" and info.proxy_port else settings.api_port
     return {"host": settings.host, "port": port}
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def dashboard_port(requested: int | None, host: str) -> int | None:
@@ -169,8 +142,8 @@ def dashboard_port(requested: int | None, host: str) -> int | None:
     goes (so two ``hitl up`` starting at once do not race for it); the READY line names the one
     taken. Given: that port, refused at once when it is taken; 0: any free port."""
     if requested == 0:
-        return free_port()
-    if requested is not None and not _port_free(host, requested):
+        return quiet_port()
+    if requested is not None and not port_free(host, requested):
         raise SystemExit(f"hitl up: --dashboard-port {requested} is in use on {host}; pick another or pass 0")
     return requested
 
@@ -190,7 +163,7 @@ def start(
     proxy_port = None
     if mode == "direct":
         if not settings.api_port:
-            settings.api_port = free_port()
+            settings.api_port = quiet_port()
         os.environ.update(direct_ingress_env(settings.api_port))
         proxy_port = quiet_port()
     elif not settings.ray_address:  # our own cluster: not direct because a caller's environment said so

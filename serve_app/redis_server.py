@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from pathlib import Path
 import redis
 
 from .logging_setup import BACKUPS, MAX_BYTES, rotate_file
+from .ports import free_cluster_port, free_port
 
 # Small hashes stay listpack-encoded: a job's meta (with its box list) is a few
 # hundred bytes, so this keeps a waiting job well under 4 KiB.
@@ -30,29 +30,6 @@ TUNING = [
     "--zset-max-listpack-entries",
     "1024",
 ]
-
-
-def free_port(max_port: int = 65535) -> int:
-    """A free loopback port; ``max_port`` bounds it (a cluster node also listens on port+10000)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port: int = s.getsockname()[1]
-        if port <= max_port:
-            return port
-
-
-def free_cluster_port() -> int:
-    """A free port for a cluster node: at most 55535 (redis-server refuses more in
-    cluster mode) and whose cluster bus port (+10000) is free as well."""
-    while True:
-        port = free_port(55535)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
 
 
 def find_binary(name: str) -> str | None:

@@ -36,7 +36,22 @@ def ui_up(
         except Exception:  # a stuck shutdown must not hide the test result
             up.kill()
         line = f"{request.node.nodeid}: wall time {time.monotonic() - began:.1f} s (hitl up included)"
-        print_past_capture(request, line)
+        print_past_capture(request, line + tracebacks(up.child.lines))
+
+
+def tracebacks(lines: list[str], most: int = 3, length: int = 40) -> str:
+    """The first ``most`` tracebacks in ``hitl up``'s output (what the UI and the API raised while the
+    module ran: a page that did not answer a click says why here), each at most ``length`` lines."""
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback") and len(out) < most:
+            block = [line]
+            for nxt in lines[i + 1 : i + length]:
+                block.append(nxt)
+                if nxt and not nxt[0].isspace():  # the exception's own line ends the block
+                    break
+            out.append("\n".join(block))
+    return "".join(f"\n--- a traceback in hitl up's output:\n{b}" for b in out)
 
 
 @contextmanager

@@ -22,7 +22,8 @@ import yaml
 from harness.ci import require_binary
 from hitl_review.serve_app import cli, config
 from hitl_review.serve_app.config import Settings
-from hitl_review.serve_app.redis_server import RedisServer, free_port
+from hitl_review.serve_app.ports import free_port, quiet_port
+from hitl_review.serve_app.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 # From the caller's shell they would point `hitl up` elsewhere.
@@ -52,7 +53,7 @@ def hitl(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60) 
 
 def up(tmp_path: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``hitl up`` on free ports, no UI, no dashboard: what a refusal must stop before starting."""
-    base = ["up", "--data-dir", str(tmp_path / "data"), "--api-port", str(free_port()), "--no-ui", "--no-dashboard"]
+    base = ["up", "--data-dir", str(tmp_path / "data"), "--api-port", str(quiet_port()), "--no-ui", "--no-dashboard"]
     return hitl(*base, *args, env=env)
 
 
@@ -149,7 +150,7 @@ def test_a_missing_redis_server_is_one_line(tmp_path: Path, monkeypatch: pytest.
     for name in FOREIGN_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(redis_server, "find_binary", lambda name: None)
-    argv = ["up", "--data-dir", str(tmp_path / "data"), "--api-port", str(free_port()), "--no-ui", "--no-dashboard"]
+    argv = ["up", "--data-dir", str(tmp_path / "data"), "--api-port", str(quiet_port()), "--no-ui", "--no-dashboard"]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("hitl up: redis-server not found"), err
@@ -215,7 +216,7 @@ def test_a_serve_deployment_that_fails_to_start_shows_the_replicas_own_error(tmp
     weights = tmp_path / "weights.pth"
     weights.write_bytes(b"not a torch file")
     proc = hitl(
-        *("up", "--data-dir", str(tmp_path / "data"), "--api-port", str(free_port()), "--no-ui", "--no-dashboard"),
+        *("up", "--data-dir", str(tmp_path / "data"), "--api-port", str(quiet_port()), "--no-ui", "--no-dashboard"),
         *("--detector", "torchvision", "--detector-weights", str(weights)),
         timeout=300,
     )

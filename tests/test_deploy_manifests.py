@@ -38,7 +38,8 @@ from harness.ci import require_binary
 from hitl_review.serve_app import ray_runtime
 from hitl_review.serve_app.application import ENV_FALLBACK, Api, AppArgs, refuse_volatile_redis
 from hitl_review.serve_app.config import Settings
-from hitl_review.serve_app.redis_server import RedisServer, free_port
+from hitl_review.serve_app.ports import free_port
+from hitl_review.serve_app.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = ROOT / "deploy" / "serve-config.yaml"

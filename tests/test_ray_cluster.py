@@ -32,7 +32,7 @@ from harness.tokens import TOKENS_SPEC
 from hitl_review.serve_app import ray_runtime
 from hitl_review.serve_app.config import Settings
 from hitl_review.serve_app.launcher import ready_line
-from hitl_review.serve_app.redis_server import free_port
+from hitl_review.serve_app.ports import free_port
 from tests.api_util import blank_with_product, intervene, keep_all, submit, wait_done, wait_status
 
 OTHER_APP = """

@@ -28,7 +28,8 @@ from harness.ci import require_binary
 from harness.proc import Child
 from harness.ray_cluster import RayCluster, ray_cli
 from harness.tokens import token_file
-from hitl_review.serve_app.redis_server import RedisServer, free_port
+from hitl_review.serve_app.ports import quiet_port
+from hitl_review.serve_app.redis_server import RedisServer
 from hitl_review.serve_app.samples import product_composite
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -154,7 +155,7 @@ def test_serve_run_serves_and_a_job_reaches_its_pause(cluster: RayCluster, redis
     """``serve run serve_app.application:app`` with its settings in the environment, and
     ``serve run serve_app.application:build_app key=value…`` with them as builder arguments."""
     t0 = time.monotonic()
-    port = free_port()
+    port = quiet_port()
     # Serve's HTTP port for an import path is fixed (8000) unless Serve is already up: start it on a free one.
     serve_cli(
         "start",
@@ -253,7 +254,7 @@ def site_config(redis_url: str, tmp_path: Path, checkpoint: str, port: int) -> d
     checkpoint, the HTTP address. Deployments and every other argument stay as committed."""
     config = committed()
     config["http_options"] = {"host": "127.0.0.1", "port": port}
-    config["grpc_options"]["port"] = free_port()
+    config["grpc_options"]["port"] = quiet_port()
     [app] = config["applications"]
     app["args"].update(
         redis_url=redis_url,
@@ -273,7 +274,7 @@ def test_serve_deploy_config_runs_healthy(
     cluster: RayCluster, redis_url: str, tiny_sam_checkpoint: str, tmp_path: Path
 ) -> None:
     t0 = time.monotonic()
-    port = free_port()
+    port = quiet_port()
     config = site_config(redis_url, tmp_path, tiny_sam_checkpoint, port)
     path = tmp_path / "serve-config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))

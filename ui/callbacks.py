@@ -9,6 +9,7 @@ no browser: build ``Components`` with ``ui.layout.layout`` inside a
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -46,6 +47,8 @@ from .signin import SignInHandlers, make_async_client, make_client
 from .stats import ReviewStats
 
 Update = dict[Any, Any]
+
+log = logging.getLogger("hitl.ui")
 
 
 class Clients:
@@ -258,7 +261,11 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
             if holder is None:
                 # Drawn in this one step: the canvas' column stays mounted (ui.layout), so it has its size
                 # when shown; no second event (``after_open``) on the way to the panel.
-                out = self.open_job(st, found.job_id, claimed=True, snap=snap)
+                try:
+                    out = self.open_job(st, found.job_id, claimed=True, snap=snap)
+                except Exception as exc:  # said in the banner and logged: an N that answers nothing looks dead
+                    log.exception("opening %s after N", found.job_id)
+                    return {self.c.banner_md: f"Could not open {found.job_id}: " + error_text(exc)}
                 self.prefetcher.start(st, client)  # the job N opens after this one (ui.prefetch)
                 return out
             exclude.append(found.job_id)
