@@ -285,7 +285,7 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         if signed_in:
             out.update(self.queue_update(st))
             if job:
-                out.update(self.emptied(st, self.open_job(st, job)))  # drawn by ``after_open``, the next step
+                out.update(self.open_job(st, job))  # drawn in this step, as N and a sign-in at ``?job=`` draw
         return out
 
     # ------------------------------------------------------------------ following the open job

@@ -25,7 +25,7 @@ from .queue import TABLE_HEADERS
 from .session import ReviewerState
 
 QUEUE_REFRESH_S = 2.0
-CANVAS_OFF = "hitl-off"  # the class that hides the canvas' column and the review panel (ui.assets.CSS)
+CANVAS_OFF = "hitl-off"  # hides the main row before sign-in, the canvas column and the review panel (ui.assets.CSS)
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,9 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         signout_btn = gr.Button("Sign out", size="sm", elem_id="signout-btn", scale=0, min_width=100)
     saved_login = browser_state()
 
-    with gr.Row(visible=not require_login, elem_id="main-panel") as main_row:
+    # Hidden by a class until sign-in, never made invisible: an invisible row is unmounted, and the canvas
+    # mounted with it by the sign-in's update sometimes stayed empty (a sign-in at ``?job=``).
+    with gr.Row(elem_id="main-panel", elem_classes=[CANVAS_OFF] if require_login else []) as main_row:
         with gr.Column(scale=2, min_width=460):
             gr.Markdown("### Waiting for review")
             stage_filter = gr.Dropdown(
