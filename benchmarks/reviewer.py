@@ -57,6 +57,7 @@ from typing import Any
 import httpx
 import psutil
 
+from benchmarks.reviewer_figures import table
 from harness.bench import log, parse_at, pct
 from harness.hitl_up import HitlUp
 from harness.reviewer_page import ANSWERED_JS, BLUR_JS, JOB_ID, MISS_TEXT, OPENED_JS, SHOWN_JS, WATCH_JS, shown_job
@@ -236,9 +237,7 @@ async def review(run: Run, page: Any, who: str) -> None:
             after = run.polls_started
             continue
         prev = got["job"]
-        run.opened.append(
-            {"reviewer": who, "job": got["job"], "pause": got["pause"], "pressed": pressed, "t": got["t"]}
-        )
+        run.opened.append({"reviewer": who, "pressed": pressed, **got})
         after = await answer(run, page, who, got)
 
 
@@ -327,7 +326,7 @@ async def scenario(
             for e in audits.get(found.group(0) if found else "", [])
         ]
 
-    pause_ms, press_ms, decided_ms = [], [], []
+    pause_ms, press_ms, decided_ms, line_ms, draw_ms = [], [], [], [], []
     opened_at: dict[tuple[str, str], float | None] = {}
     for o in run.opened:
         key = (o["job"], o["pause"])
@@ -338,6 +337,8 @@ async def scenario(
             pause_ms.append((o["t"] / 1000 - at) * 1000)
         if o["pressed"] is not None:
             press_ms.append((o["t"] / 1000 - o["pressed"]) * 1000)
+            line_ms.append(o["shown"] - o["pressed"] * 1000)  # the server's and Gradio's part
+            draw_ms.append(o["t"] - o["shown"])  # the browser's
     for a in run.decided.values():
         at = opened_at.get((a["job"], a["pause"]))
         if at is not None and a["kind"] == "ok":
@@ -357,6 +358,8 @@ async def scenario(
         "pause_to_interactive_p95_ms": round(pct(pause_ms, 0.95), 1),
         "n_to_interactive_p50_ms": round(pct(press_ms, 0.5), 1),
         "n_to_interactive_p95_ms": round(pct(press_ms, 0.95), 1),
+        "n_to_job_line_p50_ms": round(pct(line_ms, 0.5), 1),
+        "job_line_to_interactive_p50_ms": round(pct(draw_ms, 0.5), 1),
         "submit_to_banner_p50_ms": round(pct(submit_ms, 0.5), 1),
         "submit_to_banner_p95_ms": round(pct(submit_ms, 0.95), 1),
         "pause_to_decided_p50_ms": round(pct(decided_ms, 0.5), 1),
@@ -432,29 +435,6 @@ async def measure(up: HitlUp, args: argparse.Namespace, counts: list[int]) -> di
         finally:
             await browser.close()
     return results
-
-
-def table(results: dict[str, Any]) -> str:
-    rows = [
-        ("jobs decided / opened / answers", lambda r: f"{r['jobs_decided']} / {r['jobs_opened']} / {r['submissions']}"),
-        ("pause → interactive p50 (ms)", lambda r: r["pause_to_interactive_p50_ms"]),
-        ("pause → interactive p95 (ms)", lambda r: r["pause_to_interactive_p95_ms"]),
-        ("N → interactive p50 (ms)", lambda r: r["n_to_interactive_p50_ms"]),
-        ("N → interactive p95 (ms)", lambda r: r["n_to_interactive_p95_ms"]),
-        ("submit → banner p50 (ms)", lambda r: r["submit_to_banner_p50_ms"]),
-        ("submit → banner p95 (ms)", lambda r: r["submit_to_banner_p95_ms"]),
-        ("pause → decided p50 (ms)", lambda r: r["pause_to_decided_p50_ms"]),
-        ("pause → decided p95 (ms)", lambda r: r["pause_to_decided_p95_ms"]),
-        ("submissions ending in 409", lambda r: f"{r['conflicts_409']} ({(r['share_409'] or 0):.1%})"),
-        ("answers not confirmed (banner)", lambda r: r["banner_not_confirmed"]),
-        ("N presses finding nothing", lambda r: r["n_misses"]),
-        ("wall (s)", lambda r: r["wall_s"]),
-    ]
-    keys = list(results)
-    out = [f"{'reviewers':<32}" + "".join(f"{k:>14}" for k in keys), "-" * (32 + 14 * len(keys))]
-    for label, get in rows:
-        out.append(f"{label:<32}" + "".join(f"{get(results[k])!s:>14}" for k in keys))
-    return "\n".join(out)
 
 
 def main() -> int:

@@ -19,6 +19,14 @@ WATCH_JS = """() => {
     window.__hitlBannerN += 1;
     window.__hitlBanners.push({ text: el.innerText.trim(), t: Date.now() });
   }).observe(el, { subtree: true, childList: true, characterData: true });
+  // When each job first appeared on the job line: N -> job line is the server's and Gradio's part of an
+  // opening, job line -> interactive the browser's (the canvas drawing the image).
+  const line = document.querySelector('#job-id [data-testid="markdown"]');
+  window.__hitlJobShown = {};
+  new MutationObserver(() => {
+    const m = line.innerText.match(/job_[0-9A-Za-z]+/);
+    if (m && !(m[0] in window.__hitlJobShown)) { window.__hitlJobShown[m[0]] = Date.now(); }
+  }).observe(line, { subtree: true, childList: true, characterData: true });
 }"""
 # After N: the new job's panel interactive (its pause on the stage line, Submit on, the image drawn),
 # or the banner's fresh answer that nothing could be opened.
@@ -39,7 +47,8 @@ OPENED_JS = """([prev, mark]) => {
   if (!canvas || !canvas.width || !canvas.height || canvas.offsetParent === null) { return false; }
   const ctx = canvas.getContext('2d');
   if (ctx && ctx.getImageData(canvas.width >> 1, canvas.height >> 1, 1, 1).data[3] === 0) { return false; }
-  return { kind: 'open', job: job[0], pause: pause[0], t: Date.now() };
+  const t = Date.now();
+  return { kind: 'open', job: job[0], pause: pause[0], t, shown: (window.__hitlJobShown || {})[job[0]] || t };
 }"""
 # After Enter: the confirmation, a refusal under the panel, or a fresh banner of a conflict (409).
 # The banners shown since ``mark`` are read from the watcher's log, so a confirmation replaced at once
