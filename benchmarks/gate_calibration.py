@@ -1,18 +1,22 @@
 #!/usr/bin/env python
-"""Calibrate ``gate-v2``'s learned score (``deployments/quality/gate_v2.py``) on the labelled set.
+"""Calibrate a learned gate policy's score (``--policy gate-v2``: ``deployments/quality/gate_v2.py``;
+``gate-v3``: ``gate_v3.py``, gate-v2's features and its own) on the labelled set.
 
 For each calibration seed (default 1-5; the report is on seed 0, which calibration never sees), every
 subject of ``--n`` images is segmented by the classical segmenter from the benchmark's boxes
-(``cutout_quality.subject_boxes``) and scored with gate-v2's features; a mask is bad at IoU < 0.85.
+(``cutout_quality.subject_boxes``) and scored with the policy's features; a mask is bad at IoU < 0.85.
 Masks the policy's degenerate-case thresholds already fail (fill, pieces) are left out; on the rest,
 boosted decision stumps with a logistic loss (``--rounds`` of step ``--step``, each feature cut at
 ``--bins`` quantiles) are fitted and collapsed into one step function per feature, and the threshold
-is the score of the bad mask at ``--recall``. Prints the ``GATE_V2_SCORE`` literal to paste into
-``gate_v2.py``, and the calibration's own recall and precision at that threshold. ``--rows`` keeps the
-scored rows (JSON), ``--from-rows`` refits from them without segmenting again.
+is the score of the bad mask at ``--recall``. Prints the ``GATE_V2_SCORE`` (``GATE_V3_SCORE``) literal
+to paste into ``gate_v2.py`` (``gate_v3.py``), and the calibration's own recall and precision at that
+threshold; ``--held-out`` first leaves each seed out in turn (fit and threshold on the others, figures
+on it: how far a threshold fixed in advance moves on unseen images). ``--rows`` keeps the scored rows
+(JSON), ``--from-rows`` refits from them without segmenting again.
 
     .venv/bin/python benchmarks/gate_calibration.py --rows /tmp/gate_rows.json    # ~10 min on 2 cores
     .venv/bin/python benchmarks/gate_calibration.py --from-rows /tmp/gate_rows.json --recall 0.97
+    .venv/bin/python benchmarks/gate_calibration.py --policy gate-v3 --rows /tmp/gate_v3_rows.json --held-out
 """
 
 from __future__ import annotations
@@ -31,16 +35,19 @@ from benchmarks.cutout_quality import subject_boxes
 from harness.bench import log
 from hitl_review.deployments.backends.base import make_segmenter
 from hitl_review.deployments.quality.gate import policy, score_mask
+from hitl_review.deployments.quality.gate_v3 import V3_FEATURES
 from hitl_review.deployments.quality.metrics import mask_iou
 
-FEATURES = (
+FEATURES_V2 = (
     *("fill", "box_gap", "box_agreement", "edge_touch", "cut_off", "holes", "contrast", "edge_alignment", "bg_closer"),
     *("edge_share", "solidity", "recut_iou", "bg_like", "fg_iou_loose", "fg_iou_strict", "fg_stability", "bg_noise"),
     "outline_fit",
 )
+FEATURES: dict[str, tuple[str, ...]] = {"gate-v2": FEATURES_V2, "gate-v3": (*FEATURES_V2, *V3_FEATURES)}
+LITERAL = {"gate-v2": "GATE_V2_SCORE", "gate-v3": "GATE_V3_SCORE"}
 
 
-def score_rows(seeds: list[int], n: int) -> list[dict[str, Any]]:
+def score_rows(seeds: list[int], n: int, gate: str = "gate-v2") -> list[dict[str, Any]]:
     segmenter = make_segmenter("classical")
     rows: list[dict[str, Any]] = []
     for seed in seeds:
@@ -54,15 +61,15 @@ def score_rows(seeds: list[int], n: int) -> list[dict[str, Any]]:
                 )
                 for subject, bbox, item in zip(sample.subjects, boxes, found, strict=True):
                     mask = np.asarray(item["mask"], bool)
-                    scores = score_mask(sample.image, bbox, mask, gate="gate-v2")
+                    scores = score_mask(sample.image, bbox, mask, gate=gate)
                     rows.append({"seed": seed, "split": split, "iou": mask_iou(mask, subject.mask), "scores": scores})
         log(f"seed {seed}: {sum(r['seed'] == seed for r in rows)} subjects in {time.perf_counter() - t0:.0f} s")
     return rows
 
 
-def degenerate(scores: dict[str, float]) -> bool:
-    """What gate-v2 fails before its learned score: an empty or box-filling mask, a sliver, pieces."""
-    p = policy("gate-v2")
+def degenerate(scores: dict[str, float], gate: str = "gate-v2") -> bool:
+    """What a learned policy fails before its score: an empty or box-filling mask, a sliver, pieces."""
+    p = policy(gate)
     return bool(
         scores["fill"] < p.min_fill or scores["fill"] > p.max_fill or scores["largest_share"] < p.min_largest_share
     )
@@ -117,11 +124,12 @@ def merged(edges: np.ndarray, values: np.ndarray) -> tuple[list[float], list[flo
     return e, v
 
 
-def literal(model: dict[str, Any], threshold: float) -> str:
-    """``GATE_V2_SCORE``'s source: one feature's edges and values a line each (no reformatting)."""
-    lines = ["# fmt: off", "GATE_V2_SCORE = LearnedScore(", f"    base={model['base']:.4f},"]
-    lines += [f"    threshold={threshold:.4f},", "    tables={"]
-    for name, edges, values in zip(FEATURES, model["edges"], model["values"], strict=True):
+def literal(model: dict[str, Any], threshold: float, gate: str = "gate-v2") -> str:
+    """The score's source (``GATE_V2_SCORE``, ``GATE_V3_SCORE``): one feature's edges and values a line
+    each (no reformatting)."""
+    lines = ["# fmt: off", f"{LITERAL[gate]} = LearnedScore(", f"    base={model['base']:.4f},"]
+    lines += [f"    threshold={threshold:.4f},", *(["    words=WORDS,"] if gate != "gate-v2" else []), "    tables={"]
+    for name, edges, values in zip(FEATURES[gate], model["edges"], model["values"], strict=True):
         e, v = merged(edges, values)
         if not e:
             continue  # never chosen: no say in the score
@@ -133,8 +141,49 @@ def literal(model: dict[str, Any], threshold: float) -> str:
     return "\n".join(lines)
 
 
+def scored(model: dict[str, Any], x: np.ndarray, rule: np.ndarray) -> np.ndarray:
+    """The model's score of rows ``x``; the degenerate ones (``rule``) fail whatever it says."""
+    score = np.full(len(x), model["base"])
+    for j, (edges, values) in enumerate(zip(model["edges"], model["values"], strict=True)):
+        score += values[np.searchsorted(edges, x[:, j], side="left")]
+    score[rule] = np.inf
+    return score
+
+
+def at_recall(score: np.ndarray, bad: np.ndarray, recall: float) -> float:
+    """The threshold that fails ``recall`` of the bad rows (the score of the bad one just below)."""
+    return float(np.sort(score[bad])[int(np.floor((1 - recall) * bad.sum()))])
+
+
+def figures(score: np.ndarray, bad: np.ndarray, threshold: float) -> tuple[float, float]:
+    failed = score >= threshold
+    return (failed & bad).sum() / max(1, bad.sum()), (failed & bad).sum() / max(1, failed.sum())
+
+
+def held_out(x: np.ndarray, bad: np.ndarray, rule: np.ndarray, seed: np.ndarray, args: argparse.Namespace) -> None:
+    """Leave one calibration seed out: fit and fix the threshold on the others, then recall and precision
+    on the one left out (at the threshold, and the ranking's precision at recall 0.95): how far a
+    threshold fixed in advance moves on images it never saw."""
+    got = []
+    for s in np.unique(seed):
+        train, test = seed != s, seed == s
+        model = fit(x[train & ~rule], bad[train & ~rule].astype(float), args.rounds, args.step, args.bins)
+        threshold = at_recall(scored(model, x[train], rule[train]), bad[train], args.recall)
+        score = scored(model, x[test], rule[test])
+        recall, precision = figures(score, bad[test], threshold)
+        ranked = figures(score, bad[test], at_recall(score, bad[test], 0.95))[1]
+        got.append((recall, precision, ranked))
+        log(f"seed {s} held out: recall {recall:.3f}, precision {precision:.3f} (at recall 0.95: {ranked:.3f})")
+    r, p, q = np.array(got).T
+    log(
+        f"held out, mean (min-max): recall {r.mean():.3f} ({r.min():.3f}-{r.max():.3f}), precision "
+        f"{p.mean():.3f} ({p.min():.3f}-{p.max():.3f}), at recall 0.95 {q.mean():.3f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policy", default="gate-v2", choices=sorted(FEATURES), help="the learned policy to calibrate")
     ap.add_argument("--seeds", default="1,2,3,4,5", help="calibration seeds (never 0: the report's)")
     ap.add_argument("--n", type=int, default=300, help="images per seed, half per split")
     ap.add_argument("--rounds", type=int, default=300)
@@ -142,31 +191,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bins", type=int, default=12)
     ap.add_argument("--recall", type=float, default=0.97, help="the calibration set's recall the threshold keeps")
     ap.add_argument("--bad-iou", type=float, default=0.85)
+    ap.add_argument("--held-out", action="store_true", help="also leave each seed out in turn (see held_out)")
     ap.add_argument("--rows", type=Path, default=None, help="write the scored rows here (JSON)")
     ap.add_argument("--from-rows", type=Path, default=None, help="refit from rows written by --rows")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if 0 in seeds:
         ap.error("seed 0 is the report's: calibrate on others")
-    rows = json.loads(args.from_rows.read_text()) if args.from_rows else score_rows(seeds, args.n)
+    rows = json.loads(args.from_rows.read_text()) if args.from_rows else score_rows(seeds, args.n, args.policy)
     rows = [r for r in rows if r["seed"] in seeds]
     if args.rows:
         args.rows.write_text(json.dumps(rows))
-    x = np.array([[r["scores"][k] for k in FEATURES] for r in rows], float)
+    features = FEATURES[args.policy]
+    x = np.array([[r["scores"][k] for k in features] for r in rows], float)
     bad = np.array([r["iou"] < args.bad_iou for r in rows])
-    rule = np.array([degenerate(r["scores"]) for r in rows])
+    rule = np.array([degenerate(r["scores"], args.policy) for r in rows])
+    if args.held_out:
+        held_out(x, bad, rule, np.array([r["seed"] for r in rows]), args)
     model = fit(x[~rule], bad[~rule].astype(float), args.rounds, args.step, args.bins)
-    score = np.full(len(rows), model["base"])
-    for j in range(len(FEATURES)):
-        score += model["values"][j][np.searchsorted(model["edges"][j], x[:, j], side="left")]
-    score[rule] = np.inf
-    threshold = float(np.sort(score[bad])[int(np.floor((1 - args.recall) * bad.sum()))])
-    failed = score >= threshold
+    score = scored(model, x, rule)
+    threshold = at_recall(score, bad, args.recall)
+    recall, precision = figures(score, bad, threshold)
     log(
         f"calibration: {len(rows)} subjects, {int(bad.sum())} bad; at threshold {threshold:.4f}: recall "
-        f"{(failed & bad).sum() / bad.sum():.3f}, precision {(failed & bad).sum() / failed.sum():.3f}"
+        f"{recall:.3f}, precision {precision:.3f}"
     )
-    print(literal(model, threshold))
+    print(literal(model, threshold, args.policy))
     return 0
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
@@ -53,11 +53,13 @@ RING_NEAR = 5  # how near the outline the subject's and the background's sides a
 @dataclass(frozen=True)
 class LearnedScore:
     """An additive logistic score: ``base`` plus, per feature, ``values[i]`` where ``i`` is the number of
-    ``edges`` below the feature's value (``len(values) == len(edges) + 1``); fail at ``>= threshold``."""
+    ``edges`` below the feature's value (``len(values) == len(edges) + 1``); fail at ``>= threshold``.
+    ``words``: ``explain``'s phrases for features it does not know (as its ``_WORDS``)."""
 
     base: float
     tables: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]]
     threshold: float
+    words: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def contributions(self, scores: Mapping[str, float]) -> dict[str, float]:
         return {k: values[bisect_left(edges, scores[k])] for k, (edges, values) in self.tables.items()}
@@ -102,7 +104,7 @@ def explain(learned: LearnedScore, scores: Mapping[str, float], top: int = 2) ->
     for key, weight in parts[:top]:
         if weight < SAY_FROM:
             break
-        phrase, unit = _WORDS.get(key, (key + " {}", "num"))
+        phrase, unit = learned.words.get(key) or _WORDS.get(key, (key + " {}", "num"))
         value = scores[key]
         said.append(phrase.format(f"{100 * value:.0f}%" if unit == "pct" else f"{value:.2f}"))
     why = f": {'; '.join(said)}" if said else ""
@@ -142,16 +144,24 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
     return np.count_nonzero(a & b) / union if union else 1.0
 
 
-def recut_iou(image: np.ndarray, mask: np.ndarray, image_box: tuple[int, int, int, int]) -> float:
+def recut_iou(
+    image: np.ndarray,
+    mask: np.ndarray,
+    image_box: tuple[int, int, int, int],
+    *,
+    work_px: int = RECUT_WORK_PX,
+    iterations: int = RECUT_ITERATIONS,
+    seed: int = RECUT_SEED,
+) -> float:
     """IoU of ``mask`` with a second, cheap GrabCut of its box (see ``recut_iou`` above), both at the
-    recut's size."""
+    recut's size (``work_px``, the long side; gate-v3 runs another at its own size, iterations, seed)."""
     h, w = mask.shape
     x1, y1, x2, y2 = image_box
     gw, gh = RECUT_GROW * (x2 - x1), RECUT_GROW * (y2 - y1)
     gx1, gy1, gx2, gy2 = int(max(0, x1 - gw)), int(max(0, y1 - gh)), int(min(w, x2 + gw)), int(min(h, y2 + gh))
     m = max(4, round(0.1 * max(gx2 - gx1, gy2 - gy1)))
     cx1, cy1, cx2, cy2 = max(0, gx1 - m), max(0, gy1 - m), min(w, gx2 + m), min(h, gy2 + m)
-    small, s = resize_max(image[cy1:cy2, cx1:cx2], RECUT_WORK_PX)
+    small, s = resize_max(image[cy1:cy2, cx1:cx2], work_px)
     ch, cw = small.shape[:2]
     bx1, by1 = round((gx1 - cx1) * s), round((gy1 - cy1) * s)
     bx2, by2 = min(cw, max(bx1 + 1, round((gx2 - cx1) * s))), min(ch, max(by1 + 1, round((gy2 - cy1) * s)))
@@ -164,10 +174,10 @@ def recut_iou(image: np.ndarray, mask: np.ndarray, image_box: tuple[int, int, in
         gc[:, 0] = gc[:, -1] = cv2.GC_PR_BGD
     if (gc == cv2.GC_PR_FGD).any() and ((gc == cv2.GC_PR_BGD) | (gc == cv2.GC_BGD)).any():
         try:
-            cv2.setRNGSeed(RECUT_SEED)
+            cv2.setRNGSeed(seed)
             bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
             bgr = cv2.cvtColor(np.ascontiguousarray(small), cv2.COLOR_RGB2BGR)
-            cv2.grabCut(bgr, gc, None, bgd, fgd, RECUT_ITERATIONS, cv2.GC_INIT_WITH_MASK)  # type: ignore[call-overload]  # rect: unused with a mask
+            cv2.grabCut(bgr, gc, None, bgd, fgd, iterations, cv2.GC_INIT_WITH_MASK)  # type: ignore[call-overload]  # rect: unused with a mask
         except cv2.error:
             gc[:] = cv2.GC_BGD
     return round(_iou((gc == cv2.GC_FGD) | (gc == cv2.GC_PR_FGD), theirs), 4)
@@ -191,15 +201,10 @@ def _blob_share(sel: np.ndarray, area: int, min_share: float = 0.01) -> float:
 _NEUTRAL = {"bg_like": 0.0, "fg_iou_loose": 1.0, "fg_iou_strict": 1.0, "fg_stability": 1.0}
 
 
-def _ring_model(lab: np.ndarray, crop: np.ndarray, inbox: np.ndarray, outline: np.ndarray) -> dict[str, float]:
-    """The background plane's features (module docstring), on every ``RING_STEP``-th pixel each way."""
-    oy, ox = np.nonzero(outline)
-    lab, crop, inbox = lab[::RING_STEP, ::RING_STEP], crop[::RING_STEP, ::RING_STEP], inbox[::RING_STEP, ::RING_STEP]
-    area = max(1, int(np.count_nonzero(crop)))
-    ch, cw = crop.shape
-    ys, xs = np.nonzero(~inbox & ~crop)
-    if ys.size < 20:  # the box fills the picture: no background to learn from
-        return {**_NEUTRAL, "bg_noise": 6.0, "outline_fit": 1.0}
+def fit_plane(lab: np.ndarray, ys: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, float]:
+    """A colour plane in CIELAB fitted to ``lab``'s pixels at ``ys``/``xs`` (at most ~3000 of them),
+    robust to what else stands there, over the whole of ``lab``; and its noise threshold (Delta E)."""
+    ch, cw = lab.shape[:2]
     step = max(1, ys.size // 3000)
     ys, xs = ys[::step], xs[::step]
     vals = lab[ys, xs].astype(np.float64)
@@ -215,7 +220,18 @@ def _ring_model(lab: np.ndarray, crop: np.ndarray, inbox: np.ndarray, outline: n
     c = coef.astype(np.float32)
     across = (np.arange(cw, dtype=np.float32) / cw)[None, :, None]
     down = (np.arange(ch, dtype=np.float32) / ch)[:, None, None]
-    plane = c[0] + across * c[1] + down * c[2]
+    return c[0] + across * c[1] + down * c[2], thr
+
+
+def _ring_model(lab: np.ndarray, crop: np.ndarray, inbox: np.ndarray, outline: np.ndarray) -> dict[str, float]:
+    """The background plane's features (module docstring), on every ``RING_STEP``-th pixel each way."""
+    oy, ox = np.nonzero(outline)
+    lab, crop, inbox = lab[::RING_STEP, ::RING_STEP], crop[::RING_STEP, ::RING_STEP], inbox[::RING_STEP, ::RING_STEP]
+    area = max(1, int(np.count_nonzero(crop)))
+    ys, xs = np.nonzero(~inbox & ~crop)
+    if ys.size < 20:  # the box fills the picture: no background to learn from
+        return {**_NEUTRAL, "bg_noise": 6.0, "outline_fit": 1.0}
+    plane, thr = fit_plane(lab, ys, xs)
     sq = np.square(lab - plane)
     chroma2 = sq[..., 1] + sq[..., 2]
     d = cv2.blur(np.sqrt(sq[..., 0] + chroma2), (RING_BLUR, RING_BLUR)) / thr
