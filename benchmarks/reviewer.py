@@ -60,7 +60,17 @@ import psutil
 from benchmarks.reviewer_figures import table
 from harness.bench import log, parse_at, pct
 from harness.hitl_up import HitlUp
-from harness.reviewer_page import ANSWERED_JS, BLUR_JS, JOB_ID, MISS_TEXT, OPENED_JS, SHOWN_JS, WATCH_JS, shown_job
+from harness.reviewer_page import (
+    ANSWERED_JS,
+    BLUR_JS,
+    JOB_ID,
+    MISS_TEXT,
+    OPENED_JS,
+    SHOWN_JS,
+    SUBMIT_STATE_JS,
+    WATCH_JS,
+    shown_job,
+)
 from harness.sse import read_events
 from hitl_review.serve_app.samples import product_composite
 
@@ -244,11 +254,17 @@ async def review(run: Run, page: Any, who: str) -> None:
 async def answer(run: Run, page: Any, who: str, got: dict[str, Any]) -> int:
     """Enter on the open panel (submit, every box kept) and the answer from the banner; returns the
     poll count a next job must come after."""
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
     mark = await page.evaluate("window.__hitlBannerN")
     await page.evaluate(BLUR_JS)
     sent = time.time()
     await page.keyboard.press("Enter")
-    handle = await page.wait_for_function(ANSWERED_JS, arg=[mark], timeout=WAIT_MS)
+    try:
+        handle = await page.wait_for_function(ANSWERED_JS, arg=[mark], timeout=WAIT_MS)
+    except PlaywrightTimeout:
+        state = await page.evaluate(SUBMIT_STATE_JS)
+        raise RuntimeError(f"{who}: Enter on {got['job']} answered nothing in {WAIT_MS // 1000} s; {state}") from None
     ans = await handle.json_value()
     run.answered({"reviewer": who, "job": got["job"], "pause": got["pause"], "sent": sent, **ans})
     return run.polls_started

@@ -66,6 +66,18 @@ ANSWERED_JS = """([mark]) => {
   return false;
 }"""
 BLUR_JS = "document.activeElement && document.activeElement.blur()"
+# Why Enter may have pressed nothing (for an error message): the submit button as the page's key handler
+# sees it (ui.assets: only a shown, enabled button is pressed), the panel's classes, the focus, the last
+# banners.
+SUBMIT_STATE_JS = """() => {
+  const h = document.getElementById('submit-btn');
+  const b = h && (h.tagName === 'BUTTON' ? h : h.querySelector('button'));
+  const panel = document.getElementById('review-panel');
+  const focus = document.activeElement;
+  return { button: !!b, disabled: !!(b && b.disabled), shown: !!(b && b.offsetParent !== null),
+    panel_classes: panel ? panel.className : null, focus: focus ? (focus.id || focus.tagName) : null,
+    banners: (window.__hitlBanners || []).slice(-4) };
+}"""
 # What the page says where a reviewer looks (for an error message).
 SHOWN_JS = """() => Object.fromEntries(['#banner', '#job-id', '#stage-text', '#review-error', '#queue-note'].map(
   (sel) => { const el = document.querySelector(sel); return [sel, el ? el.innerText.trim() : null]; }))"""
