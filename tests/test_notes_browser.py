@@ -8,7 +8,8 @@ identities (HITL_TOKENS), so each reviewer signs in and rev1 and rev2 are two pe
    gets it);
 2. a flag with a reason shows on the job's panel and in the queue ("⚑ reason"), "Flagged only" lists
    the flagged job alone, the flag is in the job's snapshot and audit, and Unflag takes it off;
-3. a comment rev1 adds is shown above the panel to rev2 when rev2 opens the job.
+3. a comment rev1 adds is shown above the panel to rev2 when rev2 opens the job, and one rev1 adds
+   while rev2 has the job open reaches rev2's page without a reload.
 
 The keys on every button of the panel: tests/test_keys_browser.py. The module prints its wall time.
 HITL_SCREENSHOTS=1 saves docs/screenshots/notes-flag.png and notes-comments.png.
@@ -200,3 +201,9 @@ def test_a_comment_by_one_reviewer_is_shown_to_the_next(
     screenshot(b.page, "notes-comments", full_page=True)
     comments = stack.api.get(job)["comments"]
     assert [(c["by"], c["text"]) for c in comments] == [("rev1", text), ("rev2", "agreed, deleting it")]
+
+    # A colleague's note reaches the open page by itself (its event; the job's version does not move).
+    with stack.client("rev1") as rev1:
+        rev1.comment(job, "thanks, approved by the lead")
+    b.expect_text("#job-comments", "Comments (3)")
+    b.expect_text("#job-comments", "thanks, approved by the lead")

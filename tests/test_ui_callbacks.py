@@ -154,8 +154,9 @@ def test_callbacks_open_submit_and_follow_the_job_to_its_results(api_server: Any
     assert ROUND1_TEXT in out[comps.stage_md]
     assert Path(st.image_path or "").exists()
 
-    assert out[comps.annotator] is None  # emptied: the next step draws it (ui.app.wire)
-    out = cb.on_submit(st, cb.after_take_over(st)[comps.annotator])  # every detected box, as shown
+    drawn = out[comps.annotator]  # drawn in the click's own step (ui.app.wire)
+    assert len(drawn["boxes"]) == 2 and cb.after_open(st) == {comps.banner_md: gr.skip()}  # nothing left to draw
+    out = cb.on_submit(st, drawn)  # every detected box, as shown
     assert out[comps.banner_md].startswith("Submitted — kept 2, added 0, deleted 0.")
     assert not visible(out[comps.review_col])
 

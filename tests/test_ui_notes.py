@@ -6,6 +6,7 @@ is not one). A real browser: tests/test_notes_browser.py."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from hitl_review.ui.mask_review_view import ReviewerCallbacks
 from hitl_review.ui.notes_view import NotesView, comments_text, flag_text, md_text, note_error
 from hitl_review.ui.queue import queue_rows
 from hitl_review.ui.session import ReviewerState
-from tests.test_ui_callbacks import visible, waiting_job
+from tests.test_ui_callbacks import updates, visible, waiting_job
 
 NOW = datetime(2026, 5, 21, 10, 5, tzinfo=UTC)
 
@@ -103,6 +104,10 @@ class Page:
                 self.wired.setdefault(f.fn.__name__, []).append({o._id for o in f.outputs})
         assert found is not None, "build_app wired no NotesView"
         self.ns = found
+        self.triggers = {  # handler name -> (component id, event) pairs that set it off
+            name: {t for f in demo.fns.values() if getattr(f.fn, "__name__", "") == name for t in f.targets}
+            for name in ("on_show",)
+        }
         assert isinstance(found.cb, ReviewerCallbacks)  # the handlers of the whole page, as build_app made them
         self.cb, self.c, self.n = found.cb, found.c, found.c.notes
 
@@ -269,3 +274,43 @@ def test_skip_with_nothing_else_waiting_closes_the_job(
         admin.cancel(job)
     with HitlClient(api_server.url, TOKENS["rev2"]) as rev2, pytest.raises(ConflictError):
         rev2.skip(job)
+
+
+def test_a_colleagues_comment_and_flag_reach_the_open_page_without_a_redraw(api_server: Any, tmp_path: Path) -> None:
+    """Notes change nothing of the job (no version): the follower tells them apart by their events, fetches
+    the notes and sets ``notes_key``, whose change shows them again (``on_show``); the canvas is left alone."""
+    p = Page(api_server.url, tmp_path / "ui")
+    assert (p.c.notes_key._id, "change") in p.triggers["on_show"]
+    job = waiting_job(api_server.url, 64)
+    with HitlClient(api_server.url, TOKENS["rev2"]) as rev2:
+        rev2.comment(job, "an earlier comment")  # on the page from its opening: not announced again
+    b = reviewer("rev1")
+    p.cb.open_job(b, job)
+
+    async def colleague_notes() -> list[dict[Any, Any]]:
+        follower = p.cb.follow(b, None)  # type: ignore[arg-type]  # no gr.Request off a browser
+
+        def note() -> None:
+            with HitlClient(api_server.url, TOKENS["rev2"]) as rev2:
+                rev2.comment(job, "box 1 is the box, not the shoe")
+                rev2.flag(job, "odd product: ask the lead")
+
+        async def later() -> None:
+            await asyncio.sleep(1.0)  # the follower is reading the job's events by then
+            await asyncio.to_thread(note)
+
+        task = asyncio.create_task(later())
+        try:
+            return await updates(follower, until=lambda u: b.snapshot is not None and b.snapshot.flag is not None)
+        finally:
+            await task
+
+    got = asyncio.run(colleague_notes())
+    keys = [u[p.c.notes_key] for u in got if p.c.notes_key in u]
+    # One key per note arrived (the comment's fetch may already bring the flag); none for the earlier comment.
+    assert 1 <= len(set(keys)) == len(keys) <= 2 and all(k.startswith(f"{job}|") for k in keys)
+    assert not any(p.c.annotator in u for u in got)  # the review on screen is not redrawn
+    assert b.snapshot is not None and b.snapshot.flag is not None and b.snapshot.flag.by == "rev2"
+    shown = p.call("on_show", b)
+    assert "box 1 is the box, not the shoe" in shown[p.n.comments_md] and "an earlier comment" in shown[p.n.comments_md]
+    assert "odd product: ask the lead" in shown[p.n.flag_md]

@@ -77,12 +77,12 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
         event.then(cb.follow_on_page, inputs=st, outputs=panel_outputs, show_progress="hidden")
 
     def then_draw(event: Any) -> None:
-        """Opening a job is two steps: ``event`` lays the panel out with an empty canvas, ``after_open``
-        draws it. Drawn in the update that also showed it (the page after sign-in, another job's panel,
-        a column shown again), the annotator kept an image without size: an empty canvas, and after a
-        sign-in a blank stage line as well. N (and S, which opens the next job as N does) draws in its
-        one step: the canvas' column is never unmounted any more, only hidden by a class (ui.layout),
-        and it came out drawn in every run of the reviewer benchmark (docs/benchmarks.md)."""
+        """Taking a job over is two steps: ``event`` lays the panel out with an empty canvas, ``after_open``
+        draws it (drawn in the update that also showed another job's panel, the annotator kept an image
+        without size while its column was unmounted). N, S, a queue click, a sign-in and a page load at
+        ``?job=`` draw in their one step (``after_open`` then has nothing to do): the main
+        row and the canvas' column are never unmounted any more, only hidden by a class (ui.layout), and
+        N came out drawn in every run of the reviewer benchmark (docs/benchmarks.md)."""
         then_follow(event.then(cb.after_open, inputs=st, outputs=panel_outputs, show_progress="hidden"))
 
     demo.load(None, js=KEYS_JS)

@@ -85,6 +85,10 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
 
     # ------------------------------------------------------------------ rendering
 
+    def notes_arrived(self, key: str) -> Update:
+        """A note on the open job arrived (``ui.pump``): its notes are shown again (``ui.notes_wiring``)."""
+        return {self.c.notes_key: key}
+
     def view(
         self,
         st: ReviewerState,
@@ -219,18 +223,7 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         job_id = row[col] if len(row) > col else (evt.value if job_column else None)
         if not job_id:
             return {self.c.banner_md: gr.skip()}
-        return self.emptied(st, self.open_job(st, str(job_id)))
-
-    def emptied(self, st: ReviewerState, out: Update) -> Update:
-        """``out`` with an empty canvas when it opened a job: ``after_open`` draws it next (``ui.app.wire``),
-        with what goes with a drawn canvas (sent once: each of them sets off the page's own events)."""
-        if self.c.annotator in out:
-            out[self.c.annotator] = None
-            c = self.c
-            for drawn_with in (c.pause_key, c.notes_md, c.label_target, c.label_text, c.undo_btn, c.redo_btn):
-                out.pop(drawn_with, None)
-            st.undrawn = True
-        return out
+        return self.open_job(st, str(job_id))  # drawn in this one step, as N draws (ui.app.wire)
 
     def on_next(self, st: ReviewerState) -> Update:
         """The oldest waiting job nobody else claimed (docs/protocol.md § Claims): claim it, then show it;

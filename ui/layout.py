@@ -86,6 +86,7 @@ class Components:
     draft_out: gr.Textbox  # unsent edits for the browser to keep (or forget)
     pause_key: gr.Textbox  # job and pause of a freshly drawn panel: the browser looks for a draft
     draft_in: gr.Textbox  # the draft the browser kept for that review
+    notes_key: gr.Textbox  # a colleague's flag or comment on the open job arrived: its notes are shown again
     stage_filter: gr.Dropdown
     batch_filter: gr.Textbox
     stats_md: gr.Markdown
@@ -127,6 +128,7 @@ class Components:
             self.redo_btn,
             self.pause_key,
             self.draft_out,
+            self.notes_key,
             *self.mask.outputs(),
         ]
 
@@ -296,6 +298,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
     current_job = hidden_box("current-job")
     pick_in, draft_out = hidden_box("pick-in"), hidden_box("draft-out")
     pause_key, draft_in = hidden_box("pause-key"), hidden_box("draft-in")
+    notes_key = hidden_box("notes-key")
     timer = gr.Timer(QUEUE_REFRESH_S)
     return Components(
         session=session,
@@ -352,6 +355,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         draft_out=draft_out,
         pause_key=pause_key,
         draft_in=draft_in,
+        notes_key=notes_key,
         stage_filter=stage_filter,
         batch_filter=batch_filter,
         stats_md=stats_md,

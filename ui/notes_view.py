@@ -13,7 +13,8 @@ handlers of the controls ``ui.notes_layout`` lays out; ``ui.notes_wiring`` conne
   with who wrote each and when; "Add comment" posts one.
 
 None of them changes the job's version, so the open review is never disturbed; the notes shown are
-those of the snapshot the page opened, refreshed after each of this reviewer's own notes. A refused
+those of the snapshot the page opened, refreshed after each of this reviewer's own notes and whenever
+the job's events announce one (a colleague's flag or comment: the follower, ``ui.pump``). A refused
 call (401, 403, 404, 409, 400) is said in words under the controls and what was typed stays.
 """
 

@@ -14,10 +14,11 @@ def wire_notes(demo: gr.Blocks, c: Components, cb: Callbacks) -> NotesView:
     """Connect the notes' controls (inside ``demo``'s context, after ``ui.app.wire``)."""
     ns, n, st = NotesView(cb), c.notes, [c.session]
     shown = n.outputs()
-    # The open job's notes follow what the page shows: a job opened or closed, a panel drawn, its status.
+    # The open job's notes follow what the page shows: a job opened or closed, a panel drawn, its status, a
+    # colleague's flag or comment (the follower's ``notes_key``, ui.pump).
     # One event for the four (an opened job changes several at once): runs that would overlap collapse
     # into the last one instead of one run each.
-    shows = [c.current_job.change, c.pause_key.change, c.mask.key.change, c.status_md.change]
+    shows = [c.current_job.change, c.pause_key.change, c.mask.key.change, c.status_md.change, c.notes_key.change]
     gr.on(shows, ns.on_show, inputs=st, outputs=shown, show_progress="hidden", trigger_mode="always_last")
     n.flagged_only.change(ns.on_flagged_only, inputs=[c.session, n.flagged_only], outputs=[c.queue_table, c.queue_note])
 

@@ -25,6 +25,9 @@ from .session import ReviewerState
 POLL_FALLBACK_S = 2.0  # GET polling period while the stream is down
 IDLE_S = 1.0  # how often a follower looks up from the stream (stop flags, a newer banner)
 RETRY_MAX_S = 30.0  # longest wait before the pump opens a stream the client gave up on again
+# Notes on the job (docs/protocol.md § Flags, skips and comments): announced on its events, at the job's
+# version (they change nothing of it), so they are told apart by type.
+NOTE_EVENTS = frozenset({"JOB_FLAGGED", "JOB_UNFLAGGED", "COMMENT_ADDED"})
 
 
 class EventPump:
@@ -83,6 +86,8 @@ class Renderer(Protocol):
         self, st: ReviewerState, *, redraw: bool, banner: str | None = None, error: str | None = None
     ) -> dict[Any, Any]: ...
 
+    def notes_arrived(self, key: str) -> dict[Any, Any]: ...
+
 
 def apply_and_render(
     st: ReviewerState, snap: JobSnapshot, render: Renderer
@@ -116,6 +121,12 @@ async def follow_job(
         while st.job_id == job_id and st.follow_gen == gen and not stop.is_set():
             item = await pump.next(timeout=IDLE_S)
             if isinstance(item, Event):
+                if item.type in NOTE_EVENTS and item.version >= st.version and not shown_already(st.snapshot, item):
+                    # A flag or comment (a colleague's too): the open snapshot's notes, fetched again; the
+                    # panel is not redrawn (nothing of the job changed), only its notes shown again.
+                    if await refresh_notes(st, job_id, gen, client):
+                        yield render.notes_arrived(f"{job_id}|{item.id}")
+                    continue
                 if item.version <= st.version:
                     continue  # history the snapshot already shows
             elif item is EventPump.END:
@@ -151,6 +162,33 @@ async def follow_job(
                 break
     finally:
         await pump.stop()
+
+
+def shown_already(snap: JobSnapshot | None, ev: Event) -> bool:
+    """Whether the open snapshot already has the note ``ev`` announces (the stream replays the job's events
+    from its start, so the notes it opened with come by once more)."""
+    if snap is None:
+        return False
+    d = ev.data
+    if ev.type == "COMMENT_ADDED":
+        return any((c.by, c.at, c.text) == (d.get("by"), d.get("at"), d.get("text")) for c in snap.comments)
+    if ev.type == "JOB_FLAGGED":
+        return snap.flag is not None and (snap.flag.by, snap.flag.at) == (d.get("by"), d.get("at"))
+    return snap.flag is None  # JOB_UNFLAGGED
+
+
+async def refresh_notes(st: ReviewerState, job_id: str, gen: int, client: AsyncHitlClient) -> bool:
+    """The open snapshot's flag and comments as the server has them now; False when the job is no longer
+    the one shown (or the server did not answer: the notes shown stay as they were)."""
+    try:
+        snap = await client.get_job(job_id)
+    except Exception:  # the next note, or the next opening, fetches them
+        return False
+    with st.lock:
+        if st.job_id != job_id or st.follow_gen != gen or st.snapshot is None or st.snapshot.job_id != job_id:
+            return False
+        st.snapshot = st.snapshot.model_copy(update={"flag": snap.flag, "comments": snap.comments})
+    return True
 
 
 class Followers:
