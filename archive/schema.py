@@ -128,4 +128,19 @@ class LiveMirror(Base):
     mirrored_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+class ReviewerAccount(Base):
+    """A reviewer account added at run time (``hitl admin reviewers add``), as Redis holds it: its name,
+    role and the SHA-256 of its token (never the token). Redis is where it is looked up; this copy is
+    what a Redis that came back empty gets the accounts from again (``serve_app.recovery``), so an
+    emptied Redis does not lock the team out (docs/protocol.md § Reviewer accounts)."""
+
+    __tablename__ = "reviewer_accounts"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(String(20))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    added_at: Mapped[str] = mapped_column(ISO)
+    added_by: Mapped[str] = mapped_column(String(200))
+
+
 AUDIT_FIELDS = ("seq", "at", "actor", "action", "base_version", "snapshot_id", "outcome", "prev_hash", "hash")

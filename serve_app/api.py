@@ -187,6 +187,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         if rt.archive is not None and rt.recovery is None:  # a job Redis lost is restored when asked for
             rt.recovery = Recovery(rt.store, rt.archive, data_dir=rt.settings.data_dir)
             rt.store.on_missing = rt.recovery.restore_missing
+            rt.auth.restore_accounts = rt.recovery.restore_accounts  # and the accounts it lost, on an unknown token
         # This process's counters reach the deployment's totals in Redis (serve_app.shared_metrics).
         rt.background.append(asyncio.create_task(metrics.SHARED.flush_forever(rt.store.r)))
         log.info(
@@ -377,7 +378,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
     add_artifact_gc_route(
         app, lambda: rt().store, lambda: rt().archive, lambda: rt().artifacts, lambda r: identity(r).name
     )
-    add_reviewer_routes(app, lambda: rt().store, lambda: rt().auth, lambda r: identity(r).name)
+    add_reviewer_routes(app, lambda: rt().store, lambda: rt().auth, lambda: rt().archive, lambda r: identity(r).name)
 
     @app.get(
         f"{API}/jobs/{{job_id}}/events",

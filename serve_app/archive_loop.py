@@ -94,7 +94,9 @@ class ArchiveLoop:
             self.recovery = Recovery(store, archive, data_dir=data_dir, who=f"archiver-{self.consumer}")
         self._mirroring: asyncio.Task[None] | None = None
         self._pruned = 0.0
-        self.counts = {"copied": 0, "failed": 0, "stale": 0, "requeued": 0, "mirrors": 0, "restored": 0}
+        self.counts = dict.fromkeys(
+            ("copied", "failed", "stale", "requeued", "mirrors", "restored", "accounts_restored"), 0
+        )
 
     async def run_forever(self) -> None:
         while True:
@@ -201,6 +203,8 @@ class ArchiveLoop:
                 if self.mirror.vanished and self.recovery is not None:
                     report = await self.recovery.restore_lost(self.mirror.vanished)
                     self.counts["restored"] += len(report["restored"]) if report else 0
+            if self.recovery is not None:  # the reviewer accounts too, before anyone asks (one EXISTS when kept)
+                self.counts["accounts_restored"] += await self.recovery.restore_accounts()
             self.counts["mirrors"] += 1
         except asyncio.CancelledError:
             raise

@@ -7,6 +7,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,6 +70,9 @@ class Authenticator:
             raise ValueError("no API tokens configured")
         self._tokens = tokens
         self._seen: dict[str, tuple[float, Identity | None]] = {}  # token hash -> (until, account's identity)
+        # Set where an archive keeps the accounts (serve_app.api): an unknown token first has the accounts a
+        # Redis that came back empty lost written back (serve_app.recovery); how many were.
+        self.restore_accounts: Callable[[], Awaitable[int]] | None = None
         self._proxies: tuple[tuple[tuple[str, ...], str], TrustedProxies] | None = None
 
     @classmethod
@@ -134,6 +138,8 @@ class Authenticator:
             return seen[1]
         try:
             account = await accounts.lookup(r, hashed)
+            if account is None and self.restore_accounts is not None and await self.restore_accounts():
+                account = await accounts.lookup(r, hashed)
         except redis_errors.RedisError as e:
             if not durable.store_unavailable(e):
                 raise

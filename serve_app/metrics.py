@@ -65,6 +65,11 @@ JOBS_RESTORED = Counter(
     ["how", "outcome"],
     registry=LOCAL,
 )
+ACCOUNTS_RESTORED = Counter(
+    "hitl_accounts_restored_total",
+    "Reviewer accounts Redis had lost (its accounts hash gone), written back from the archive's copy",
+    registry=LOCAL,
+)
 EMBEDDING_CACHE = Gauge(
     "hitl_embedding_cache",
     "SAM image-embedding cache counters per model deployment "

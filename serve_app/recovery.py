@@ -1,4 +1,4 @@
-"""Live jobs a Redis that came back empty lost, given back without an admin (docs/protocol.md §
+"""Live jobs (and reviewer accounts) a Redis that came back empty lost, given back without an admin (docs/protocol.md §
 Redis outages, § Reconcile; seed 004: a database fallback that refills Redis on a miss, one flight
 per job).
 
@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hitl_review.statecore import errors
+from hitl_review.statecore import accounts, errors
 from hitl_review.statecore.ids import now_iso
 
 from . import metrics
@@ -51,6 +51,7 @@ class Recovery:
         self.incidents = data_dir / "incidents" if data_dir is not None else None
         self.who = who
         self._flights: dict[str, asyncio.Task[bool]] = {}
+        self._accounts: asyncio.Task[int] | None = None
 
     async def restore_missing(self, job_id: str) -> bool:
         """Whether ``job_id``, missing from Redis, is there again (restored from the mirror now)."""
@@ -112,6 +113,32 @@ class Recovery:
             f"; report {path}" if path else "",
         )
         return report
+
+    async def restore_accounts(self) -> int:
+        """The reviewer accounts, when Redis lost them all (its accounts hash is gone): written back from
+        the archive's copy (``archive.accounts``); how many. One flight at a time in this process."""
+        if self._accounts is None:
+            self._accounts = asyncio.get_running_loop().create_task(self._restore_accounts())
+            self._accounts.add_done_callback(lambda _t: setattr(self, "_accounts", None))
+        return await asyncio.shield(self._accounts)
+
+    async def _restore_accounts(self) -> int:
+        from hitl_review.archive import accounts as kept_accounts
+
+        if not await accounts.lost(self.store.r):
+            return 0
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            kept = await asyncio.to_thread(kept_accounts.load_all, self.archive)
+        except SQLAlchemyError as e:  # the archive unreadable: the accounts stay lost until the next try
+            log.warning("recovery: the archive's reviewer accounts could not be read: %s: %s", type(e).__name__, e)
+            return 0
+        n = await accounts.restore(self.store, kept)
+        if n:
+            metrics.ACCOUNTS_RESTORED.inc(n)
+            log.error("Redis had lost the reviewer accounts: %d written back from the archive (%s)", n, self.who)
+        return n
 
     async def acknowledged(self, job_id: str) -> None:
         """Before a creation or an intervention is answered under ``--durability strict``: the job's

@@ -6,6 +6,7 @@ stream of account changes, with the admin who made it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Callable
@@ -14,9 +15,12 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from pydantic import BaseModel
 
+from hitl_review.archive import accounts as kept_accounts
+from hitl_review.archive.accounts import KeptAccount
 from hitl_review.statecore import accounts, errors
 
 if TYPE_CHECKING:
+    from hitl_review.archive.db import Archive
     from hitl_review.statecore.store import Store
 
     from .auth import Authenticator
@@ -59,6 +63,7 @@ def add_reviewer_routes(
     app: FastAPI,
     store_of: Callable[[], Store],
     auth_of: Callable[[], Authenticator],
+    archive_of: Callable[[], Archive | None],
     who: Callable[[Request], str],
 ) -> None:
     @app.get(f"{API}/admin/reviewers", response_model=ReviewerList)
@@ -75,6 +80,17 @@ def add_reviewer_routes(
             raise accounts.NameTaken(f"{body.name!r} is configured in HITL_TOKENS; choose another name", name=body.name)
         by = who(request)
         account, token = await accounts.add(store_of(), body.name, body.role, by)
+        archive = archive_of()
+        if archive is not None:  # the copy a Redis that came back empty gets it from (serve_app.recovery)
+            kept = KeptAccount(account.name, account.role, accounts.token_hash(token), account.added_at, by)
+            try:
+                await asyncio.to_thread(kept_accounts.save, archive, kept)
+            except Exception as e:
+                await accounts.remove(store_of(), account.name, by)  # not half-added: Redis alone would lose it
+                log.error("reviewer account %s not added: the archive could not keep it: %s", account.name, e)
+                raise errors.StoreUnavailable(
+                    f"the account was not added: the archive could not keep it ({type(e).__name__}); add it again"
+                ) from e
         log.warning("reviewer account %s (%s) added by %s", account.name, account.role, by)
         return AddedReviewer(**account.model_dump(), token=token)
 
@@ -86,6 +102,17 @@ def add_reviewer_routes(
                 f"{name!r} is configured in HITL_TOKENS, not an account: remove it there (and restart)", field="name"
             )
         by = who(request)
+        archive = archive_of()
+        if archive is not None:  # first, so that a restore never brings a removed account back
+            try:
+                await asyncio.to_thread(kept_accounts.forget, archive, accounts.check_name(name))
+            except errors.HitlError:
+                raise
+            except Exception as e:
+                raise errors.StoreUnavailable(
+                    f"the account was not removed: the archive could not forget it ({type(e).__name__}); "
+                    "remove it again"
+                ) from e
         removed = await accounts.remove(store_of(), name, by)
         auth_of().forget_accounts()  # at once on this replica; the others within ACCOUNT_CACHE_S
         log.warning("reviewer account %s (%s) removed by %s", removed.name, removed.role, by)

@@ -6,7 +6,8 @@ to make a leaked copy of Redis useless for signing in). One HASH (:data:`keys.RE
 ``n:<name>`` -> token hash and ``t:<token hash>`` -> the account's JSON; a STREAM
 (:data:`keys.REVIEWERS_LOG`) records each addition and removal, who made it and when. Both carry
 one hash tag, and each change is one script (``lua/reviewer_add.lua``, ``lua/reviewer_remove.lua``),
-so a name and its token come and go together, on a Redis Cluster too.
+so a name and its token come and go together, on a Redis Cluster too. The archive keeps a copy
+(``archive.accounts``), written back by :func:`restore` when Redis comes back without the HASH.
 
 Every API replica reads the same HASH: an account added or removed is in force on all of them as
 soon as their short cache of looked-up tokens (``serve_app.auth``) lets go of the old answer.
@@ -18,6 +19,7 @@ import hashlib
 import json
 import re
 import secrets
+from collections.abc import Iterable
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
@@ -112,6 +114,26 @@ async def remove(store: Any, name: str, by: str) -> Account:
     if found is None:
         raise AccountNotFound(f"no reviewer account is named {name!r}", name=name)
     return found
+
+
+async def restore(store: Any, kept: Iterable[Any]) -> int:
+    """Write ``kept`` (``archive.accounts.KeptAccount``: name, role, token_hash, added_at, added_by) back
+    to a Redis that lost every account; 0 and nothing written while Redis still has its accounts hash
+    (``lua/reviewer_restore.lua``: an account removed since the archive was read stays removed)."""
+    args: list[Any] = [now_iso(), LOG_MAX]
+    for k in kept:
+        account = Account.model_validate(
+            {"name": k.name, "role": k.role, "added_at": k.added_at, "added_by": k.added_by}
+        )
+        args += [k.name, k.token_hash, account.model_dump_json(), k.role, k.added_by]
+    if len(args) == 2:
+        return 0
+    return int(await _script(store, "reviewer_restore")(keys=[keys.REVIEWERS, keys.REVIEWERS_LOG], args=args))
+
+
+async def lost(r: Any) -> bool:
+    """Whether Redis has lost its accounts hash (emptied, or restored from nothing): one EXISTS."""
+    return not await r.exists(keys.REVIEWERS)
 
 
 async def list_all(r: Any) -> list[Account]:

@@ -63,9 +63,12 @@ async def _ready() -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def replica(url: str, data_dir: Path, **fields: Any) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
-    """One API replica (the app, its own store and Authenticator) on the test's Redis; yields a
-    factory of clients, each connecting from the peer address ``peer`` (default 127.0.0.1)."""
+async def replica(
+    url: str, data_dir: Path, archive: Any = None, **fields: Any
+) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
+    """One API replica (the app, its own store and Authenticator, and ``archive`` when given) on the
+    test's Redis; yields a factory of clients, each connecting from the peer address ``peer`` (default
+    127.0.0.1)."""
     settings = Settings(data_dir=data_dir, tokens=TOKENS_SPEC, redis_url=url, **fields)
 
     async def build() -> Runtime:
@@ -76,6 +79,7 @@ async def replica(url: str, data_dir: Path, **fields: Any) -> AsyncIterator[Call
             auth=Authenticator.from_settings(settings.tokens, settings.data_dir, settings.loopback),
             events=_no_events,
             readiness=_ready,
+            archive=archive,
         )
 
     app = create_app(build)

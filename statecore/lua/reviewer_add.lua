@@ -7,7 +7,9 @@
 -- Returns 'OK' | 'NAME_TAKEN' | 'TOKEN_TAKEN'
 if redis.call('HEXISTS', KEYS[1], 'n:' .. ARGV[1]) == 1 then return 'NAME_TAKEN' end
 if redis.call('HEXISTS', KEYS[1], 't:' .. ARGV[2]) == 1 then return 'TOKEN_TAKEN' end
-redis.call('HSET', KEYS[1], 'n:' .. ARGV[1], ARGV[2], 't:' .. ARGV[2], ARGV[3])
+-- '~': the hash stays while Redis keeps its data, also once the last account is removed: a missing
+-- hash means Redis lost it (reviewer_restore.lua then brings the archive's copy back)
+redis.call('HSET', KEYS[1], 'n:' .. ARGV[1], ARGV[2], 't:' .. ARGV[2], ARGV[3], '~', '1')
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*',
   'action', 'add', 'name', ARGV[1], 'role', ARGV[4], 'by', ARGV[5], 'at', ARGV[6])
 return 'OK'
