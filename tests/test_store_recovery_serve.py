@@ -11,7 +11,8 @@ Redis. Then, with no ``hitl admin reconcile``:
   never WAITING_USER_SELECTION again, and it ends SUCCEEDED with the boxes the reviewer kept;
 - the waiting job answers with a pause again and can be reviewed to its end;
 - the job nobody asks about is back in Redis within two mirror periods (the archiver's sweep), and
-  the incident report in ``<data-dir>/incidents/`` names it.
+  the incident report in ``<data-dir>/incidents/`` names it;
+- a reviewer account added at run time signs in again with its token (written back from the archive).
 """
 
 from __future__ import annotations
@@ -54,10 +55,15 @@ def test_store_back_empty_under_strict_recovers_without_an_admin_and_never_reoff
             decided, waiting, quiet = created(c, 1), created(c, 2), created(c, 3)
             snaps = {j: wait_status(c, j, WAITING, timeout=120) for j in (decided, waiting, quiet)}
             kept = keep_all(snaps[decided])[:1]
+            added = c.post("/api/v1/admin/reviewers", json={"name": "gina"}, headers=auth("admin"))
+            assert added.status_code == 201, added.text  # an account added at run time
+            gina = {"Authorization": f"Bearer {added.json()['token']}"}
             r = intervene(c, decided, snaps[decided], kept)
             assert r.status_code == 200, r.text
             direct.flushall()  # at once: the periodic mirror has not seen the decision
             t0 = time.monotonic()
+            who = c.get("/api/v1/whoami", headers=gina)  # her token works again, no admin, no restart
+            assert who.status_code == 200 and who.json()["name"] == "gina", who.text
 
             after = c.get(f"/api/v1/jobs/{decided}", headers=auth("rev1"))
             assert after.status_code == 200, after.text
