@@ -212,3 +212,62 @@ def test_a_reviewer_refines_accepts_and_rejects_the_cut_outs_the_gate_failed(sta
     )
     assert by_id[third["box_id"]]["status"] == "REJECTED"
     assert "cut off at the bottom" in (by_id[third["box_id"]]["reason"] or "")
+
+
+MASK_BUTTONS = (  # every button of the mask-review panel a reviewer clicks (focus stays on it)
+    "mask-next-btn",
+    "mask-prev-btn",
+    "mask-refine-btn",
+    "mask-undo-point-btn",
+    "mask-clear-points-btn",
+    "mask-reject-btn",
+    "mask-accept-btn",
+)
+
+
+def subject_no(rv: Reviewer) -> int:
+    m = re.search(r"#(\d+)", rv.page.inner_text("#mask-subject"))
+    return int(m.group(1)) if m else 0
+
+
+def settled_subject(rv: Reviewer) -> int:
+    """The subject shown once the panel stopped changing (a click's answer arrived)."""
+    import time
+
+    last, since = subject_no(rv), time.monotonic()
+    while time.monotonic() - since < 1.0:
+        time.sleep(0.1)
+        now = subject_no(rv)
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+@pytest.mark.timeout(420)
+def test_the_mask_panels_keys_act_whatever_button_has_focus(stack: Stack, browser: Any) -> None:
+    """N and Shift+N move between subjects after a click on each of the panel's buttons (issue 22: the
+    documented keys act on the panel whatever button has focus, except while typing)."""
+    job, snap = job_in_mask_review(stack.api)
+    n = len(snap["active_pause"]["subjects_to_review"])
+    assert n >= 2
+    ctx = browser.new_context(viewport=VIEWPORT)
+    ctx.set_default_timeout(WAIT_MS)
+    try:
+        rv = Reviewer(ctx.new_page(), stack.ui_url)
+        rv.open_url(job)
+        rv.page.locator("#mask-review-panel").wait_for(state="visible", timeout=WAIT_MS)
+        subject_line(rv, "#1")
+        for button in MASK_BUTTONS:
+            for key, step in (("n", 1), ("Shift+N", -1)):
+                rv.page.locator(f"#{button}").click()
+                before = settled_subject(rv)
+                focused = rv.page.evaluate("() => document.activeElement && document.activeElement.id")
+                rv.page.keyboard.press(key)
+                want = (before - 1 + step) % n + 1
+                try:
+                    subject_line(rv, f"#{want}")
+                except AssertionError as e:
+                    raise AssertionError(f"{key} after a click on {button} (focus: {focused!r}): {e}") from None
+    finally:
+        ctx.close()
+    assert stack.api.get(job)["status"] == MASK_STAGE  # moving between subjects decided nothing
