@@ -33,8 +33,7 @@ Q-1 answers are votes, the Qth decides). N leaves out the jobs a reviewer alread
 reviewer watches the queue through their own token. Added figure: ``pause → decided``, from the
 PAUSE_OPENED event to the answer of the reviewer whose submission decided the job.
 
-Both clocks are the same machine's (the server's ``at``, the browser's ``Date.now()``, Python's
-``time.time()``). A warm-up job (``--warmup``) goes first and is not counted.
+One machine's clocks (the server's ``at``, the browser's ``Date.now()``, Python's ``time.time()``).
 
     .venv/bin/python benchmarks/reviewer.py --jobs 30 --reviewers 1,4 --json benchmarks/out/reviewer.json
 """
@@ -69,6 +68,7 @@ from harness.reviewer_page import (
     SHOWN_JS,
     SUBMIT_STATE_JS,
     WATCH_JS,
+    laid_out,
     shown_job,
 )
 from harness.sse import read_events
@@ -203,10 +203,14 @@ async def review(run: Run, page: Any, who: str) -> None:
     """One reviewer: N as soon as something waits, then Enter once the panel is interactive."""
     from playwright.async_api import TimeoutError as PlaywrightTimeout
 
-    prev = ""
+    prev, stuck = "", dict[str, float]()  # stuck: a review laid out on screen, never interactive, since when
     after = run.polls_started  # a job counts as waiting once a poll started after this reviewer's last move says so
     while await run.something_waits(who, after):
         mark = await page.evaluate("window.__hitlBannerN")
+        laid = laid_out(await page.evaluate(SHOWN_JS))  # N passes it over while it is on screen
+        if laid and time.monotonic() - stuck.setdefault(laid, time.monotonic()) > WAIT_MS / 1000:
+            state = await page.evaluate(SUBMIT_STATE_JS)
+            raise RuntimeError(f"{who}: {laid} laid out for {WAIT_MS // 1000} s, never interactive; {state}")
         # A job opened after its N press was judged a miss is on screen and claimed by this page alone;
         # N would pass it over as the job on screen (the 4-reviewer run stalled on one: issue 22).
         got = await page.evaluate(OPENED_JS, [prev, mark])

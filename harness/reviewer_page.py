@@ -87,3 +87,9 @@ def shown_job(shown: dict[str, str | None]) -> str:
     """The job id on the page's job line (which also carries Gradio's progress text while it updates)."""
     found = JOB_ID.search(shown.get("#job-id") or "")
     return found.group(0) if found else ""
+
+
+def laid_out(shown: dict[str, str | None]) -> str:
+    """The job whose review is laid out on the page (its pause on the stage line); "" when none is (no job
+    open, or one that has ended)."""
+    return shown_job(shown) if "pause_" in (shown.get("#stage-text") or "") else ""
