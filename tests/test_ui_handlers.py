@@ -293,6 +293,19 @@ def test_events_from_others_close_the_panel_with_a_banner_but_own_submission_doe
     assert st.notice == change.banner
 
 
+def test_own_submission_in_flight_is_not_taken_for_another_reviewers() -> None:
+    """The follower can see the pause consumed before the submission's own answer is recorded: while it is in
+    flight (``sending``) the follower says nothing about it, and the answer says what came of it."""
+    st = opened(round1())
+    st.sending = "pause_1"
+    after = snapshot(status="VALIDATING_MANUAL_BOXES", version=4, active=None, actions=[])
+    change = st.apply_snapshot(after)
+    assert change.applied and change.banner is None and st.notice is None and st.panel is None
+    st.sending = None
+    msg = st.record_success("pause_1", "VALIDATING_MANUAL_BOXES", 4, "VALIDATE_MANUAL_BOX_LIST", 2, 1, 0)
+    assert msg.startswith("Submitted") and st.notice == msg
+
+
 def test_a_quorum_vote_keeps_the_panel_closed_while_the_pause_waits_for_others() -> None:
     st = opened(round1())
     vote = {"needed": 2, "received": 1, "reviewers": ["rev1"], "outcome": "VOTE_RECORDED"}

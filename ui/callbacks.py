@@ -210,6 +210,7 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         holder = None if claimed else self.claim_on_open(st, job_id, snap.active_pause is not None)
         pre = take(st, snap)  # the image fetched ahead, when it is this very state (ui.prefetch)
         st.open(snap)
+        st.wait_emissions()  # the job left: its follower's last update goes out before this panel (ui.pump)
         with st.lock:
             st.held_by, st.taken_over = holder, False
             if pre is not None:
@@ -366,50 +367,54 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
                     return {self.c.review_error: err}
                 edits = edits_between(panel, read_annotator(panel, value), relabels)
             iv = st.submission_id()
+            st.sending = panel.pause_token  # the follower does not take it for another reviewer's (ui.session)
         client = self.clients.get(st.token)
         try:
-            res = client.intervene(
-                panel.job_id,
-                intervention_id=iv,
-                pause_token=panel.pause_token,
-                base_version=panel.base_version,
-                subjects=subjects,
-                snapshot_id=panel.snapshot_id,
+            try:
+                res = client.intervene(
+                    panel.job_id,
+                    intervention_id=iv,
+                    pause_token=panel.pause_token,
+                    base_version=panel.base_version,
+                    subjects=subjects,
+                    snapshot_id=panel.snapshot_id,
+                )
+            except ApiError as exc:
+                if exc.status_code == 409:
+                    rebase = exc.rebase if isinstance(exc, ConflictError) else None
+                    # Under the lock until the answer is rendered: the follower applies and renders a newer
+                    # snapshot under it too (``ui.pump``), so the new round is drawn once, with the edits on it.
+                    with st.lock:
+                        outcome = st.record_conflict(
+                            exc.code, exc.snapshot, edits, exc.message, submitted=panel, rebased=rebase is not None
+                        )
+                        if (
+                            outcome.redraw
+                            and rebase is not None
+                            and edits is not None
+                            and not edits.is_empty()
+                            and st.panel is not None
+                        ):
+                            st.pending_rebase = (edits, rebase)  # laid over the redrawn panel by refresh_view
+                        return self.refresh_view(st, redraw=outcome.redraw, banner=outcome.banner, error="")
+                return {self.c.review_error: f"The server refused the submission: {exc.message} ({exc.code})."}
+            except Exception as exc:  # the same intervention id is kept for the retry
+                return {
+                    self.c.review_error: error_text(exc) + " Press Submit again: it resends the same submission "
+                    "(same id), so it cannot count twice."
+                }
+            msg = st.record_success(
+                panel.pause_token,
+                res.status,
+                res.version,
+                res.next_node_type,
+                len(res.diff.kept),
+                len(res.diff.added),
+                len(res.diff.deleted),
+                res.quorum.model_dump() if res.quorum else None,
             )
-        except ApiError as exc:
-            if exc.status_code == 409:
-                rebase = exc.rebase if isinstance(exc, ConflictError) else None
-                # Under the lock until the answer is rendered: the follower applies and renders a newer
-                # snapshot under it too (``ui.pump``), so the new round is drawn once, with the edits on it.
-                with st.lock:
-                    outcome = st.record_conflict(
-                        exc.code, exc.snapshot, edits, exc.message, submitted=panel, rebased=rebase is not None
-                    )
-                    if (
-                        outcome.redraw
-                        and rebase is not None
-                        and edits is not None
-                        and not edits.is_empty()
-                        and st.panel is not None
-                    ):
-                        st.pending_rebase = (edits, rebase)  # laid over the redrawn panel by refresh_view
-                    return self.refresh_view(st, redraw=outcome.redraw, banner=outcome.banner, error="")
-            return {self.c.review_error: f"The server refused the submission: {exc.message} ({exc.code})."}
-        except Exception as exc:  # the same intervention id is kept for the retry
-            return {
-                self.c.review_error: error_text(exc) + " Press Submit again: it resends the same submission "
-                "(same id), so it cannot count twice."
-            }
-        msg = st.record_success(
-            panel.pause_token,
-            res.status,
-            res.version,
-            res.next_node_type,
-            len(res.diff.kept),
-            len(res.diff.added),
-            len(res.diff.deleted),
-            res.quorum.model_dump() if res.quorum else None,
-        )
+        finally:
+            st.sending = None
         st.claimed = None  # an accepted submission ends the claim (docs/protocol.md § Claims)
         self.prefetcher.start(st, client)  # the job N opens next (ui.prefetch)
         out = self.view(st, banner=msg + " Press N for the next job.", error="")

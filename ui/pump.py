@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 from hitl_review.client import AsyncHitlClient
@@ -129,7 +130,10 @@ async def follow_job(
                     # A flag or comment (a colleague's too): the open snapshot's notes, fetched again; the
                     # panel is not redrawn (nothing of the job changed), only its notes shown again.
                     if await refresh_notes(st, job_id, gen, client):
-                        yield render.notes_arrived(f"{job_id}|{item.id}")
+                        with emission(st, job_id, gen, stop) as ok:
+                            if not ok:
+                                break
+                            yield render.notes_arrived(f"{job_id}|{item.id}")
                     continue
                 if item.version <= st.version:
                     continue  # history the snapshot already shows
@@ -141,7 +145,10 @@ async def follow_job(
                 # and be overwritten by it. Say the newest once more (no redraw of the canvas).
                 if told is not None and (st.notice, id(st.offer)) != told:
                     told = (st.notice, id(st.offer))
-                    yield render.view(st, banner=st.notice)
+                    with emission(st, job_id, gen, stop) as ok:
+                        if not ok:
+                            break
+                        yield render.view(st, banner=st.notice)
                     continue
                 # The previous job's follower may have rendered that job's end just before this job was
                 # opened and have it delivered after this job's panel: the page then showed the ended job
@@ -155,7 +162,10 @@ async def follow_job(
                         here = st.job_id == job_id and st.follow_gen == gen and st.reviewing
                         update = render.view(st, banner=st.notice or "") if here else None
                     if update is not None:
-                        yield update
+                        with emission(st, job_id, gen, stop) as ok:
+                            if not ok:
+                                break
+                            yield update
                         continue
                 if not pump.broken or time.monotonic() - last_poll < POLL_FALLBACK_S:
                     continue
@@ -170,16 +180,36 @@ async def follow_job(
             update, telling = await asyncio.to_thread(apply_and_render, st, snap, render)
             if update is None:
                 continue
-            if st.job_id != job_id or st.follow_gen != gen:
-                # Another job was opened while this view was rendered (an ended job's results take a
-                # while): sent now it could land after that job's panel and put this one back.
-                break
             told = telling
-            yield update
+            with emission(st, job_id, gen, stop) as ok:
+                if not ok:
+                    # Another job was opened while this view was rendered (an ended job's results take a
+                    # while): sent now it could land after that job's panel and put this one back.
+                    break
+                yield update
             if is_terminal(snap):
                 break
     finally:
         await pump.stop()
+
+
+@contextmanager
+def emission(st: ReviewerState, job_id: str, gen: int, stop: threading.Event) -> Iterator[bool]:
+    """Around a follower's ``yield``: True when the job is still the one open and the follower was not
+    stopped (else nothing may be sent),
+    and ``st.emitting`` counted from that check until Gradio resumes the follower, which it does once
+    the update is sent. An opening waits for it (``ReviewerState.wait_emissions``), so a follower's last
+    update of the job left is on its way before the next job's panel, never after it."""
+    with st.lock:
+        ok = st.job_id == job_id and st.follow_gen == gen and not stop.is_set()
+        if ok:
+            st.emitting += 1
+    try:
+        yield ok
+    finally:
+        if ok:
+            with st.lock:
+                st.emitting -= 1
 
 
 def shown_already(snap: JobSnapshot | None, ev: Event) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +132,8 @@ class ReviewerState:
         self.box_list: Any = None  # hidden and locked boxes of the open review (ui.box_list.BoxListState)
         self.prefetched: Any = None  # the job N opens next, fetched ahead (ui.prefetch.Prefetched)
         self.follow_gen = 0  # bumped by every open; a follower of an older generation stops
+        self.emitting = 0  # followers' updates between their last check and being sent (ui.pump.emission)
+        self.sending: str | None = None  # the pause a submission of this session is in flight for
         self.followed_gen = -1  # the generation a follower already serves
         self.lock = threading.RLock()
 
@@ -236,6 +239,13 @@ class ReviewerState:
                 self.intervention_id = None
             self.follow_gen += 1
 
+    def wait_emissions(self, timeout: float = 2.0) -> None:
+        """After an opening: until the updates followers were sending of the job left are sent (they check the
+        job under the lock, so none starts after the opening), at most ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.emitting > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def apply_snapshot(self, snap: JobSnapshot) -> SnapshotChange:
         """A newer snapshot of the open job (from events or polling). Redraws only when the pause changed."""
         with self.lock:
@@ -266,7 +276,8 @@ class ReviewerState:
             self.intervention_id = None
             # The pause this reviewer last had in front of them: was it answered by someone else?
             last = old_token or self.seen_token
-            by_other = last is not None and last not in self.results
+            # (not while this reviewer's own submission of it is in flight: its answer says what came of it)
+            by_other = last is not None and last not in self.results and last != self.sending
             hist = self.history
             if (
                 by_other
