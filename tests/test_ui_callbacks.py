@@ -194,7 +194,7 @@ def test_follower_tells_when_another_reviewer_submits_first(api_server: Any, tmp
     told = [i for i, u in enumerate(got) if u.get(comps.banner_md) == "Another reviewer submitted first."]
     assert told, f"the follower did not tell: {got}"
     assert not visible(got[told[0]][comps.review_col])
-    assert all(visible(u[comps.review_col]) for u in got[: told[0]])  # before: the open review said again (ui.pump)
+    assert all(visible(u[comps.review_col]) for u in got[: told[0]])  # before it, nothing closed the review
     assert "EMPTY_SELECTION" in got[-1][comps.status_md] and "chose to cut nothing" in got[-1][comps.results_md]
     # one follower per opened job: a second call for the same opening returns at once
     assert asyncio.run(updates(cb.follow(st, None), until=lambda u: False, timeout=5)) == []  # type: ignore[arg-type]  # no gr.Request off a browser
@@ -209,7 +209,7 @@ def test_closing_the_tab_stops_its_followers(api_server: Any, tmp_path: Path) ->
 
     async def follow_then_close() -> list[dict[Any, Any]]:
         follower = asyncio.ensure_future(updates(cb.follow(st, tab), until=lambda u: False, timeout=30))
-        await asyncio.sleep(0.5)  # before the follower says the open review again (ui.pump.REASSERT_AFTER_S)
+        await asyncio.sleep(1.0)
         cb.on_unload(tab)
         return await follower
 

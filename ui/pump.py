@@ -25,9 +25,6 @@ from .session import ReviewerState
 
 POLL_FALLBACK_S = 2.0  # GET polling period while the stream is down
 IDLE_S = 1.0  # how often a follower looks up from the stream (stop flags, a newer banner)
-# When a follower says its job's view once more, after it started (see ``follow_job``): the previous job's
-# follower can still deliver that job's end after this job was opened.
-REASSERT_AFTER_S = (1.0, 4.0)
 RETRY_MAX_S = 30.0  # longest wait before the pump opens a stream the client gave up on again
 # Notes on the job (docs/protocol.md § Flags, skips and comments): announced on its events, at the job's
 # version (they change nothing of it), so they are told apart by type.
@@ -119,9 +116,8 @@ async def follow_job(
     Ends when the job ends, another job is opened, or ``stop`` is set.
     """
     pump = EventPump(client, job_id)
-    last_poll = started = time.monotonic()
+    last_poll = time.monotonic()
     told = None  # (banner, re-apply offer) as this follower's last output showed them
-    reasserts = list(REASSERT_AFTER_S)
     try:
         while st.job_id == job_id and st.follow_gen == gen and not stop.is_set():
             item = await pump.next(timeout=IDLE_S)
@@ -150,23 +146,6 @@ async def follow_job(
                             break
                         yield render.view(st, banner=st.notice)
                     continue
-                # The previous job's follower may have rendered that job's end just before this job was
-                # opened and have it delivered after this job's panel: the page then showed the ended job
-                # while this session held this one (claimed, renewed, and passed over by N: the reviewer
-                # benchmark's four-reviewer stall, issue 22). Say this job's view again, twice, early on
-                # (not the canvas: the late update does not touch it).
-                if reasserts and time.monotonic() - started >= reasserts[0]:
-                    reasserts.pop(0)
-                    with st.lock:
-                        # still under review here (after a submission its own answer is on screen)
-                        here = st.job_id == job_id and st.follow_gen == gen and st.reviewing
-                        update = render.view(st, banner=st.notice or "") if here else None
-                    if update is not None:
-                        with emission(st, job_id, gen, stop) as ok:
-                            if not ok:
-                                break
-                            yield update
-                        continue
                 if not pump.broken or time.monotonic() - last_poll < POLL_FALLBACK_S:
                     continue
             last_poll = time.monotonic()
