@@ -8,6 +8,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import gradio as gr
+
 from harness.tokens import TOKENS
 from hitl_review.ui.session import ReviewerState
 
@@ -27,3 +29,18 @@ def test_after_a_submission_the_follower_never_shows_the_review_again(api_server
     assert not any(visible(u[comps.review_col]) for u in got if comps.review_col in u)
     banners = [u[comps.banner_md] for u in got if comps.banner_md in u]
     assert "" not in banners and "Another reviewer submitted first." not in banners, banners
+
+
+def test_the_pages_follower_ends_on_an_update_that_changes_nothing(api_server: Any, tmp_path: Path) -> None:
+    """Gradio's completion message repeats a generator's last update after it returned: that must not be the
+    ended job's view, which could then land over the next job's panel."""
+    comps, cb = make_callbacks(api_server.url, tmp_path / "ui")
+    job = waiting_job(api_server.url, 68)
+    st = ReviewerState(token=TOKENS["rev1"], signed_in=True)
+    opened = cb.open_job(st, job)
+    cb.on_submit(st, opened[comps.annotator])
+    page = cb.follow_on_page(st, None)  # type: ignore[arg-type]  # no gr.Request off a browser
+    got = asyncio.run(updates(page, until=lambda u: False, timeout=60))
+    assert any("ended" in str(u.get(comps.banner_md, "")) for u in got), got  # the job's end was said
+    nothing = {comps.banner_md: gr.skip()}
+    assert got[0] == nothing and got[-1] == nothing

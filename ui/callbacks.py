@@ -309,6 +309,10 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         yield {self.c.banner_md: gr.skip()}
         async for update in self.follow(st, request):
             yield update
+        # Gradio's completion message carries the last update again, sent once the follower has returned,
+        # so after the counted emissions (ui.pump.emission): were it the ended job's view, it could land
+        # after the next job's panel (N pressed as the job ended) and put the ended job back on screen.
+        yield {self.c.banner_md: gr.skip()}
 
     def on_unload(self, request: gr.Request) -> None:
         self.followers.stop(request.session_hash)
