@@ -164,7 +164,7 @@ class NotesView:
                 st.claimed = None  # the skip released it
         out = self.cb.on_next(st)
         told = f"Skipped {job}: “Open next job” passes it over for {int(SKIP_FOR_S // 60)} min."
-        if self.c.annotator in out:  # the next job opened (and is drawn by ``after_open``)
+        if self.c.annotator in out:  # the next job opened, drawn in the same update
             st.notice = told
             out[self.c.banner_md] = told
             out[self.n.error_md] = ""

@@ -62,7 +62,7 @@ sets a threshold on them: they can only be calibrated on real weights, and no ma
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 import cv2
@@ -288,20 +288,9 @@ POLICIES: dict[str, GatePolicy] = {
         max_bg_closer=None,
         learned=GATE_V2_SCORE,
     ),
-    # As gate-v2, its score also over gate_v3's features (calibration: the module docstring).
-    "gate-v3": GatePolicy(
-        version="gate-v3",
-        min_fill=0.1,
-        max_fill=0.98,
-        max_box_gap=None,
-        max_cut_off=None,
-        min_largest_share=0.9,
-        min_contrast=None,
-        min_edge_alignment=None,
-        max_bg_closer=None,
-        learned=GATE_V3_SCORE,
-    ),
 }
+# As gate-v2, its score also over gate_v3's features (calibration: the module docstring).
+POLICIES["gate-v3"] = replace(POLICIES["gate-v2"], version="gate-v3", learned=GATE_V3_SCORE)
 
 
 def policy(name: str | None = None) -> GatePolicy:
