@@ -44,3 +44,4 @@ def test_the_pages_follower_ends_on_an_update_that_changes_nothing(api_server: A
     assert any("ended" in str(u.get(comps.banner_md, "")) for u in got), got  # the job's end was said
     nothing = {comps.banner_md: gr.skip()}
     assert got[0] == nothing and got[-1] == nothing
+    assert st.emitting == 0  # every counted update was let go: the next opening does not wait
