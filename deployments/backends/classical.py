@@ -12,6 +12,9 @@ that differs from it by clearly more than the background's own noise.
   the box cuts through the object.
 - ``ClassicalSegmenter``: GrabCut seeded by the box (plus the ring's background model), a
   threshold mask when GrabCut gives up, then largest component and hole filling.
+
+Every GrabCut here (the scene proposals' too) runs through ``grabcut_steps.run_grabcut``, which
+seeds OpenCV's RNG first: the same picture gives the same boxes and masks whatever ran before.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 from .background import BoxEvidence, fit_background, noise_threshold, resize_max, soft_ramp, to_lab
 from .base import box_problem, check_image, int_box, invalid_result, register
 from .grabcut_points import prompted_candidates
+from .grabcut_steps import crop_around, run_grabcut
 from .postprocess import clean_mask, feather
 from .prompts import check_prompt
 
@@ -135,14 +139,11 @@ class ClassicalDetector:
         h, w = small.shape[:2]
         gc = np.zeros((h, w), np.uint8)
         rect = (max(1, round(0.05 * w)), max(1, round(0.05 * h)), round(0.9 * w), round(0.9 * h))
-        bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
-        try:
-            cv2.grabCut(cv2.cvtColor(small, cv2.COLOR_RGB2BGR), gc, rect, bgd, fgd, 3, cv2.GC_INIT_WITH_RECT)
-        except cv2.error as exc:
-            log.debug("scene grabcut failed: %s", exc)
+        cut = run_grabcut(small, gc, 3, rect=rect)
+        if cut is None:
+            log.debug("scene grabcut failed: no proposals")
             return []
-        fg = ((gc == cv2.GC_FGD) | (gc == cv2.GC_PR_FGD)).astype(np.uint8)
-        fg = cv2.morphologyEx(fg, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
+        fg = cv2.morphologyEx(cut.astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
         lab = to_lab(small)
         n, labels, stats, _ = cv2.connectedComponentsWithStats(fg, connectivity=8)
         rest = lab[fg == 0]
@@ -361,30 +362,18 @@ class ClassicalSegmenter:
         """The subject's mask (image size) and how it was found: ``grabcut`` or ``threshold``."""
         oh, ow = image.shape[:2]
         x1, y1, x2, y2 = int_box(bbox, ow, oh)
-        m = max(4, round(self.margin_frac * max(x2 - x1, y2 - y1)))
-        rx1, ry1, rx2, ry2 = max(0, x1 - m), max(0, y1 - m), min(ow, x2 + m), min(oh, y2 + m)
-        crop, s = resize_max(image[ry1:ry2, rx1:rx2], self.work_size)
-        ch, cw = crop.shape[:2]
-        bx1, by1 = int(round((x1 - rx1) * s)), int(round((y1 - ry1) * s))
-        bx2, by2 = max(bx1 + 1, int(round((x2 - rx1) * s))), max(by1 + 1, int(round((y2 - ry1) * s)))
-        bx2, by2 = min(cw, bx2), min(ch, by2)
-        lab = to_lab(crop)
-        ev = BoxEvidence(lab, (bx1, by1, bx2, by2), self.margin_frac)
+        near = crop_around(image, (x1, y1, x2, y2), margin_frac=self.margin_frac, work_px=self.work_size)
+        bx1, by1, bx2, by2 = near.box
+        ev = BoxEvidence(to_lab(near.crop), near.box, self.margin_frac)
 
-        small = self._grabcut(crop, (bx1, by1, bx2, by2), ev)
+        small = self._grabcut(near.crop, near.box, ev)
         how = "grabcut"
         box_area = (bx2 - bx1) * (by2 - by1)
         if small is None or not (0.01 * box_area <= small[by1:by2, bx1:bx2].sum() <= 0.995 * box_area):
-            small = np.zeros((ch, cw), bool)
+            small = np.zeros(near.crop.shape[:2], bool)
             small[by1:by2, bx1:bx2] = ev.box_fg()
             how = "threshold"
-        if s < 1.0:
-            up = cv2.resize(small.astype(np.float32), (rx2 - rx1, ry2 - ry1), interpolation=cv2.INTER_LINEAR)
-            region_mask = up >= 0.5
-        else:
-            region_mask = small
-        full = np.zeros((oh, ow), bool)
-        full[ry1:ry2, rx1:rx2] = region_mask
+        full = near.paste(small)
         clip = np.zeros_like(full)
         clip[y1:y2, x1:x2] = True
         full &= clip
@@ -406,13 +395,4 @@ class ClassicalSegmenter:
             gc[:, 0] = gc[:, -1] = cv2.GC_PR_BGD
         if not ((gc == cv2.GC_PR_FGD).any() and ((gc == cv2.GC_BGD) | (gc == cv2.GC_PR_BGD)).any()):
             return None
-        bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
-        try:
-            bgr = cv2.cvtColor(crop, cv2.COLOR_RGB2BGR)
-            # opencv's stubs want a Rect for ``rect`` even with GC_INIT_WITH_MASK, which ignores it
-            mode = cv2.GC_INIT_WITH_MASK
-            cv2.grabCut(bgr, gc, None, bgd, fgd, self.iterations, mode)  # type: ignore[call-overload]  # rect: see above
-        except cv2.error as exc:
-            log.debug("grabcut failed, using the threshold mask: %s", exc)
-            return None
-        return (gc == cv2.GC_FGD) | (gc == cv2.GC_PR_FGD)
+        return run_grabcut(crop, gc, self.iterations)  # None: the caller uses the threshold mask

@@ -14,7 +14,7 @@ then, for each click, the part of the box connected to it in much its colour (wi
 (a negative one), and a disc around it sure foreground or sure background, drawn in the
 order given so a later click wins where two overlap. A click's region matters: a disc alone
 is too few pixels to teach GrabCut's colour models what the reviewer meant. GrabCut then
-moves the outline onto the image's edges.
+moves the outline onto the image's edges (``grabcut_steps``: the crop, and a seeded cut that repeats).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 
-from .background import BoxEvidence, resize_max, to_lab
+from .background import BoxEvidence, to_lab
+from .grabcut_steps import crop_around, run_grabcut
 from .prompts import Point, clean_prompted_mask, prompt_bounds
 
 log = logging.getLogger(__name__)
@@ -71,22 +72,19 @@ def grabcut_prompt(
     image size) is the earlier mask the ``prior`` seeding starts from."""
     oh, ow = image.shape[:2]
     bounds = prompt_bounds(bbox, points, ow, oh)
-    x1, y1, x2, y2 = bounds
-    m = max(4, round(margin_frac * max(x2 - x1, y2 - y1)))
-    rx1, ry1, rx2, ry2 = max(0, x1 - m), max(0, y1 - m), min(ow, x2 + m), min(oh, y2 + m)
-    crop, s = resize_max(image[ry1:ry2, rx1:rx2], work_size)
+    near = crop_around(image, bounds, margin_frac=margin_frac, work_px=work_size)
+    crop = near.crop
     ch, cw = crop.shape[:2]
-    bx1, by1 = round((x1 - rx1) * s), round((y1 - ry1) * s)
-    bx2, by2 = min(cw, max(bx1 + 1, round((x2 - rx1) * s))), min(ch, max(by1 + 1, round((y2 - ry1) * s)))
+    bx1, by1, bx2, by2 = near.box
 
     gc = np.full((ch, cw), cv2.GC_BGD, np.uint8)
     if variant.seeding == "prior":
         if prior is None:
             raise ValueError("the prior seeding needs a prior mask")
-        small_prior = cv2.resize(prior[ry1:ry2, rx1:rx2].astype(np.uint8), (cw, ch), interpolation=cv2.INTER_NEAREST)
-        inside = np.where(small_prior[by1:by2, bx1:bx2] > 0, cv2.GC_PR_FGD, cv2.GC_PR_BGD)
+        small_prior = near.to_work(prior, cv2.INTER_NEAREST)
+        inside = np.where(small_prior[by1:by2, bx1:bx2], cv2.GC_PR_FGD, cv2.GC_PR_BGD)
     elif variant.seeding == "evidence":
-        ev = BoxEvidence(to_lab(crop), (bx1, by1, bx2, by2), margin_frac)
+        ev = BoxEvidence(to_lab(crop), near.box, margin_frac)
         inside = np.where(ev.box_d() > 0.5 * ev.thr, cv2.GC_PR_FGD, cv2.GC_PR_BGD)
     else:
         inside = np.full((by2 - by1, bx2 - bx1), cv2.GC_PR_FGD)
@@ -98,7 +96,7 @@ def grabcut_prompt(
         gc[0, :] = gc[-1, :] = cv2.GC_PR_BGD
         gc[:, 0] = gc[:, -1] = cv2.GC_PR_BGD
     lab = to_lab(crop)
-    clicks = [((round((x - rx1) * s), round((y - ry1) * s)), pos) for x, y, pos in points]
+    clicks = [(near.to_work_xy(x, y), pos) for x, y, pos in points]
     in_box = np.zeros((ch, cw), bool)
     in_box[by1:by2, bx1:bx2] = True
     regions = {True: np.zeros((ch, cw), bool), False: np.zeros((ch, cw), bool)}
@@ -113,12 +111,7 @@ def grabcut_prompt(
     for centre, positive in clicks:
         cv2.circle(gc, centre, radius, int(cv2.GC_FGD if positive else cv2.GC_BGD), -1)
 
-    fg = _run_grabcut(crop, gc, variant.iterations)
-    if s < 1.0:
-        up = cv2.resize(fg.astype(np.float32), (rx2 - rx1, ry2 - ry1), interpolation=cv2.INTER_LINEAR)
-        fg = up >= 0.5
-    full = np.zeros((oh, ow), bool)
-    full[ry1:ry2, rx1:rx2] = fg
+    full = near.paste(_run_grabcut(crop, gc, variant.iterations))
     return clean_prompted_mask(full, points, bounds, max_hole_frac)
 
 
@@ -140,16 +133,11 @@ def _run_grabcut(crop: np.ndarray, gc: np.ndarray, iterations: int) -> np.ndarra
     seeds = (gc == cv2.GC_FGD) | (gc == cv2.GC_PR_FGD)
     if not (seeds.any() and ((gc == cv2.GC_BGD) | (gc == cv2.GC_PR_BGD)).any()):
         return seeds
-    bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
-    try:
-        bgr = cv2.cvtColor(crop, cv2.COLOR_RGB2BGR)
-        # opencv's stubs want a Rect for ``rect`` even with GC_INIT_WITH_MASK, which ignores it
-        mode = cv2.GC_INIT_WITH_MASK
-        cv2.grabCut(bgr, gc, None, bgd, fgd, iterations, mode)  # type: ignore[call-overload]  # rect: see above
-    except cv2.error as exc:
-        log.debug("prompted grabcut failed, using its seeds: %s", exc)
+    fg = run_grabcut(crop, gc, iterations)
+    if fg is None:
+        log.debug("prompted grabcut failed, using its seeds")
         return seeds
-    return (gc == cv2.GC_FGD) | (gc == cv2.GC_PR_FGD)
+    return fg
 
 
 def prompted_candidates(

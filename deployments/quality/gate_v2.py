@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from ..backends.background import resize_max
+from ..backends.grabcut_steps import crop_around, grown, run_grabcut
 
 RECUT_GROW = 0.03  # the perturbation: the box grown by this share of its size on every side
+RECUT_MARGIN = 0.1  # the recut's neighbourhood: the grown box with this share of its long side around it
 RECUT_WORK_PX = 32  # the recut's neighbourhood, long side
 RECUT_ITERATIONS = 1
 RECUT_SEED = 21  # OpenCV's GrabCut draws its k-means start from a global RNG: seeded, a verdict repeats
@@ -156,31 +157,19 @@ def recut_iou(
     """IoU of ``mask`` with a second, cheap GrabCut of its box (see ``recut_iou`` above), both at the
     recut's size (``work_px``, the long side; gate-v3 runs another at its own size, iterations, seed)."""
     h, w = mask.shape
-    x1, y1, x2, y2 = image_box
-    gw, gh = RECUT_GROW * (x2 - x1), RECUT_GROW * (y2 - y1)
-    gx1, gy1, gx2, gy2 = int(max(0, x1 - gw)), int(max(0, y1 - gh)), int(min(w, x2 + gw)), int(min(h, y2 + gh))
-    m = max(4, round(0.1 * max(gx2 - gx1, gy2 - gy1)))
-    cx1, cy1, cx2, cy2 = max(0, gx1 - m), max(0, gy1 - m), min(w, gx2 + m), min(h, gy2 + m)
-    small, s = resize_max(image[cy1:cy2, cx1:cx2], work_px)
-    ch, cw = small.shape[:2]
-    bx1, by1 = round((gx1 - cx1) * s), round((gy1 - cy1) * s)
-    bx2, by2 = min(cw, max(bx1 + 1, round((gx2 - cx1) * s))), min(ch, max(by1 + 1, round((gy2 - cy1) * s)))
-    shrink = cv2.INTER_AREA if s < 1 else cv2.INTER_NEAREST
-    theirs = cv2.resize(mask[cy1:cy2, cx1:cx2].astype(np.uint8), (cw, ch), interpolation=shrink) > 0
-    gc = np.full((ch, cw), cv2.GC_BGD, np.uint8)
+    near = crop_around(image, grown(image_box, RECUT_GROW, w, h), margin_frac=RECUT_MARGIN, work_px=work_px)
+    theirs = near.to_work(mask)
+    bx1, by1, bx2, by2 = near.box
+    gc = np.full(near.crop.shape[:2], cv2.GC_BGD, np.uint8)
     gc[by1:by2, bx1:bx2] = cv2.GC_PR_FGD
     if not (gc == cv2.GC_BGD).any():  # the box is the whole neighbourhood: its frame stands for the background
         gc[0, :] = gc[-1, :] = cv2.GC_PR_BGD
         gc[:, 0] = gc[:, -1] = cv2.GC_PR_BGD
-    if (gc == cv2.GC_PR_FGD).any() and ((gc == cv2.GC_PR_BGD) | (gc == cv2.GC_BGD)).any():
-        try:
-            cv2.setRNGSeed(seed)
-            bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
-            bgr = cv2.cvtColor(np.ascontiguousarray(small), cv2.COLOR_RGB2BGR)
-            cv2.grabCut(bgr, gc, None, bgd, fgd, iterations, cv2.GC_INIT_WITH_MASK)  # type: ignore[call-overload]  # rect: unused with a mask
-        except cv2.error:
-            gc[:] = cv2.GC_BGD
-    return round(_iou((gc == cv2.GC_FGD) | (gc == cv2.GC_PR_FGD), theirs), 4)
+    cut = gc == cv2.GC_PR_FGD  # one label class only: GrabCut cannot run, its start stands
+    if cut.any() and ((gc == cv2.GC_PR_BGD) | (gc == cv2.GC_BGD)).any():
+        recut = run_grabcut(near.crop, gc, iterations, seed=seed)
+        cut = np.zeros(gc.shape, bool) if recut is None else recut  # None: OpenCV refused, nothing recut
+    return round(_iou(cut, theirs), 4)
 
 
 def _solidity(crop: np.ndarray, area: int) -> float:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from ..backends.background import resize_max
+from ..backends.grabcut_steps import crop_around, grown, run_grabcut
 from .gate_v2 import LearnedScore, fit_plane
 
 RING_RECUT_GROW = 0.03  # the box grown by this share of its size on every side (a box drawn 1 px inside)
@@ -51,17 +51,11 @@ def v3_features(image: np.ndarray, mask: np.ndarray, image_box: tuple[int, int, 
     """``gate-v3``'s own features (module docstring) of ``mask`` (bool, image size) for the box
     ``image_box`` (integer pixels) of ``image`` (RGB uint8)."""
     h, w = mask.shape
-    x1, y1, x2, y2 = image_box
-    gw, gh = RING_RECUT_GROW * (x2 - x1), RING_RECUT_GROW * (y2 - y1)
-    gx1, gy1, gx2, gy2 = int(max(0, x1 - gw)), int(max(0, y1 - gh)), int(min(w, x2 + gw)), int(min(h, y2 + gh))
-    m = max(4, round(RING_RECUT_MARGIN * max(gx2 - gx1, gy2 - gy1)))
-    cx1, cy1, cx2, cy2 = max(0, gx1 - m), max(0, gy1 - m), min(w, gx2 + m), min(h, gy2 + m)
-    small, s = resize_max(image[cy1:cy2, cx1:cx2], RING_RECUT_PX)
+    grown_box = grown(image_box, RING_RECUT_GROW, w, h)
+    near = crop_around(image, grown_box, margin_frac=RING_RECUT_MARGIN, work_px=RING_RECUT_PX)
+    small, theirs = near.crop, near.to_work(mask)
     ch, cw = small.shape[:2]
-    bx1, by1 = round((gx1 - cx1) * s), round((gy1 - cy1) * s)
-    bx2, by2 = min(cw, max(bx1 + 1, round((gx2 - cx1) * s))), min(ch, max(by1 + 1, round((gy2 - cy1) * s)))
-    shrink = cv2.INTER_AREA if s < 1 else cv2.INTER_NEAREST
-    theirs = cv2.resize(mask[cy1:cy2, cx1:cx2].astype(np.uint8), (cw, ch), interpolation=shrink) > 0
+    bx1, by1, bx2, by2 = near.box
     inbox = np.zeros((ch, cw), bool)
     inbox[by1:by2, bx1:bx2] = True
     ys, xs = np.nonzero(~inbox)
@@ -80,15 +74,9 @@ def v3_features(image: np.ndarray, mask: np.ndarray, image_box: tuple[int, int, 
     gc[fg] = cv2.GC_PR_FGD
     if stands_out < 0.05:  # the ring's colour explains the whole box: GrabCut's plain rectangle start
         gc[inbox] = cv2.GC_PR_FGD
-    cut = np.zeros((ch, cw), bool)
-    try:
-        cv2.setRNGSeed(RING_RECUT_SEED)
-        bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
-        bgr = cv2.cvtColor(np.ascontiguousarray(small), cv2.COLOR_RGB2BGR)
-        cv2.grabCut(bgr, gc, None, bgd, fgd, RING_RECUT_ITERATIONS, cv2.GC_INIT_WITH_MASK)  # type: ignore[call-overload]  # rect: unused with a mask
-        cut = (gc == cv2.GC_FGD) | (gc == cv2.GC_PR_FGD)
-    except cv2.error:
-        pass
+    cut = run_grabcut(small, gc, RING_RECUT_ITERATIONS, seed=RING_RECUT_SEED)
+    if cut is None:  # OpenCV refused: an empty recut
+        cut = np.zeros((ch, cw), bool)
     both = int(np.count_nonzero(cut & theirs))
     union = int(np.count_nonzero(cut | theirs))
     return {
