@@ -120,10 +120,10 @@ def keep(snap: dict, n: int | None = None) -> list[dict]:
 
 
 def mask_review(api: Api) -> None:
-    """A sample image whose first subject the classical gate fails after its refinements (seed 12:
-    a glossy box cut at its edge) reaches WAITING_MASK_REVIEW with that subject alone; the reviewer
-    refines it with a click, and the job ends with the reviewer's mask next to the gate's."""
-    job = api.submit(product_composite(seed=12, n=2)[0])
+    """A sample image whose first subject the classical gate fails after its refinements (seed 19:
+    an outline where the colours barely change) reaches WAITING_MASK_REVIEW with that subject alone; the reviewer
+    refines it with two clicks, and the job ends with the reviewer's mask next to the gate's."""
+    job = api.submit(product_composite(seed=19, n=2)[0])
     snap = api.wait(job, {"WAITING_USER_SELECTION"})
     assert api.intervene(snap, keep(snap)).status_code == 200
     review = api.wait(job, {"WAITING_MASK_REVIEW", "SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED"})
@@ -134,15 +134,16 @@ def mask_review(api: Api) -> None:
     assert subject["quality"]["verdict"] == "FAIL" and subject["quality"]["reasons"], subject
     assert api.c.get(subject["mask_url"]).status_code == 200
     x1, y1, x2, y2 = subject["bbox"]
-    click = {"x": (x1 + x2) / 2, "y": (y1 + y2) / 2, "positive": True}
-    r = api.c.post(f"/api/v1/jobs/{job}/subjects/{subject['box_id']}/preview", json={"points": [click]})
+    # The subject's middle is in, the box's corner (background beside the silhouette) out.
+    clicks = [{"x": (x1 + x2) / 2, "y": (y1 + y2) / 2, "positive": True}, {"x": x1 + 3, "y": y1 + 3, "positive": False}]
+    r = api.c.post(f"/api/v1/jobs/{job}/subjects/{subject['box_id']}/preview", json={"points": clicks})
     assert r.status_code == 200 and r.json()["area"] > 0, r.text
     body = {
         "intervention_id": f"iv_{uuid.uuid4().hex[:10]}",
         "pause_token": pause["pause_token"],
         "base_version": review["version"],
         "snapshot_id": pause["snapshot_id"],
-        "decisions": [{"box_id": subject["box_id"], "decision": "REFINE", "points": [click]}],
+        "decisions": [{"box_id": subject["box_id"], "decision": "REFINE", "points": clicks}],
     }
     r = api.c.post(f"/api/v1/jobs/{job}/interventions", json=body)
     assert r.status_code == 200 and r.json()["next_node_type"] == "PROCESS_APPROVED_BOX_LIST", r.text
@@ -222,7 +223,7 @@ def test_whole_flow_through_ray_serve(data_dir):
 
         # hitl up's default sends a cut-out its gate fails to a person (--quality-gate review-failing).
         mask_review(api)
-        kept = api.submit(product_composite(seed=12, n=2)[0])  # decided after the restart below
+        kept = api.submit(product_composite(seed=19, n=2)[0])  # decided after the restart below
         kept_waiting = api.wait(kept, {"WAITING_USER_SELECTION"})
     finally:
         api.close()
@@ -271,7 +272,7 @@ def test_whole_flow_through_ray_serve(data_dir):
         assert api.intervene(kept_waiting, keep(kept_waiting)).status_code == 200
         assert api.wait(kept, {"WAITING_MASK_REVIEW", "SUCCEEDED", "FAILED"})["status"] == "WAITING_MASK_REVIEW"
         assert api.c.post(f"/api/v1/jobs/{kept}/cancel").json()["status"] == "CANCELLED"
-        now = api.submit(product_composite(seed=12, n=2)[0])
+        now = api.submit(product_composite(seed=19, n=2)[0])
         snap = api.wait(now, {"WAITING_USER_SELECTION"})
         assert api.intervene(snap, keep(snap)).status_code == 200
         assert api.wait(now, {"WAITING_MASK_REVIEW", "SUCCEEDED", "FAILED"})["status"] == "SUCCEEDED"
