@@ -225,6 +225,9 @@ def test_whole_flow_through_ray_serve(data_dir):
         mask_review(api)
         kept = api.submit(product_composite(seed=19, n=2)[0])  # decided after the restart below
         kept_waiting = api.wait(kept, {"WAITING_USER_SELECTION"})
+    except BaseException:
+        up.stop()  # a failure above must not leave its Ray cluster running under the next tests
+        raise
     finally:
         api.close()
 
