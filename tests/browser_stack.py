@@ -1,4 +1,5 @@
-"""What every browser module starts: one ``hitl up`` with the UI for the module (``ui_up``) and
+"""What every browser module starts: one ``hitl up`` with the UI for the module (``ui_up``), or one
+shared by the consecutive modules of a group that need the same options (``shared_ui_up``), and
 reviewer pages, each in a browser context of its own (``page_maker``). The module-scoped
 ``browser`` fixture (tests/conftest.py) launches Chromium once the module's ``stack`` is up."""
 
@@ -10,10 +11,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from harness.hitl_up import HitlUp
-from harness.tokens import TOKENS
+from harness.tokens import TOKENS, TOKENS_SPEC
 
 from .browser_util import VIEWPORT, WAIT_MS, Reviewer, print_past_capture, require_chromium
 
@@ -37,6 +39,64 @@ def ui_up(
             up.kill()
         line = f"{request.node.nodeid}: wall time {time.monotonic() - began:.1f} s (hitl up included)"
         print_past_capture(request, line + tracebacks(up.child.lines))
+
+
+# The `hitl up`s that several modules share (a module names one in SHARED_UI): its options and environment.
+# The box stages only (the mask review has its own module), the label set the editor's buttons show;
+# "signed-in" with the reviewers' identities of harness.tokens, so each page signs in.
+SHARED_STACKS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "box-stages": (("--quality-gate", "off"), {"HITL_LABELS": "shoe,bag,shirt"}),
+    "signed-in": (("--quality-gate", "off"), {"HITL_TOKENS": TOKENS_SPEC, "HITL_LABELS": "shoe,bag,shirt"}),
+}
+_running: dict[str, HitlUp] = {}  # started by a group's first module, stopped after its last (``stop_shared``)
+TERMINAL = frozenset({"SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED", "EMPTY_SELECTION", "CANCELLED", "TIMED_OUT"})
+
+
+@contextmanager
+def shared_ui_up(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, group: str
+) -> Iterator[HitlUp]:
+    """``ui_up`` for a module of ``group`` (``SHARED_STACKS``): one ``hitl up`` for all the group's modules,
+    which tests/conftest.py runs one after another, started by the first. When the module ends, every
+    job still live on it is cancelled, so the next module's N and queue find only the jobs it makes."""
+    args, env = SHARED_STACKS[group]
+    up = _running.get(group)
+    if up is None:
+        require_chromium()
+        began = time.monotonic()
+        up = _running[group] = HitlUp(tmp_path_factory.mktemp(f"hitl-{group}"), *args, ui=True, env=env).start()
+        print_past_capture(request, f"shared hitl up {group!r} started in {time.monotonic() - began:.1f} s")
+    began, first_line = time.monotonic(), len(up.child.lines)
+    try:
+        yield up
+    finally:
+        token = TOKENS["admin"] if "HITL_TOKENS" in env else up.token
+        cancelled = cancel_live_jobs(up.api_url, token)
+        line = f"{request.node.nodeid}: wall time {time.monotonic() - began:.1f} s; {cancelled} live job(s) cancelled"
+        print_past_capture(request, line + tracebacks(up.child.lines[first_line:]))  # this module's own
+
+
+def cancel_live_jobs(api_url: str, token: str) -> int:
+    """Cancel every job not ended yet; how many were."""
+    n = 0
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        r = c.get("/api/v1/jobs", params={"limit": 500})
+        r.raise_for_status()
+        for job in r.json().get("jobs", []):
+            if job.get("status") not in TERMINAL:
+                n += c.post(f"/api/v1/jobs/{job['job_id']}/cancel").status_code == 200
+    return n
+
+
+def stop_shared(group: str) -> None:
+    """Stop the group's ``hitl up`` (killed when a shutdown sticks); nothing when it was not started."""
+    up = _running.pop(group, None)
+    if up is None:
+        return
+    try:
+        up.stop(timeout=60)
+    except Exception:  # a stuck shutdown must not hide the test results
+        up.kill()
 
 
 def tracebacks(lines: list[str], most: int = 3, length: int = 40) -> str:

@@ -23,6 +23,7 @@ from hitl_review.archive.db import Archive
 from hitl_review.serve_app.redis_server import RedisServer
 from hitl_review.statecore.models import ImageRef
 from hitl_review.statecore.store import Store, StoreConfig
+from tests.browser_stack import stop_shared
 from tests.browser_util import launched_chromium
 from tests.client_fakes import CLIENT_KINDS, ClientFactory, client_factory
 
@@ -146,3 +147,33 @@ def archive(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Archive]
     a = Archive(url)
     yield a
     a.close()
+
+
+# Browser modules that need the same `hitl up` share one (tests/browser_stack.shared_ui_up): a module
+# names its group in SHARED_UI; the group's modules run one after another, and its `hitl up` stops
+# after the last of them, so no idle Ray cluster lingers under the rest of the run.
+
+
+def _shared_group(item: pytest.Item | None) -> str | None:
+    module = getattr(item, "module", None) if item is not None else None
+    return getattr(module, "SHARED_UI", None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each group's items moved to where its first item was, in their order; every other item stays."""
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        group = _shared_group(item)
+        if group is not None:
+            first.setdefault(group, i)
+    if first:
+        place = {id(item): (first.get(_shared_group(item) or "", i), i) for i, item in enumerate(items)}
+        items.sort(key=lambda item: place[id(item)])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield  # the module's fixtures are torn down first (its pages, its browser, its live jobs cancelled)
+    group = _shared_group(item)
+    if group is not None and _shared_group(nextitem) != group:
+        stop_shared(group)

@@ -28,7 +28,7 @@ from hitl_review.serve_app.samples import product_composite
 from hitl_review.ui.box_list import HIDDEN_RULE
 from hitl_review.ui.panel import ROUND1_TEXT
 
-from .browser_stack import page_maker, ui_up
+from .browser_stack import page_maker, shared_ui_up
 from .browser_util import (
     WAIT_MS,
     Api,
@@ -38,6 +38,7 @@ from .browser_util import (
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
 
+SHARED_UI = "box-stages"  # one `hitl up` with the editor's and the keys' modules (tests/browser_stack.py)
 SIZE = (1280, 960)  # wider than the canvas: the annotator scales it down
 SELECTED_TAG_JS = """() => {
   const b = window.hitlBoxList && window.hitlBoxList.selected();
@@ -56,7 +57,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with ui_up(request, tmp_path_factory.mktemp("hitl-box-list"), "--quality-gate", "off") as up:  # the box stages
+    with shared_ui_up(request, tmp_path_factory, SHARED_UI) as up:
         s = Stack(up)
         try:
             for name, seed in (("pick", 31), ("nudge", 32), ("undo", 33), ("hide", 34), ("lock", 35)):

@@ -29,7 +29,7 @@ from harness.hitl_up import HitlUp
 from hitl_review.serve_app.samples import product_composite
 from hitl_review.ui.panel import ROUND1_TEXT
 
-from .browser_stack import page_maker, ui_up
+from .browser_stack import page_maker, shared_ui_up
 from .browser_util import (
     WAIT_MS,
     Api,
@@ -40,7 +40,7 @@ from .browser_util import (
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
 
-LABELS = "shoe,bag,shirt"
+SHARED_UI = "box-stages"  # one `hitl up` with the box list's and the keys' modules (tests/browser_stack.py)
 GHOST = [430.0, 10.0, 620.0, 60.0]  # empty studio background above product_composite's objects
 # Gradio's print per custom-component asset, and any access-log line for the page's own requests.
 ASSET_LINE = re.compile(r"environment=client, type=component|file_name=|/gradio_api/|GET /assets/")
@@ -57,8 +57,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # The box editor; the mask review has its own module (test_mask_review_browser).
-    folder = tmp_path_factory.mktemp("hitl-editor")
-    with ui_up(request, folder, "--quality-gate", "off", env={"HITL_LABELS": LABELS}) as up:
+    with shared_ui_up(request, tmp_path_factory, SHARED_UI) as up:
         s = Stack(up)
         try:
             jobs = (("keys", 21), ("reload", 22), ("reset", 23), ("focus", 24), ("decided", 25), ("enter", 26))

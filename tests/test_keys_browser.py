@@ -40,12 +40,13 @@ from hitl_review.ui.annotator import Edits
 from hitl_review.ui.editor import draft_key, edits_to_json
 from hitl_review.ui.panel import ROUND1_TEXT
 
-from .browser_stack import ui_up
+from .browser_stack import SHARED_STACKS, shared_ui_up
 from .browser_util import VIEWPORT, WAIT_MS, Api, Reviewer
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
 
-LABELS = ("shoe", "bag", "shirt")
+SHARED_UI = "box-stages"  # one `hitl up` with the box list's and the editor's modules (tests/browser_stack.py)
+LABELS = tuple(SHARED_STACKS[SHARED_UI][1]["HITL_LABELS"].split(","))
 BUTTONS = (
     "next-job-btn",
     "submit-btn",
@@ -86,8 +87,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    env = {"HITL_LABELS": ",".join(LABELS)}
-    with ui_up(request, tmp_path_factory.mktemp("hitl-keys"), "--quality-gate", "off", env=env) as up:  # box stages
+    with shared_ui_up(request, tmp_path_factory, SHARED_UI) as up:
         s = Stack(up)
         try:
             jobs = [s.api.submit(product_composite(100 + i, 640, 480, n=2)[0]) for i in range(POOL)]

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from harness.hitl_up import HitlUp
-from harness.tokens import TOKENS, TOKENS_SPEC
+from harness.tokens import TOKENS
 from hitl_review.client import HitlClient
 from hitl_review.serve_app.samples import product_composite
 from hitl_review.ui.panel import ROUND1_TEXT
 
-from .browser_stack import signed_in_maker, ui_up
+from .browser_stack import shared_ui_up, signed_in_maker
 from .browser_util import (
     Api,
     Reviewer,
@@ -36,6 +36,9 @@ from .browser_util import (
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
+
+
+SHARED_UI = "signed-in"  # one `hitl up` with the review coordination's module (tests/browser_stack.py)
 
 
 class Stack:
@@ -56,9 +59,8 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    env = {"HITL_TOKENS": TOKENS_SPEC, "HITL_LABELS": "shoe,bag,shirt"}
     # the box stages' notes; the mask review: test_mask_review_browser
-    with ui_up(request, tmp_path_factory.mktemp("hitl-notes"), "--quality-gate", "off", env=env) as up:
+    with shared_ui_up(request, tmp_path_factory, SHARED_UI) as up:
         s = Stack(up)
         try:
             yield s

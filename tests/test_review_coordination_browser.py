@@ -28,13 +28,13 @@ from typing import Any
 import pytest
 
 from harness.hitl_up import HitlUp
-from harness.tokens import TOKENS, TOKENS_SPEC
+from harness.tokens import TOKENS
 from hitl_review.client import HitlClient, new_intervention_id
 from hitl_review.serve_app.samples import product_composite
 from hitl_review.ui.claims import CLAIM_RENEW_S
 from hitl_review.ui.panel import ROUND1_TEXT, ROUND2_TEXT
 
-from .browser_stack import signed_in_maker, ui_up
+from .browser_stack import shared_ui_up, signed_in_maker
 from .browser_util import (
     WAIT_MS,
     Api,
@@ -47,6 +47,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
 GHOST_LEFT = [20.0, 10.0, 200.0, 60.0]  # empty background above product_composite's objects
 GHOST_RIGHT = [430.0, 10.0, 620.0, 60.0]
 RENEWAL_WAIT_MS = 20_000  # the page renews every 5 s (ui.claims.CLAIM_RENEW_S) on a 2 s tick
+
+
+SHARED_UI = "signed-in"  # one `hitl up` with the notes' module (tests/browser_stack.py)
 
 
 class Stack:
@@ -64,9 +67,8 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    env = {"HITL_TOKENS": TOKENS_SPEC, "HITL_LABELS": "shoe,bag,shirt"}
     # the box stages' coordination; the mask review: test_mask_review_browser
-    with ui_up(request, tmp_path_factory.mktemp("hitl-coord"), "--quality-gate", "off", env=env) as up:
+    with shared_ui_up(request, tmp_path_factory, SHARED_UI) as up:
         s = Stack(up)
         try:
             yield s
