@@ -12,7 +12,7 @@ the canvas shows them scaled down and every box travels in canvas units with a s
    it) and the page says they are still submitted; they are: as kept, unchanged;
 5. a locked box is not moved by a drag or an arrow and not deleted by Delete; the page says why.
 
-The module prints its wall time. HITL_SCREENSHOTS=1 saves docs/screenshots/box-list.png.
+The module prints its wall time. HITL_SCREENSHOTS=1 saves docs/screenshots/box-list.png and full-size.png.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from .browser_util import (
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
 
 SHARED_UI = "box-stages"  # one `hitl up` with the editor's and the keys' modules (tests/browser_stack.py)
-SIZE = (1280, 960)  # wider than the canvas: the annotator scales it down
+SIZE = (1280, 960)
+ZOOM_SIZE = (2000, 1500)  # the canvas shows it at 1280 × 960  # wider than the canvas: the annotator scales it down
 SELECTED_TAG_JS = """() => {
   const b = window.hitlBoxList && window.hitlBoxList.selected();
   const m = b && /^#(\\d+)/.exec(b.label || "");
@@ -62,6 +63,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         try:
             for name, seed in (("pick", 31), ("nudge", 32), ("undo", 33), ("hide", 34), ("lock", 35)):
                 s.jobs[name] = s.api.submit(product_composite(seed, *SIZE, n=2)[0])
+            s.jobs["zoom"] = s.api.submit(product_composite(36, *ZOOM_SIZE, n=2)[0])
             yield s
         finally:
             s.api.close()
@@ -255,3 +257,32 @@ def test_a_locked_box_is_not_moved_nor_deleted(stack: Stack, reviewer: Callable[
     rv.expect_text("#box-notes", "No changes yet")
     after = submitted(stack, job, snap, rv)
     assert after == {b["box_id"]: b["bbox"] for b in snap["box_list"]}
+
+
+def test_full_size_shows_the_original_at_its_own_pixels_and_escape_closes_it(
+    stack: Stack, reviewer: Callable[..., Reviewer]
+) -> None:
+    rv = reviewer()
+    job, snap, _ = open_review(rv, stack, "zoom")
+    rv.page.locator("#zoom-btn").click()
+    n = len(snap["box_list"])
+    rv.expect_text("#zoom-note", f"Full size: 2000 × 1500 px (the canvas shows it at 1280 × 960); {n} box")
+    img = rv.page.locator("#zoom-image img")
+    img.wait_for(state="visible")
+    rv.page.wait_for_function("(i) => i.complete && i.naturalWidth > 0", arg=img.element_handle())
+    size = rv.page.evaluate(
+        "(i) => [i.naturalWidth, i.naturalHeight, Math.round(i.getBoundingClientRect().width)]", img.element_handle()
+    )
+    assert size == [2000, 1500, 2000], f"natural size and width on the page: {size}"  # not fitted to the frame
+    frame = rv.page.evaluate(
+        "() => { const f = document.getElementById('zoom-image'); return [f.scrollWidth, f.clientWidth]; }"
+    )
+    assert frame[0] > frame[1], f"the frame does not scroll across: {frame}"
+    rv.page.locator("#zoom-panel").scroll_into_view_if_needed()
+    rv.page.evaluate(
+        "() => { const f = document.getElementById('zoom-image'); f.scrollTo(f.scrollWidth / 3, f.scrollHeight / 3); }"
+    )
+    screenshot(rv.page, "full-size")
+    rv.page.keyboard.press("Escape")
+    rv.page.locator("#zoom-panel").wait_for(state="hidden")
+    assert stack.api.get(job)["version"] == snap["version"], "looking at the full size changed the job"

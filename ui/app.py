@@ -28,6 +28,7 @@ from .layout import Components, layout
 from .mask_review_view import ReviewerCallbacks
 from .mask_wiring import wire_mask
 from .notes_wiring import wire_notes
+from .zoom import wire_zoom
 
 
 def default_store_root() -> Path:
@@ -63,6 +64,7 @@ def build_app(
         wire_mask(demo, comps, cb)
         wire_box_list(demo, comps)  # the interactive box list
         wire_notes(demo, comps, cb)  # skip, flag for a lead, comments
+        wire_zoom(comps.zoom, comps.session, comps.annotator, root / "zoom")  # the full-size view
     demo.queue(default_concurrency_limit=None)
     return demo
 

@@ -18,6 +18,7 @@ HELP = (
     "Tab / Shift+Tab on the image = next / previous box · arrows = nudge the selected box 1 px, "
     "Shift+arrows 10 px (on the image or the box list; click a row of the list to select its box). "
     "A drawn box needs a name: press its label's number, or type it under “Label” and press Enter. "
+    "“Full size” (under the image) = the original at its own pixels with the boxes as drawn; Esc closes it. "
     "**Skip, flag, comment:** S = skip the job (it goes back to the queue; N passes it over for you for 10 min) · "
     "⚑ Flag asks a lead to look, with why (the job stays waiting; “Flagged only” lists them) · "
     "comments are shown to the next reviewer above the panel."
@@ -44,9 +45,17 @@ ARIA = {
     "flag-btn": "Flag this job for a lead, with the reason typed",
     "unflag-btn": "Take the flag off this job",
     "comment-btn": "Add the comment typed, for the next reviewer",
+    "zoom-btn": "Show the image at full size with the boxes as drawn",
+    "zoom-close-btn": "Close the full-size image",
 }
 
 CSS = """
+/* The full-size view (ui.zoom): the image at its natural size in a frame that scrolls. */
+#zoom-image { overflow: auto; max-height: 80vh; }
+#zoom-image .image-container, #zoom-image .image-frame, #zoom-image button { overflow: visible; height: auto;
+  width: max-content; max-width: none; }
+#zoom-image img { max-width: none !important; max-height: none !important; width: auto !important;
+  height: auto !important; object-fit: none !important; }
 #annotator button[aria-label="Rotate counterclockwise"],
 #annotator button[aria-label="Rotate clockwise"] { display: none !important; }
 #stage-text h3 { margin: 0; }
@@ -169,6 +178,7 @@ _KEYS_JS = """
     if (e.key === "Enter") { b = shownButton("submit-btn"); }
     else if (e.key === "n" || e.key === "N") { b = shownButton("next-job-btn"); }
     else if (e.key === "s" || e.key === "S") { b = shownButton("skip-btn"); }
+    else if (e.key === "Escape") { b = shownButton("zoom-close-btn"); }  // the full-size view (ui.zoom)
     if (b) { e.preventDefault(); b.click(); }
   });
   return [];

@@ -112,8 +112,9 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
             c.current_job: st.job_id or "",
         }
         out.update(self.presence_update(st))
-        if redraw or panel is None:  # an open confirmation belongs to the view being replaced
+        if redraw or panel is None:  # an open confirmation, or full-size view, belongs to the view being replaced
             out[c.cut_confirm] = gr.update(visible=False)
+            out[c.zoom.panel] = gr.update(visible=False)
         if redraw or terminal:
             out[c.cancel_confirm] = gr.update(visible=False)
         if banner is not None:

@@ -23,6 +23,7 @@ from .notes_layout import NotesComponents, flagged_filter, notes_head, notes_lay
 from .panel import NEW_BOX_COLOR_HEX
 from .queue import TABLE_HEADERS
 from .session import ReviewerState
+from .zoom import ZoomComponents, zoom_layout
 
 QUEUE_REFRESH_S = 2.0
 CANVAS_OFF = "hitl-off"  # hides the main row before sign-in, the canvas column and the review panel (ui.assets.CSS)
@@ -95,6 +96,7 @@ class Components:
     mask: MaskComponents  # the mask-review panel, shown instead of the box editor (ui.mask_layout)
     box_list: BoxListComponents  # the interactive list of the canvas' boxes (ui.box_list_layout)
     notes: NotesComponents  # skip, flag for a lead, comments (ui.notes_layout)
+    zoom: ZoomComponents  # the full-size view under the canvas (ui.zoom)
 
     def panel_outputs(self) -> list[Any]:
         """What a view of the open job may change: the outputs of every event that opens or redraws one."""
@@ -129,6 +131,7 @@ class Components:
             self.pause_key,
             self.draft_out,
             self.notes_key,
+            self.zoom.panel,
             *self.mask.outputs(),
         ]
 
@@ -227,6 +230,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
                     box_min_size=8,
                     enable_keyboard_shortcuts=True,
                 )
+                zoom = zoom_layout()
             with gr.Column(elem_id="review-panel", elem_classes=[CANVAS_OFF]) as review_col:  # as the canvas
                 with gr.Row(elem_id="edit-toolbar"):
                     undo_btn = gr.Button("↶ Undo (Ctrl+Z)", elem_id="undo-btn", size="sm", interactive=False)
@@ -364,4 +368,5 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         mask=mask,
         box_list=box_list,
         notes=notes,
+        zoom=zoom,
     )
