@@ -56,6 +56,10 @@ def launch(
         quiet=True,
         ssr_mode=False,
         footer_links=[],
+        # Gradio's run history keeps every call's inputs and outputs in the browser's localStorage, re-written on
+        # each message of each event: a sign-in's token stored in clear, and most of the page's main-thread time
+        # on the way to an open panel (a CPU profile of N and Enter: ~0.5 s of localStorage.setItem in 8 s).
+        run_history=False,
         # The queue's thumbnails are files Gradio serves (ui.queue.thumb_cell); nothing else of the store is.
         allowed_paths=[str(default_store_root() / "thumbs")],
     )
