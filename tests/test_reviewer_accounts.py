@@ -44,6 +44,7 @@ from hitl_review.ui.callbacks import Callbacks
 from hitl_review.ui.images import ImageStore
 from hitl_review.ui.layout import layout
 from hitl_review.ui.session import ReviewerState
+from hitl_review.ui.shown import is_shown
 
 API = "/api/v1"
 ADMIN = auth("admin")
@@ -358,13 +359,13 @@ def test_the_ui_signs_in_keeps_the_sign_in_and_forgets_a_removed_account(api_ser
         out = cb.on_login(st, name, token)
         assert st.signed_in and st.token == token and st.reviewer == name
         assert out[comps.saved_login] == {"name": name, "token": token}
-        assert out[comps.main_row]["elem_classes"] == [] and not out[comps.login_col]["visible"]
+        assert is_shown(out[comps.main_row.style]) and not is_shown(out[comps.login_col.style])
         assert name in out[comps.who_md] and out[comps.signout_btn]["visible"]
 
         # A reload: a fresh session signs in from what the browser kept, without the form.
         again = ReviewerState(signed_in=False)
         out = cb.on_restore(again, {"name": name, "token": token}, page)
-        assert again.signed_in and again.token == token and out[comps.main_row]["elem_classes"] == []
+        assert again.signed_in and again.token == token and is_shown(out[comps.main_row.style])
         nothing = {comps.login_msg: gr.skip()}  # no change (Gradio refuses an empty dict as an update)
         assert cb.on_restore(ReviewerState(), None, page) == nothing
         assert cb.on_restore(ReviewerState(), {"name": name}, page) == {comps.login_name: name}

@@ -23,11 +23,12 @@ from hitl_review.ui.annotator import (
 )
 from hitl_review.ui.callbacks import THUMBS_PER_TICK, Callbacks, show
 from hitl_review.ui.images import ImageStore
-from hitl_review.ui.layout import CANVAS_OFF, Components, layout
+from hitl_review.ui.layout import Components, layout
 from hitl_review.ui.panel import (
     ROUND1_TEXT,
 )
 from hitl_review.ui.session import ReviewerState
+from hitl_review.ui.shown import is_shown
 from tests.ui_fakes import (
     IMAGE,
     H,
@@ -50,9 +51,9 @@ def make_callbacks(api_url: str, root: Path) -> tuple[Components, Callbacks]:
 
 
 def visible(update: Any) -> bool:
-    """Shown by an update: its ``visible``, or (the review panel, ui.layout) no hiding class."""
-    if "visible" not in update and "elem_classes" in update:
-        return CANVAS_OFF not in update["elem_classes"]
+    """Shown by an update: a container's style element (ui.shown) that does not hide it, or its ``visible``."""
+    if isinstance(update, str):
+        return is_shown(update)
     return bool(update["visible"])
 
 
@@ -65,8 +66,8 @@ def test_callbacks_draw_label_and_refuse_an_unlabelled_box_without_a_server(tmp_
 
     out = cb.view(st, redraw=True, banner="", error="")
     assert "Confirm the detected subjects" in out[comps.stage_md] and "pause_1" in out[comps.stage_md]
-    assert visible(out[comps.review_col]) and visible(out[comps.cancel_btn])
-    assert not visible(out[comps.results_col]) and not visible(out[comps.reapply_btn])
+    assert visible(out[comps.review_col.style]) and visible(out[comps.cancel_btn])
+    assert not visible(out[comps.results_col.style]) and not visible(out[comps.reapply_btn])
     value = out[comps.annotator]
     # the canvas' display copy (a JPEG, ui.images), named after the pause it shows
     assert Path(value["image"]).name == f"{IMAGE.sha256}__pause_1.jpg" and Path(value["image"]).exists()
@@ -102,8 +103,8 @@ def test_callbacks_with_nothing_open(tmp_path: Path) -> None:
     assert cb.open_job(st, "  ")[comps.banner_md] == "No job id."
     assert cb.on_tick(ReviewerState())[comps.queue_note] is not None  # not signed in: the queue is skipped
     out = cb.view(st)
-    assert out[comps.job_md].startswith("No job open") and not visible(out[comps.review_col])
-    assert show((comps.cut_confirm, True))()[comps.cut_confirm]["visible"] is True
+    assert out[comps.job_md].startswith("No job open") and not visible(out[comps.review_col.style])
+    assert is_shown(show((comps.cut_confirm, True))()[comps.cut_confirm.style])
 
 
 # --------------------------------------------------------------------------- callbacks against the control plane
@@ -150,7 +151,7 @@ def test_callbacks_open_submit_and_follow_the_job_to_its_results(api_server: Any
     assert str(row[0]).startswith(f"![{job}](/gradio_api/file=")  # made once the rows above it had theirs
     # a click on the thumbnail opens the row's job as a click on its id does
     out = cb.on_queue_select(st, gr.SelectData(None, {"index": [at, 0], "value": row[0], "row_value": row}))
-    assert job in out[comps.job_md] and visible(out[comps.review_col])
+    assert job in out[comps.job_md] and visible(out[comps.review_col.style])
     assert ROUND1_TEXT in out[comps.stage_md]
     assert Path(st.image_path or "").exists()
 
@@ -158,7 +159,7 @@ def test_callbacks_open_submit_and_follow_the_job_to_its_results(api_server: Any
     assert len(drawn["boxes"]) == 2 and cb.after_open(st) == {comps.banner_md: gr.skip()}  # nothing left to draw
     out = cb.on_submit(st, drawn)  # every detected box, as shown
     assert out[comps.banner_md].startswith("Submitted — kept 2, added 0, deleted 0.")
-    assert not visible(out[comps.review_col])
+    assert not visible(out[comps.review_col.style])
 
     done = asyncio.run(updates(cb.follow(st, None), until=lambda u: comps.results_md in u))  # type: ignore[arg-type]  # no gr.Request off a browser
     last = done[-1]
@@ -171,7 +172,7 @@ def test_follower_tells_when_another_reviewer_submits_first(api_server: Any, tmp
     comps, cb = make_callbacks(api_server.url, tmp_path / "ui")
     job = waiting_job(api_server.url, 32)
     st = ReviewerState(token=TOKENS["rev1"], signed_in=True)
-    assert visible(cb.open_job(st, job)[comps.review_col])
+    assert visible(cb.open_job(st, job)[comps.review_col.style])
     pause = st.panel
     assert pause is not None
 
@@ -193,8 +194,8 @@ def test_follower_tells_when_another_reviewer_submits_first(api_server: Any, tmp
         timer.cancel()
     told = [i for i, u in enumerate(got) if u.get(comps.banner_md) == "Another reviewer submitted first."]
     assert told, f"the follower did not tell: {got}"
-    assert not visible(got[told[0]][comps.review_col])
-    assert all(visible(u[comps.review_col]) for u in got[: told[0]])  # before it, nothing closed the review
+    assert not visible(got[told[0]][comps.review_col.style])
+    assert all(visible(u[comps.review_col.style]) for u in got[: told[0]])  # before it, nothing closed the review
     assert "EMPTY_SELECTION" in got[-1][comps.status_md] and "chose to cut nothing" in got[-1][comps.results_md]
     # one follower per opened job: a second call for the same opening returns at once
     assert asyncio.run(updates(cb.follow(st, None), until=lambda u: False, timeout=5)) == []  # type: ignore[arg-type]  # no gr.Request off a browser

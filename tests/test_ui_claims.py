@@ -24,7 +24,7 @@ def test_claim_presence_next_job_and_takeover(api_server: Any, tmp_path: Path) -
     b = ReviewerState(token=TOKENS["rev2"], signed_in=True)
 
     out = cb.open_job(a, job1)
-    assert visible(out[comps.review_col]) and not visible(out[comps.takeover_btn])
+    assert visible(out[comps.review_col.style]) and not visible(out[comps.takeover_btn])
     assert a.claimed == job1 and a.reviewer == "rev1" and "You are reviewing" in out[comps.claim_md]
     assert a.panel is not None and f"snapshot `{short_snapshot(a.panel.snapshot_id)}`" in out[comps.stage_md]
 
@@ -37,7 +37,7 @@ def test_claim_presence_next_job_and_takeover(api_server: Any, tmp_path: Path) -
     assert who[job1] == "rev1 is reviewing"
 
     out = cb.on_next(b)  # N: not job1 (claimed by rev1); the job it opens is now rev2's
-    assert b.job_id not in (None, job1) and b.claimed == b.job_id and visible(out[comps.review_col])
+    assert b.job_id not in (None, job1) and b.claimed == b.job_id and visible(out[comps.review_col.style])
     assert cb.on_tick(a)[comps.queue_table].set_index("Job").loc[b.job_id, "Reviewer"] == "rev2 is reviewing"
     assert cb.on_tick(b)[comps.queue_table].set_index("Job").loc[b.job_id, "Reviewer"] == "you are reviewing"
 
@@ -50,7 +50,7 @@ def test_claim_presence_next_job_and_takeover(api_server: Any, tmp_path: Path) -
     assert out[comps.annotator] is None  # emptied, then drawn once its column shows
     out = cb.after_take_over(b)
     assert (
-        visible(out[comps.review_col])
+        visible(out[comps.review_col.style])
         and out[comps.annotator]["boxes"]
         and b.claimed == job1
         and "You took this job over" in out[comps.banner_md]

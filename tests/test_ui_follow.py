@@ -26,7 +26,7 @@ def test_after_a_submission_the_follower_never_shows_the_review_again(api_server
     follower = cb.follow(st, None)  # type: ignore[arg-type]  # no gr.Request off a browser
     got = asyncio.run(updates(follower, until=lambda u: "ended" in str(u.get(comps.banner_md, "")), timeout=60))
     assert not st.reviewing  # so no view of the review is said again
-    assert not any(visible(u[comps.review_col]) for u in got if comps.review_col in u)
+    assert not any(visible(u[comps.review_col.style]) for u in got if comps.review_col.style in u)
     banners = [u[comps.banner_md] for u in got if comps.banner_md in u]
     assert "" not in banners and "Another reviewer submitted first." not in banners, banners
 

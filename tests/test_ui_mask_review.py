@@ -21,7 +21,7 @@ from hitl_review.statecore.models import Claim, JobSnapshot, Pause, QualityVerdi
 from hitl_review.statecore.states import JobStatus
 from hitl_review.ui.editor import STAGE_NAMES, stage_choices
 from hitl_review.ui.images import ImageStore
-from hitl_review.ui.layout import CANVAS_OFF, Components, layout
+from hitl_review.ui.layout import Components, layout
 from hitl_review.ui.mask_render import clicks_from, cutout_view, picture_of, subject_view, window_for
 from hitl_review.ui.mask_review import (
     MASK_STAGE,
@@ -43,6 +43,7 @@ from hitl_review.ui.mask_review_view import ReviewerCallbacks
 from hitl_review.ui.panel import STAGE_TEXT, panel_from_snapshot
 from hitl_review.ui.pump import apply_and_render
 from hitl_review.ui.session import ReviewerState
+from hitl_review.ui.shown import is_shown
 from tests.ui_fakes import IMAGE, H, W, model_box, round1, snapshot
 
 FAIL = {
@@ -345,8 +346,8 @@ def make(tmp_path: Path, snap: JobSnapshot) -> tuple[Components, ReviewerCallbac
 
 
 def shown(update: Any) -> bool:
-    if "visible" not in update and "elem_classes" in update:  # the review panel: hidden by a class (ui.layout)
-        return CANVAS_OFF not in update["elem_classes"]
+    if isinstance(update, str):  # a container's style element (ui.shown)
+        return is_shown(update)
     return bool(update["visible"])
 
 
@@ -355,7 +356,7 @@ def test_opening_a_mask_review_claims_it_and_shows_the_first_failing_subject(tmp
     m = comps.mask
     out = cb.open_job(st, "job_1")
     assert ("claim", "job_1") in fake.calls and st.reviewing and st.panel is None
-    assert shown(out[m.col]) and not shown(out[comps.review_col]) and shown(out[comps.cancel_btn])
+    assert shown(out[m.col.style]) and not shown(out[comps.review_col.style]) and shown(out[comps.cancel_btn])
     assert "Check the cut-outs" in out[comps.stage_md] and "pause_m1" in out[comps.stage_md]
     assert "3 cut-outs wait for your decision" in out[comps.banner_md]
     assert "stops 24% of the box short" in out[m.subject_md] and "#1 shoe" in out[m.subject_md]
@@ -402,7 +403,7 @@ def test_accept_reject_refine_with_a_preview_then_one_submission(tmp_path: Path)
     assert sent["pause_token"] == "pause_m1" and sent["base_version"] == 9 and sent["snapshot_id"]
     assert [d["decision"] for d in sent["decisions"]] == ["ACCEPT", "REJECT", "REFINE"]
     assert sent["decisions"][1]["reason"] == "the shoe is cut in half"
-    assert "1 accepted, 1 rejected, 1 to refine" in out[comps.banner_md] and not shown(out[m.col])
+    assert "1 accepted, 1 rejected, 1 to refine" in out[comps.banner_md] and not shown(out[m.col.style])
     assert json.loads(out[comps.draft_out])["draft"] is None and st.mask_review is None
     assert st.snapshot is not None and st.snapshot.status == "PROCESSING_APPROVED_SUBJECTS"
 
@@ -433,7 +434,7 @@ def test_a_409_redraws_from_its_snapshot_and_keeps_what_still_applies(tmp_path: 
     out = cb.on_mask_submit(st)
     assert "out of date" in out[comps.banner_md] or "submitted first" in out[comps.banner_md]
     assert "#2 sock were kept" in out[comps.banner_md] and "Not kept" in out[comps.banner_md]
-    assert "pause_m2" in out[comps.stage_md] and shown(out[m.col]) and len(out[m.subjects]["choices"]) == 2
+    assert "pause_m2" in out[comps.stage_md] and shown(out[m.col.style]) and len(out[m.subjects]["choices"]) == 2
     review = st.mask_review
     assert isinstance(review, MaskReview) and review.panel.pause_token == "pause_m2"
     assert review.decision("box_2").kind == "REJECT" and review.decision("box_1").kind is None
@@ -457,7 +458,7 @@ def test_a_409_that_leaves_nothing_waiting_closes_the_panel(tmp_path: Path) -> N
     cb.store.results = lambda st, c: None  # type: ignore[method-assign,assignment,return-value]
     out = cb.on_mask_submit(st)
     assert "Another reviewer submitted first" in out[comps.banner_md] and "SUCCEEDED" in out[comps.banner_md]
-    assert not shown(out[comps.mask.col]) and st.mask_review is None
+    assert not shown(out[comps.mask.col.style]) and st.mask_review is None
 
 
 def test_the_browser_draft_is_restored_once_for_a_fresh_review(tmp_path: Path) -> None:
@@ -504,7 +505,7 @@ def test_a_mask_review_opening_or_answered_elsewhere_is_drawn_live(tmp_path: Pat
     st.results[st.panel.pause_token] = "Submitted"  # this reviewer's own box round
     st.panel = None
     update, _ = apply_and_render(st, mask_snapshot(version=9), cb)
-    assert update is not None and shown(update[comps.mask.col]) and "pause_m1" in update[comps.stage_md]
+    assert update is not None and shown(update[comps.mask.col.style]) and "pause_m1" in update[comps.stage_md]
     assert "3 cut-outs wait for your decision" in update[comps.banner_md]
     st.renewed_at = 0.0
     cb.renew(st)  # the new review is claimed like a new box round
@@ -513,5 +514,5 @@ def test_a_mask_review_opening_or_answered_elsewhere_is_drawn_live(tmp_path: Pat
         update={"status": JobStatus.PROCESSING_APPROVED_SUBJECTS, "active_pause": None, "pending_actions": []}
     )
     update, _ = apply_and_render(st, moved_on, cb)
-    assert update is not None and not shown(update[comps.mask.col]) and st.mask_review is None
+    assert update is not None and not shown(update[comps.mask.col.style]) and st.mask_review is None
     assert "Another reviewer submitted the decisions on these cut-outs first" in update[comps.banner_md]

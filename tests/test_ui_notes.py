@@ -128,9 +128,9 @@ def test_flag_unflag_and_the_flagged_only_queue(api_server: Any, tmp_path: Path)
     p = Page(api_server.url, tmp_path / "ui")
     job = waiting_job(api_server.url, 61)
     st = reviewer("rev1")
-    assert visible(p.cb.open_job(st, job)[p.c.review_col])
+    assert visible(p.cb.open_job(st, job)[p.c.review_col.style])
     out = p.call("on_show", st)
-    assert visible(out[p.n.col]) and out[p.n.skip_btn]["interactive"] and out[p.n.flag_btn]["interactive"]
+    assert visible(out[p.n.col.style]) and out[p.n.skip_btn]["interactive"] and out[p.n.flag_btn]["interactive"]
     assert not visible(out[p.n.unflag_btn]) and out[p.n.flag_md] == "" and out[p.n.comments_md] == ""
 
     out = p.call("on_flag", st, "   ")  # nothing typed: nothing sent
@@ -211,7 +211,7 @@ def test_a_comment_is_shown_to_the_next_reviewer_and_a_refusal_loses_nothing(api
     assert "it has ended" in p.call("on_flag", b, "too late")[p.n.error_md]
     p.cb.open_job(b, job)
     out = p.call("on_show", b)
-    assert not visible(out[p.n.col]) and "agreed" in out[p.n.comments_md]  # the comments stay readable
+    assert not visible(out[p.n.col.style]) and "agreed" in out[p.n.comments_md]  # the comments stay readable
     # 404: a job the control plane does not have.
     b.job_id = "job_doesnotexist0000000000"
     assert b.snapshot is not None
@@ -227,7 +227,7 @@ def test_skip_opens_the_next_job_as_n_does_and_n_passes_the_skipped_one_over(api
     assert st.claimed == jobs[0]
     out = p.call("on_skip", st)
     assert st.job_id not in (None, jobs[0]) and st.claimed == st.job_id  # the next job, claimed as N claims it
-    assert out[p.c.annotator]["boxes"] and visible(out[p.c.review_col])  # drawn at once, as N draws it
+    assert out[p.c.annotator]["boxes"] and visible(out[p.c.review_col.style])  # drawn at once, as N draws it
     assert out[p.c.banner_md].startswith(f"Skipped {jobs[0]}") and out[p.n.error_md] == ""
     assert p.c.annotator not in p.cb.after_open(st)  # nothing left for the second step to draw
     with HitlClient(api_server.url, TOKENS["rev1"]) as rev1, HitlClient(api_server.url, TOKENS["rev2"]) as rev2:
@@ -261,12 +261,12 @@ def test_skip_with_nothing_else_waiting_closes_the_job(
     p.cb.open_job(st, job)
     monkeypatch.setattr(p.cb, "on_next", lambda s: {p.c.banner_md: "No other job is waiting for review."})
     out = p.call("on_skip", st)
-    assert st.job_id is None and st.claimed is None and not visible(out[p.c.review_col])
+    assert st.job_id is None and st.claimed is None and not visible(out[p.c.review_col.style])
     assert out[p.c.current_job] == "" and out[p.c.job_md].startswith("No job open")
     assert out[p.c.banner_md] == (
         f"Skipped {job}: “Open next job” passes it over for 10 min. No other job is waiting for review."
     )
-    assert not visible(p.call("on_show", st)[p.n.col])
+    assert not visible(p.call("on_show", st)[p.n.col.style])
     assert p.cb.on_tick(st).get(p.c.claim_md) is None  # nothing to renew
     with HitlClient(api_server.url, TOKENS["rev1"]) as rev1:
         assert rev1.get_job(job).claim is None

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gradio as gr
 import numpy as np
 from PIL import Image
 
 from hitl_review.statecore.models import ImageRef
 from hitl_review.ui.panel import MODEL_COLOR, annotator_value, panel_from_snapshot
 from hitl_review.ui.session import ReviewerState
-from hitl_review.ui.zoom import ZoomComponents, ZoomView, canvas_boxes, full_size_view, zoom_note
+from hitl_review.ui.shown import is_shown
+from hitl_review.ui.zoom import ZoomView, canvas_boxes, full_size_view, zoom_layout, zoom_note
 from tests.ui_fakes import as_raw, model_box, pause, snapshot
 
 W, H = 2400, 1600  # wider than the canvas' 1280 px: the canvas shows it at half size
@@ -68,7 +70,8 @@ def test_the_note_says_both_sizes_and_how_many_boxes(tmp_path: Path) -> None:
 
 
 def test_without_an_open_panel_the_button_only_hides_the_view(tmp_path: Path) -> None:
-    z = ZoomComponents(open_btn=object(), panel=object(), note=object(), image=object(), close_btn=object())  # type: ignore[arg-type]  # handles only
+    with gr.Blocks():
+        z = zoom_layout()
     out = ZoomView(z, tmp_path).on_open(ReviewerState(token="t"), None)
-    assert list(out) == [z.panel] and out[z.panel]["visible"] is False
+    assert list(out) == [z.panel.style] and not is_shown(out[z.panel.style])
     assert not (tmp_path / "zoom").exists()

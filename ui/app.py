@@ -83,7 +83,7 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
         draws it (drawn in the update that also showed another job's panel, the annotator kept an image
         without size while its column was unmounted). N, S, a queue click, a sign-in and a page load at
         ``?job=`` draw in their one step (``after_open`` then has nothing to do): the main
-        row and the canvas' column are never unmounted any more, only hidden by a class (ui.layout), and
+        row and the canvas' column are never unmounted any more, only hidden by their style element (ui.shown), and
         N came out drawn in every run of the reviewer benchmark (docs/benchmarks.md)."""
         then_follow(event.then(cb.after_open, inputs=st, outputs=panel_outputs, show_progress="hidden"))
 
@@ -106,7 +106,15 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     c.stats_btn.click(cb.on_stats, inputs=st, outputs=[c.stats_md])
     c.stats_acc.expand(cb.on_stats, inputs=st, outputs=[c.stats_md])
     # The tick also renews the open job's claim and notices a takeover (ui.claims).
-    tick_outputs = [c.queue_table, c.queue_note, c.claim_md, c.takeover_btn, c.review_col, c.canvas_col, c.banner_md]
+    tick_outputs = [
+        c.queue_table,
+        c.queue_note,
+        c.claim_md,
+        c.takeover_btn,
+        c.review_col.style,
+        c.canvas_col.style,
+        c.banner_md,
+    ]
     tick_outputs += [c.submit_btn, c.cut_btn, c.mask.submit_btn]
     c.timer.tick(cb.on_tick, inputs=st, outputs=tick_outputs, show_progress="hidden")
     c.current_job.change(None, inputs=[c.current_job], js=URL_JS)
@@ -141,11 +149,11 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     c.submit_btn.click(  # no progress spinner laid over every output
         cb.on_submit, inputs=[c.session, c.annotator], outputs=panel_outputs, preprocess=False, show_progress="hidden"
     )
-    c.cut_btn.click(show((c.cut_confirm, True)), outputs=[c.cut_confirm], queue=False)
-    c.cut_no.click(show((c.cut_confirm, False)), outputs=[c.cut_confirm], queue=False)
+    c.cut_btn.click(show((c.cut_confirm, True)), outputs=[c.cut_confirm.style], queue=False)
+    c.cut_no.click(show((c.cut_confirm, False)), outputs=[c.cut_confirm.style], queue=False)
     c.cut_yes.click(cb.on_cut_nothing, inputs=[c.session, c.annotator], outputs=panel_outputs, preprocess=False)
-    c.cancel_btn.click(show((c.cancel_confirm, True)), outputs=[c.cancel_confirm], queue=False)
-    c.cancel_no.click(show((c.cancel_confirm, False)), outputs=[c.cancel_confirm], queue=False)
+    c.cancel_btn.click(show((c.cancel_confirm, True)), outputs=[c.cancel_confirm.style], queue=False)
+    c.cancel_no.click(show((c.cancel_confirm, False)), outputs=[c.cancel_confirm.style], queue=False)
     c.cancel_yes.click(cb.on_cancel, inputs=st, outputs=panel_outputs)
 
 

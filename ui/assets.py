@@ -72,7 +72,7 @@ button:focus-visible, input:focus-visible, textarea:focus-visible, select:focus-
 }
 #label-set button { min-width: 6em; flex: 0 0 auto; }
 #queue-table img { max-height: 56px; }
-#canvas-panel.hitl-off, #review-panel.hitl-off, #main-panel.hitl-off { display: none !important; }
+.hitl-style { display: none !important; }  /* the blocks of the containers' style elements (ui.shown) */
 """
 
 # Binds the keyboard to the buttons by elem_id. The annotator handles Delete/C/D/Space itself when it

@@ -43,6 +43,7 @@ from .quorum import stage_markdown
 from .rebase import rebase_edits, rebase_text, with_mine
 from .results import ResultsView
 from .session import ReviewerState, conflict_banner
+from .shown import Shown
 from .signin import SignInHandlers, make_async_client, make_client
 from .stats import ReviewStats
 
@@ -113,10 +114,9 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         }
         out.update(self.presence_update(st))
         if redraw or panel is None:  # an open confirmation, or full-size view, belongs to the view being replaced
-            out[c.cut_confirm] = gr.update(visible=False)
-            out[c.zoom.panel] = gr.update(visible=False)
+            out.update(c.cut_confirm.update(False) | c.zoom.panel.update(False))
         if redraw or terminal:
-            out[c.cancel_confirm] = gr.update(visible=False)
+            out.update(c.cancel_confirm.update(False))
         if banner is not None:
             out[c.banner_md] = banner
         if error is not None:
@@ -136,17 +136,13 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
             )
             out[c.label_text] = ""
         if results is not None:
-            out.update(
-                {
-                    c.results_col: gr.update(visible=True),
-                    c.results_md: results.summary,
-                    c.results_gallery: results.cutouts,
-                    c.mask_gallery: results.overlays,
-                    c.results_files: results.files or None,
-                }
-            )
+            out.update(c.results_col.update(True))
+            out[c.results_md] = results.summary
+            out[c.results_gallery] = results.cutouts
+            out[c.mask_gallery] = results.overlays
+            out[c.results_files] = results.files or None
         elif not terminal:
-            out[c.results_col] = gr.update(visible=False)
+            out.update(c.results_col.update(False))
         return out
 
     def refresh_view(
@@ -465,6 +461,6 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         return self.refresh_view(st, redraw=True, banner="The job was cancelled.")
 
 
-def show(*comps: tuple[Any, bool]) -> Callable[[], Update]:
-    """A handler that shows or hides components (the confirmation rows)."""
-    return lambda: {comp: gr.update(visible=v) for comp, v in comps}
+def show(*comps: tuple[Shown, bool]) -> Callable[[], Update]:
+    """A handler that shows or hides containers (the confirmation rows)."""
+    return lambda: {s.style: s.set(v) for s, v in comps}

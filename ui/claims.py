@@ -20,7 +20,7 @@ import gradio as gr
 from hitl_review.client import ApiError, ConflictError, HitlClient
 from hitl_review.statecore.models import ClaimedJob, ClaimView, JobSnapshot
 
-from .layout import CANVAS_OFF, Components
+from .layout import Components
 from .queue import claim_left_s
 from .session import ReviewerState
 
@@ -132,8 +132,8 @@ class ClaimHandlers:
             c.claim_md: claim_text(st),
             c.takeover_btn: gr.update(visible=waiting and not free, value=c.takeover_btn.value),
             # shown or hidden by their class, never unmounted (ui.layout)
-            c.review_col: gr.update(elem_classes=[] if st.panel is not None else [CANVAS_OFF]),
-            c.canvas_col: gr.update(elem_classes=[] if st.panel is not None else [CANVAS_OFF]),
+            **c.review_col.update(st.panel is not None),
+            **c.canvas_col.update(st.panel is not None),
             c.submit_btn: gr.update(interactive=free, value=c.submit_btn.value),
             c.cut_btn: gr.update(interactive=free, value=c.cut_btn.value),
         }

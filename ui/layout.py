@@ -23,10 +23,10 @@ from .notes_layout import NotesComponents, flagged_filter, notes_head, notes_lay
 from .panel import NEW_BOX_COLOR_HEX
 from .queue import TABLE_HEADERS
 from .session import ReviewerState
+from .shown import Shown, shown_style
 from .zoom import ZoomComponents, zoom_layout
 
 QUEUE_REFRESH_S = 2.0
-CANVAS_OFF = "hitl-off"  # hides the main row before sign-in, the canvas column and the review panel (ui.assets.CSS)
 
 
 @dataclass(frozen=True)
@@ -35,16 +35,16 @@ class Components:
 
     session: gr.State
     backend_md: gr.Markdown
-    login_col: gr.Column
+    login_col: Shown  # each container is shown or hidden by its style element (ui.shown)
     login_token: gr.Textbox
     login_btn: gr.Button
     login_msg: gr.Markdown
     login_name: gr.Textbox  # optional: checked against the token's owner (ui.signin)
-    account_row: gr.Row  # "Signed in as …" and the sign-out link
+    account_row: Shown  # "Signed in as …" and the sign-out link
     who_md: gr.Markdown
     signout_btn: gr.Button
     saved_login: gr.BrowserState  # the sign-in this browser keeps (localStorage)
-    main_row: gr.Row
+    main_row: Shown
     queue_table: gr.Dataframe
     queue_note: gr.Markdown
     next_btn: gr.Button
@@ -54,8 +54,8 @@ class Components:
     banner_md: gr.Markdown
     claim_md: gr.Markdown  # who is reviewing the open job (docs/protocol.md § Claims)
     takeover_btn: gr.Button
-    review_col: gr.Column
-    canvas_col: gr.Column  # the annotator's column: shown with the review panel (class CANVAS_OFF off)
+    review_col: Shown
+    canvas_col: Shown  # the annotator's column: shown with the review panel
     annotator: image_annotator
     label_target: gr.Dropdown
     label_text: gr.Textbox
@@ -65,14 +65,14 @@ class Components:
     submit_btn: gr.Button
     cut_btn: gr.Button
     reapply_btn: gr.Button
-    cut_confirm: gr.Row
+    cut_confirm: Shown
     cut_yes: gr.Button
     cut_no: gr.Button
     cancel_btn: gr.Button
-    cancel_confirm: gr.Row
+    cancel_confirm: Shown
     cancel_yes: gr.Button
     cancel_no: gr.Button
-    results_col: gr.Column
+    results_col: Shown
     results_md: gr.Markdown
     results_gallery: gr.Gallery
     mask_gallery: gr.Gallery
@@ -107,8 +107,8 @@ class Components:
             self.banner_md,
             self.claim_md,
             self.takeover_btn,
-            self.review_col,
-            self.canvas_col,
+            self.review_col.style,
+            self.canvas_col.style,
             self.submit_btn,
             self.cut_btn,
             self.annotator,
@@ -117,10 +117,10 @@ class Components:
             self.label_text,
             self.review_error,
             self.reapply_btn,
-            self.cut_confirm,
+            self.cut_confirm.style,
             self.cancel_btn,
-            self.cancel_confirm,
-            self.results_col,
+            self.cancel_confirm.style,
+            self.results_col.style,
             self.results_md,
             self.results_gallery,
             self.mask_gallery,
@@ -131,7 +131,7 @@ class Components:
             self.pause_key,
             self.draft_out,
             self.notes_key,
-            self.zoom.panel,
+            self.zoom.panel.style,
             *self.mask.outputs(),
         ]
 
@@ -151,7 +151,8 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
     backend_md = gr.Markdown("", elem_id="backend-info")
     gr.Markdown(HELP, elem_id="help-line")
 
-    with gr.Column(visible=require_login, elem_id="login-panel") as login_col:
+    login_col = shown_style("login-panel", require_login)
+    with gr.Column(elem_id="login-panel"):
         login_name = gr.Textbox(
             label="Your name", elem_id="login-name", max_lines=1, placeholder="as your admin added you (optional)"
         )
@@ -160,14 +161,16 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         )
         login_btn = gr.Button("Sign in", variant="primary", elem_id="login-btn")
         login_msg = gr.Markdown("", elem_id="login-message")
-    with gr.Row(visible=False, elem_id="account-bar") as account_row:
+    account_row = shown_style("account-bar", False)
+    with gr.Row(elem_id="account-bar"):
         who_md = gr.Markdown("", elem_id="signed-in-as")
         signout_btn = gr.Button("Sign out", size="sm", elem_id="signout-btn", scale=0, min_width=100)
     saved_login = browser_state()
 
-    # Hidden by a class until sign-in, never made invisible: an invisible row is unmounted, and the canvas
-    # mounted with it by the sign-in's update sometimes stayed empty (a sign-in at ``?job=``).
-    with gr.Row(elem_id="main-panel", elem_classes=[CANVAS_OFF] if require_login else []) as main_row:
+    # Hidden by its style element until sign-in (ui.shown), never made invisible: an invisible row is
+    # unmounted, and the canvas mounted with it by the sign-in's update sometimes stayed empty (``?job=``).
+    main_row = shown_style("main-panel", not require_login)
+    with gr.Row(elem_id="main-panel"):
         with gr.Column(scale=2, min_width=460):
             gr.Markdown("### Waiting for review")
             stage_filter = gr.Dropdown(
@@ -207,12 +210,13 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
             claim_md = gr.Markdown("", elem_id="claim-note")
             takeover_btn = gr.Button("Take over", visible=False, elem_id="takeover-btn", size="sm")
             head = notes_head()  # the open job's flag and comments, above its panel
-            # The canvas and the review panel are never made invisible, only hidden by a class (CANVAS_OFF):
-            # Gradio 6 unmounts the children of an invisible column, and the annotator mounted a second
-            # time stayed empty, so no panel after a submission ever drew; mounting the panel's twenty
+            # The canvas and the review panel are never made invisible, only hidden by their style element
+            # (ui.shown): Gradio 6 unmounts the children of an invisible column, and the annotator mounted a
+            # second time stayed empty, so no panel after a submission ever drew; mounting the panel's twenty
             # components again on every N (and unmounting them on every submission) was most of the
             # browser's work on the way to an interactive panel.
-            with gr.Column(elem_id="canvas-panel", elem_classes=[CANVAS_OFF]) as canvas_col:
+            canvas_col = shown_style("canvas-panel", False)
+            with gr.Column(elem_id="canvas-panel"):
                 annotator = image_annotator(
                     value=None,
                     label="Boxes",
@@ -231,7 +235,8 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
                     enable_keyboard_shortcuts=True,
                 )
                 zoom = zoom_layout()
-            with gr.Column(elem_id="review-panel", elem_classes=[CANVAS_OFF]) as review_col:  # as the canvas
+            review_col = shown_style("review-panel", False)
+            with gr.Column(elem_id="review-panel"):
                 with gr.Row(elem_id="edit-toolbar"):
                     undo_btn = gr.Button("↶ Undo (Ctrl+Z)", elem_id="undo-btn", size="sm", interactive=False)
                     redo_btn = gr.Button("↷ Redo (Ctrl+Shift+Z)", elem_id="redo-btn", size="sm", interactive=False)
@@ -263,18 +268,21 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
                     submit_btn = gr.Button("Submit (Enter)", variant="primary", elem_id="submit-btn")
                     cut_btn = gr.Button("Cut nothing", elem_id="cut-nothing-btn")
                 reapply_btn = gr.Button("Re-apply my edits", visible=False, elem_id="reapply-btn")
-                with gr.Row(visible=False, elem_id="confirm-cut-nothing") as cut_confirm:
+                cut_confirm = shown_style("confirm-cut-nothing", False)
+                with gr.Row(elem_id="confirm-cut-nothing"):
                     gr.Markdown("**Cut nothing?** The job ends as EMPTY_SELECTION and no subject is cut out.")
                     cut_yes = gr.Button("Yes, cut nothing", variant="stop", elem_id="confirm-cut-nothing-btn")
                     cut_no = gr.Button("Back", elem_id="cut-nothing-back-btn")
             mask = mask_layout()
             notes = notes_layout(flagged_only, head)
             cancel_btn = gr.Button("Cancel job", variant="stop", visible=False, elem_id="cancel-job-btn")
-            with gr.Row(visible=False, elem_id="confirm-cancel") as cancel_confirm:
+            cancel_confirm = shown_style("confirm-cancel", False)
+            with gr.Row(elem_id="confirm-cancel"):
                 gr.Markdown("**Cancel this job?** It stops for good; nothing more is cut out.")
                 cancel_yes = gr.Button("Yes, cancel the job", variant="stop", elem_id="confirm-cancel-btn")
                 cancel_no = gr.Button("Back", elem_id="cancel-back-btn")
-            with gr.Column(visible=False, elem_id="results-panel") as results_col:
+            results_col = shown_style("results-panel", False)
+            with gr.Column(elem_id="results-panel"):
                 gr.Markdown("### Results")
                 results_md = gr.Markdown("", elem_id="results-summary")
                 results_gallery = gr.Gallery(

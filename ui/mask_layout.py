@@ -19,11 +19,12 @@ from typing import Any
 import gradio as gr
 
 from .mask_assets import MASK_HELP
+from .shown import Shown, shown_style
 
 
 @dataclass(frozen=True)
 class MaskComponents:
-    col: gr.Column
+    col: Shown  # the panel, shown by its style element (ui.shown)
     subjects: gr.Radio
     image: gr.Image
     cutout: gr.Image
@@ -47,7 +48,7 @@ class MaskComponents:
     def outputs(self) -> list[Any]:
         """What drawing the review (or closing it) may change."""
         return [
-            self.col,
+            self.col.style,
             self.subjects,
             self.image,
             self.cutout,
@@ -65,7 +66,8 @@ class MaskComponents:
 
 def mask_layout() -> MaskComponents:
     """Lay the panel out where it is called (inside ``ui.layout.layout``'s review column)."""
-    with gr.Column(visible=False, elem_id="mask-review-panel") as col:
+    col = shown_style("mask-review-panel", False)
+    with gr.Column(elem_id="mask-review-panel"):
         gr.Markdown(MASK_HELP, elem_id="mask-help")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=360):

@@ -193,8 +193,8 @@ class ReviewerCallbacks(Callbacks):
         """The panel for ``st.mask_review``: drawn whole when new (or ``redraw``), else only shown."""
         review = st.mask_review
         if not isinstance(review, MaskReview):
-            return {self.m.col: gr.update(visible=False)}
-        out: Update = {self.m.col: gr.update(visible=True)}
+            return self.m.col.update(False)
+        out: Update = self.m.col.update(True)
         if redraw or not review.drawn:
             review.drawn = True
             self.mask_draws += 1  # a new key each time: the browser looks for this review's draft

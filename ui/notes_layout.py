@@ -11,6 +11,8 @@ from typing import Any
 
 import gradio as gr
 
+from .shown import Shown, shown_style
+
 
 @dataclass(frozen=True)
 class NotesHead:
@@ -25,7 +27,7 @@ class NotesComponents:
     flagged_only: gr.Checkbox  # the queue lists only the jobs flagged for a lead
     flag_md: gr.Markdown  # who flagged the open job, and why
     comments_md: gr.Markdown  # the open job's comments, oldest first
-    col: gr.Column  # the controls, shown while a live job is open
+    col: Shown  # the controls, shown while a live job is open (by a style element: ui.shown)
     skip_btn: gr.Button
     flag_reason: gr.Textbox
     flag_btn: gr.Button
@@ -39,7 +41,7 @@ class NotesComponents:
         return [
             self.flag_md,
             self.comments_md,
-            self.col,
+            self.col.style,
             self.skip_btn,
             self.flag_btn,
             self.unflag_btn,
@@ -65,7 +67,8 @@ def notes_head() -> NotesHead:
 
 def notes_layout(flagged_only: gr.Checkbox, head: NotesHead) -> NotesComponents:
     """Lay the controls out where it is called (under the review panel, inside ``ui.layout.layout``)."""
-    with gr.Column(visible=False, elem_id="notes-panel") as col:
+    col = shown_style("notes-panel", False)
+    with gr.Column(elem_id="notes-panel"):
         with gr.Row(equal_height=True, elem_id="flag-row"):
             skip_btn = gr.Button("Skip (S)", elem_id="skip-btn", scale=1, min_width=110)
             flag_reason = gr.Textbox(

@@ -110,7 +110,7 @@ class NotesView:
         out: Update = {
             n.flag_md: flag_text(snap.flag, me) if snap is not None else "",
             n.comments_md: comments_text(snap.comments) if snap is not None else "",
-            n.col: gr.update(visible=live),
+            **n.col.update(live),
             # with their text: a button shown again after an update without it comes back blank
             n.skip_btn: gr.update(interactive=waiting, value=n.skip_btn.value),
             n.flag_btn: gr.update(interactive=waiting, value="⚑ Flag again" if flagged else "⚑ Flag"),

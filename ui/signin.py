@@ -97,11 +97,11 @@ class SignInHandlers:
             st.token, st.signed_in, st.reviewer = token, True, who["name"]
         c = self.c
         return {
-            c.login_col: gr.update(visible=False),
-            c.main_row: gr.update(elem_classes=[]),  # hidden by a class until now (ui.layout)
+            **c.login_col.update(False),
+            **c.main_row.update(True),  # hidden until now (ui.shown)
             c.login_msg: "",
             c.login_token: "",
-            c.account_row: gr.update(visible=True),
+            **c.account_row.update(True),
             c.who_md: f"Signed in as **{who['name']}** ({who['role']})",
             c.signout_btn: gr.update(visible=can_sign_out),
         }
@@ -122,7 +122,7 @@ class SignInHandlers:
         out.update(self.queue_update(st))
         if pending:
             # Drawn in this one step, as N draws: the main row and the canvas' column are mounted from the
-            # start, hidden by a class (ui.layout). Drawn by ``after_open`` after an emptied canvas, the
+            # start, hidden by their style element (ui.shown). Drawn by ``after_open`` after an emptied canvas, the
             # canvas sometimes stayed empty (1 sign-in at ``?job=`` in ~4 runs of tests/test_notes_browser.py).
             out.update(self.open_job(st, pending))
         return out
@@ -156,5 +156,6 @@ class SignInHandlers:
     def restore_outputs(self) -> list[Any]:
         """What ``on_restore`` and ``on_login`` may change (``on_login`` the queue and the panel as well)."""
         c = self.c
-        parts = [c.login_col, c.main_row, c.login_msg, c.login_token, c.login_name, c.account_row, c.who_md]
+        parts = [c.login_col.style, c.main_row.style, c.login_msg, c.login_token, c.login_name, c.account_row.style]
+        parts.append(c.who_md)
         return [*parts, c.signout_btn, c.saved_login]

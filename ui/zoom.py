@@ -22,6 +22,7 @@ from .annotator import raw_boxes
 from .panel import MODEL_COLOR, Panel, display_size, from_display
 from .results import write_atomic
 from .session import ReviewerState
+from .shown import Shown, shown_style
 
 ZOOM_QUALITY = 90
 
@@ -29,7 +30,7 @@ ZOOM_QUALITY = 90
 @dataclass
 class ZoomComponents:
     open_btn: gr.Button
-    panel: gr.Column
+    panel: Shown  # by its style element (ui.shown)
     note: gr.Markdown
     image: gr.Image
     close_btn: gr.Button
@@ -38,7 +39,8 @@ class ZoomComponents:
 def zoom_layout() -> ZoomComponents:
     """The button under the canvas and the view it opens (hidden until asked for)."""
     open_btn = gr.Button("Full size (original pixels)", elem_id="zoom-btn", size="sm")
-    with gr.Column(visible=False, elem_id="zoom-panel") as panel:
+    panel = shown_style("zoom-panel", False)
+    with gr.Column(elem_id="zoom-panel"):
         with gr.Row():
             note = gr.Markdown("", elem_id="zoom-note")
             close_btn = gr.Button("Close (Esc)", elem_id="zoom-close-btn", size="sm", scale=0, min_width=110)
@@ -122,22 +124,22 @@ class ZoomView:
         with st.lock:
             panel, original = st.panel, st.image_path
         if panel is None or not original:
-            return {self.z.panel: gr.update(visible=False)}
+            return self.z.panel.update(False)
         try:
             path, shown = full_size_view(Path(original), panel, value, self.out_dir)
         except OSError as exc:  # said where the view would be; the canvas is untouched
             note = f"The full-size image could not be made: {exc}. Press “Full size” again."
-            return {self.z.panel: gr.update(visible=True), self.z.note: note, self.z.image: None}
-        return {self.z.panel: gr.update(visible=True), self.z.note: zoom_note(panel, shown), self.z.image: str(path)}
+            return {**self.z.panel.update(True), self.z.note: note, self.z.image: None}
+        return {**self.z.panel.update(True), self.z.note: zoom_note(panel, shown), self.z.image: str(path)}
 
     def on_close(self) -> dict[Any, Any]:
-        return {self.z.panel: gr.update(visible=False)}
+        return self.z.panel.update(False)
 
 
 def wire_zoom(z: ZoomComponents, session: gr.State, annotator: Any, out_dir: Path) -> ZoomView:
     """Connect the view's buttons (inside the app's ``gr.Blocks``); ``annotator``'s raw value gives the boxes."""
     view = ZoomView(z, out_dir)
-    outputs = [z.panel, z.note, z.image]
+    outputs = [z.panel.style, z.note, z.image]
     z.open_btn.click(view.on_open, inputs=[session, annotator], outputs=outputs, preprocess=False)
-    z.close_btn.click(view.on_close, outputs=[z.panel], queue=False)
+    z.close_btn.click(view.on_close, outputs=[z.panel.style], queue=False)
     return view
