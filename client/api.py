@@ -11,11 +11,10 @@ bodies to ``client.errors.ApiError``. All of that is decided once, in
 from __future__ import annotations
 
 import asyncio
-import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from functools import cache, partial
+from functools import partial
 from typing import Any, Generic, Self, TypeVar, cast
 
 import httpx
@@ -24,7 +23,7 @@ from hitl_review.statecore.models import Claim, Event, JobList, JobResults, JobS
 
 from .account_calls import AccountCalls
 from .approve_calls import ApproveCalls
-from .config import DEFAULT_API_URL, ClientConfig
+from .config import DEFAULT_API_URL, ClientConfig, tls_context
 from .core import ClientCore
 from .note_calls import NoteCalls
 from .retry import RetryPolicy
@@ -59,13 +58,6 @@ __all__ = [
 
 T = TypeVar("T")
 TransportT = TypeVar("TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
-
-
-@cache
-def tls_context() -> ssl.SSLContext:
-    """One TLS context (the system's CA certificates) for every client of this process: httpx builds a new
-    one per client otherwise, ~10 ms of CPU each, and the reviewer UI opens a client per page action."""
-    return ssl.create_default_context()
 
 
 class _Client(Generic[TransportT]):

@@ -104,6 +104,10 @@ def rgb(img: Image.Image, xy: tuple[int, int]) -> tuple[int, ...]:
     return pixel
 
 
+def near(a: tuple[int, ...], b: tuple[int, ...], tol: int = 12) -> bool:
+    return all(abs(x - y) <= tol for x, y in zip(a, b, strict=True))
+
+
 def png(img: Image.Image) -> bytes:
     buf = io.BytesIO()
     img.save(buf, "PNG")
@@ -138,12 +142,14 @@ def test_results_view_cutouts_on_checkerboard_and_mask_overlays(tmp_path: Path) 
     assert "PARTIAL_SUCCEEDED" in view.summary and "1 of 2" in view.summary
     assert "REJECTED: ghost (box_5) — no object inside the box" in view.summary
     assert [c for _, c in view.cutouts] == ["shoe — box_1"]
-    preview = Image.open(view.cutouts[0][0])
-    assert preview.mode == "RGB" and preview.getpixel((0, 0)) in {(204, 204, 204), (255, 255, 255)}
-    assert preview.getpixel((15, 15)) == (10, 200, 10)
+    preview = Image.open(view.cutouts[0][0])  # a JPEG preview (ui.results.PREVIEW_QUALITY): colours within a few levels
+    assert preview.format == "JPEG" and preview.mode == "RGB"
+    assert near(rgb(preview, (0, 0)), (204, 204, 204)) or near(rgb(preview, (0, 0)), (255, 255, 255))
+    assert near(rgb(preview, (20, 15)), (10, 200, 10), tol=25)  # the cut-out's own colour (JPEG rings at its edge)
     overlay = Image.open(view.overlays[0][0])
     inside, outside = rgb(overlay, (50, 50)), rgb(overlay, (300, 250))
-    assert inside != (255, 255, 255) and sum(inside) > sum(outside) and outside == (89, 89, 89)
+    assert overlay.format == "JPEG" and not near(inside, (255, 255, 255)) and sum(inside) > sum(outside)
+    assert near(outside, (89, 89, 89))
     assert sorted(Path(f).name for f in view.files) == ["shoe_box_1_cutout.png", "shoe_box_1_mask.png"]
     assert Path(view.files[0]).read_bytes() in artifacts.values()
 

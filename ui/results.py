@@ -75,7 +75,7 @@ def write_atomic(path: Path, data: bytes | Image.Image) -> str:
     if isinstance(data, Image.Image):
         buf = io.BytesIO()
         if path.suffix == ".jpg":
-            data.convert("RGB").save(buf, "JPEG", quality=PREVIEW_QUALITY)
+            data.convert("RGB").save(buf, "JPEG", quality=PREVIEW_QUALITY, subsampling=0)  # crisp cut edges
         else:
             data.save(buf, "PNG")
         data = buf.getvalue()

@@ -100,7 +100,7 @@ def full_size_view(original: Path, panel: Panel, value: Any, out_dir: Path) -> t
             draw.rectangle((left - 3, top - 3, right + 3, bottom + 3), fill=rgb)
             draw.text((tx, ty), caption, fill=(255, 255, 255), font=font)
     buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=ZOOM_QUALITY)
+    img.save(buf, "JPEG", quality=ZOOM_QUALITY, subsampling=0)  # crisp box outlines
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(path, buf.getvalue())
     return path, len(boxes)
