@@ -17,6 +17,13 @@ on it: how far a threshold fixed in advance moves on unseen images). ``--rows`` 
     .venv/bin/python benchmarks/gate_calibration.py --rows /tmp/gate_rows.json    # ~10 min on 2 cores
     .venv/bin/python benchmarks/gate_calibration.py --from-rows /tmp/gate_rows.json --recall 0.97
     .venv/bin/python benchmarks/gate_calibration.py --policy gate-v3 --rows /tmp/gate_v3_rows.json --held-out
+    .venv/bin/python benchmarks/gate_calibration.py --policy gate-v4 --seeds 1,2,3,4,5,6,7,8,9,10 --held-out
+
+``gate-v4`` (``gate_v4.py``) is fitted as depth-2 trees (``fit_trees``: each round one split, then one
+more on each side), printed as ``gate_v4_model.py``'s ``GATE_V4_SCORE``. Trees fit their own training
+rows too well for a threshold read off them (leaving one seed out, a threshold at recall 0.98 on the
+training scores kept only 0.95 on the seed left out), so its threshold is read off out-of-fold scores:
+the calibration seeds in ``--folds`` groups, each scored by trees fitted on the others.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from harness.bench import log
 from hitl_review.deployments.backends.base import make_segmenter
 from hitl_review.deployments.quality.gate import policy, score_mask
 from hitl_review.deployments.quality.gate_v3 import V3_FEATURES
+from hitl_review.deployments.quality.gate_v4 import GAP_FEATURES
 from hitl_review.deployments.quality.metrics import mask_iou
 
 FEATURES_V2 = (
@@ -44,7 +52,9 @@ FEATURES_V2 = (
     "outline_fit",
 )
 FEATURES: dict[str, tuple[str, ...]] = {"gate-v2": FEATURES_V2, "gate-v3": (*FEATURES_V2, *V3_FEATURES)}
-LITERAL = {"gate-v2": "GATE_V2_SCORE", "gate-v3": "GATE_V3_SCORE"}
+FEATURES["gate-v4"] = (*FEATURES["gate-v3"], *GAP_FEATURES)
+LITERAL = {"gate-v2": "GATE_V2_SCORE", "gate-v3": "GATE_V3_SCORE", "gate-v4": "GATE_V4_SCORE"}
+TREES = {"gate-v4"}  # policies scored by depth-2 trees (gate_v4.TreeScore), thresholded out of fold
 
 
 def score_rows(seeds: list[int], n: int, gate: str = "gate-v2") -> list[dict[str, Any]]:
@@ -114,6 +124,98 @@ def fit(x: np.ndarray, y: np.ndarray, rounds: int, step: float, bins: int, min_l
     return {"base": base, "edges": edges, "values": values}
 
 
+def _bins(x: np.ndarray, bins: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    cuts = np.linspace(100 / bins, 100 - 100 / bins, bins - 1)
+    edges = [np.unique(np.round(np.percentile(x[:, j], cuts), 4)) for j in range(x.shape[1])]
+    return edges, [np.searchsorted(edges[j], x[:, j], side="left") for j in range(x.shape[1])]
+
+
+def _split(
+    index: list[np.ndarray], sizes: list[int], g: np.ndarray, h: np.ndarray, sel: np.ndarray, min_leaf: int
+) -> tuple[float, int, int] | None:
+    """The best split of the rows ``sel`` (gain, feature, bin; None when none leaves ``min_leaf`` a side)."""
+    best: tuple[float, int, int] | None = None
+    total_g, total_h, total_n = g[sel].sum(), h[sel].sum(), int(sel.sum())
+    for j, idx in enumerate(index):
+        cg = np.cumsum(np.bincount(idx[sel], g[sel], sizes[j]))[:-1]
+        ch = np.cumsum(np.bincount(idx[sel], h[sel], sizes[j]))[:-1]
+        cn = np.cumsum(np.bincount(idx[sel], minlength=sizes[j]))[:-1]
+        gain = cg * cg / (ch + 1) + (total_g - cg) ** 2 / (total_h - ch + 1) - total_g**2 / (total_h + 1)
+        gain[(cn < min_leaf) | (total_n - cn < min_leaf)] = -np.inf
+        if gain.size and np.isfinite(gain.max()) and (best is None or gain.max() > best[0]):
+            best = (float(gain.max()), j, int(gain.argmax()))
+    return best
+
+
+def fit_trees(x: np.ndarray, y: np.ndarray, rounds: int, step: float, bins: int, min_leaf: int = 10) -> dict[str, Any]:
+    """Boosted depth-2 trees (logistic loss, Newton leaves, L2 1) on quantile bins: ``{"base", "trees"}``,
+    each tree as ``gate_v4.Tree`` (feature indices into the columns of ``x``)."""
+    edges, index = _bins(x, bins)
+    sizes = [len(e) + 1 for e in edges]
+    base = float(np.log(y.mean() / (1 - y.mean())))
+    f = np.full(len(y), base)
+    trees = []
+    for _ in range(rounds):
+        p = 1 / (1 + np.exp(-f))
+        g, h = p - y, p * (1 - p)
+        root = _split(index, sizes, g, h, np.ones(len(y), bool), min_leaf)
+        if root is None:
+            break
+        low = index[root[1]] <= root[2]
+        sides = []
+        for side in (low, ~low):
+            child = _split(index, sizes, g, h, side, min_leaf)
+            parts = [side] if child is None or child[0] <= 0 else [side & (index[child[1]] <= child[2]), side]
+            parts[-1] = parts[-1] & ~parts[0] if len(parts) == 2 else parts[-1]
+            values = [step * -g[q].sum() / (h[q].sum() + 1) for q in parts]
+            for q, v in zip(parts, values, strict=True):
+                f[q] += v
+            if child is None or child[0] <= 0:
+                sides.append((-1, 0.0, round(values[0], 4), round(values[0], 4)))
+            else:
+                sides.append((child[1], float(edges[child[1]][child[2]]), round(values[0], 4), round(values[1], 4)))
+        trees.append((root[1], float(edges[root[1]][root[2]]), sides[0], sides[1]))
+    return {"base": base, "trees": trees}
+
+
+def scored_trees(model: dict[str, Any], x: np.ndarray, rule: np.ndarray) -> np.ndarray:
+    """``fit_trees``' score of rows ``x`` (as ``gate_v4.TreeScore.score``); the degenerate rows fail."""
+    score = np.full(len(x), model["base"])
+    for j, edge, lo, hi in model["trees"]:
+        low = x[:, j] <= edge
+        for side, (j2, edge2, below, above) in ((low, lo), (~low, hi)):
+            score += np.where(side, np.where(x[:, j2] <= edge2, below, above) if j2 >= 0 else below, 0.0)
+    score[rule] = np.inf
+    return score
+
+
+def out_of_fold(
+    x: np.ndarray, bad: np.ndarray, rule: np.ndarray, seed: np.ndarray, args: argparse.Namespace
+) -> np.ndarray:
+    """Every row's score from trees fitted without its seed's fold (``--folds`` groups of seeds)."""
+    seeds = sorted(set(seed.tolist()))
+    score = np.zeros(len(x))
+    for k in range(min(args.folds, len(seeds))):
+        test = np.isin(seed, seeds[k :: args.folds])
+        train = ~test & ~rule
+        model = fit_trees(x[train], bad[train].astype(float), args.rounds, args.step, args.bins)
+        score[test] = scored_trees(model, x[test], rule[test])
+    return score
+
+
+def tree_literal(model: dict[str, Any], threshold: float, gate: str) -> str:
+    """``gate_v4_model.py``'s score literal: the features, then one tree a line (no reformatting)."""
+    lines = ["# fmt: off", f"{LITERAL[gate]} = TreeScore(", "    names=("]
+    lines += [f'        "{n}",' for n in FEATURES[gate]]
+    lines += ["    ),", f"    base={model['base']:.4f},", f"    threshold={threshold:.4f},", "    words=WORDS,"]
+    lines.append("    trees=(")
+    for j, edge, lo, hi in model["trees"]:
+        lo_, hi_ = (f"({s[0]}, {s[1]:.4f}, {float(s[2]):.4f}, {float(s[3]):.4f})" for s in (lo, hi))
+        lines.append(f"        ({j}, {edge:.4f}, {lo_}, {hi_}),")
+    lines += ["    ),", ")", "# fmt: on"]
+    return "\n".join(lines)
+
+
 def merged(edges: np.ndarray, values: np.ndarray) -> tuple[list[float], list[float]]:
     """The same step function without the edges between two equal steps."""
     e, v = [], [round(float(values[0]), 4)]
@@ -167,9 +269,15 @@ def held_out(x: np.ndarray, bad: np.ndarray, rule: np.ndarray, seed: np.ndarray,
     got = []
     for s in np.unique(seed):
         train, test = seed != s, seed == s
-        model = fit(x[train & ~rule], bad[train & ~rule].astype(float), args.rounds, args.step, args.bins)
-        threshold = at_recall(scored(model, x[train], rule[train]), bad[train], args.recall)
-        score = scored(model, x[test], rule[test])
+        if args.policy in TREES:
+            oof = out_of_fold(x[train], bad[train], rule[train], seed[train], args)
+            threshold = at_recall(oof, bad[train], args.recall)
+            model = fit_trees(x[train & ~rule], bad[train & ~rule].astype(float), args.rounds, args.step, args.bins)
+            score = scored_trees(model, x[test], rule[test])
+        else:
+            model = fit(x[train & ~rule], bad[train & ~rule].astype(float), args.rounds, args.step, args.bins)
+            threshold = at_recall(scored(model, x[train], rule[train]), bad[train], args.recall)
+            score = scored(model, x[test], rule[test])
         recall, precision = figures(score, bad[test], threshold)
         ranked = figures(score, bad[test], at_recall(score, bad[test], 0.95))[1]
         got.append((recall, precision, ranked))
@@ -190,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", type=float, default=0.1)
     ap.add_argument("--bins", type=int, default=12)
     ap.add_argument("--recall", type=float, default=0.97, help="the calibration set's recall the threshold keeps")
+    ap.add_argument("--folds", type=int, default=3, help="trees: seed groups for the out-of-fold threshold")
     ap.add_argument("--bad-iou", type=float, default=0.85)
     ap.add_argument("--held-out", action="store_true", help="also leave each seed out in turn (see held_out)")
     ap.add_argument("--rows", type=Path, default=None, help="write the scored rows here (JSON)")
@@ -208,15 +317,21 @@ def main(argv: list[str] | None = None) -> int:
     rule = np.array([degenerate(r["scores"], args.policy) for r in rows])
     if args.held_out:
         held_out(x, bad, rule, np.array([r["seed"] for r in rows]), args)
-    model = fit(x[~rule], bad[~rule].astype(float), args.rounds, args.step, args.bins)
-    score = scored(model, x, rule)
+    if args.policy in TREES:  # the threshold on scores of images each model was not fitted on
+        score = out_of_fold(x, bad, rule, np.array([r["seed"] for r in rows]), args)
+        model = fit_trees(x[~rule], bad[~rule].astype(float), args.rounds, args.step, args.bins)
+    else:
+        model = fit(x[~rule], bad[~rule].astype(float), args.rounds, args.step, args.bins)
+        score = scored(model, x, rule)
     threshold = at_recall(score, bad, args.recall)
     recall, precision = figures(score, bad, threshold)
     log(
         f"calibration: {len(rows)} subjects, {int(bad.sum())} bad; at threshold {threshold:.4f}: recall "
-        f"{recall:.3f}, precision {precision:.3f}"
+        f"{recall:.3f}, precision {precision:.3f}{' (out of fold)' if args.policy in TREES else ''}"
     )
-    print(literal(model, threshold, args.policy))
+    print(
+        tree_literal(model, threshold, args.policy) if args.policy in TREES else literal(model, threshold, args.policy)
+    )
     return 0
 
 

@@ -35,6 +35,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import cv2
 import numpy as np
@@ -62,6 +63,11 @@ class LearnedScore:
     threshold: float
     words: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The features the score reads."""
+        return tuple(self.tables)
+
     def contributions(self, scores: Mapping[str, float]) -> dict[str, float]:
         return {k: values[bisect_left(edges, scores[k])] for k, (edges, values) in self.tables.items()}
 
@@ -70,6 +76,20 @@ class LearnedScore:
 
     def probability(self, scores: Mapping[str, float]) -> float:
         return 1.0 / (1.0 + math.exp(-self.score(scores)))
+
+
+class Score(Protocol):
+    """What ``gate.judge`` and ``explain`` need of a learned score (``LearnedScore``, gate_v4's ``TreeScore``)."""
+
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def words(self) -> Mapping[str, tuple[str, str]]: ...
+    @property
+    def features(self) -> tuple[str, ...]: ...
+    def score(self, scores: Mapping[str, float]) -> float: ...
+    def probability(self, scores: Mapping[str, float]) -> float: ...
+    def contributions(self, scores: Mapping[str, float]) -> dict[str, float]: ...
 
 
 # Words for what pushes a mask's score up, as ``(phrase, unit)``, the phrase taking the value formatted by
@@ -94,10 +114,11 @@ _WORDS: dict[str, tuple[str, str]] = {
     "edge_touch": ("it runs along {} of the box's border", "pct"),
     "holes": ("its holes are {} of it", "pct"),
 }
+_UNITS = {"pct": "{:.0f}%", "int": "{:.0f}"}
 SAY_FROM = 0.2  # a feature's step must add this much to the log-odds to be named in a reason
 
 
-def explain(learned: LearnedScore, scores: Mapping[str, float], top: int = 2) -> str:
+def explain(learned: Score, scores: Mapping[str, float], top: int = 2) -> str:
     """One plain sentence for a failing learned score: the odds it gives, and the (at most ``top``)
     features that pushed it up the most."""
     parts = sorted(learned.contributions(scores).items(), key=lambda kv: -kv[1])
@@ -107,7 +128,7 @@ def explain(learned: LearnedScore, scores: Mapping[str, float], top: int = 2) ->
             break
         phrase, unit = learned.words.get(key) or _WORDS.get(key, (key + " {}", "num"))
         value = scores[key]
-        said.append(phrase.format(f"{100 * value:.0f}%" if unit == "pct" else f"{value:.2f}"))
+        said.append(phrase.format(_UNITS.get(unit, "{:.2f}").format(value * (100 if unit == "pct" else 1))))
     why = f": {'; '.join(said)}" if said else ""
     return (
         f"the learned score rates this mask likely wrong ({100 * learned.probability(scores):.0f}% on the "
