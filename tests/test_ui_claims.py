@@ -9,6 +9,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import gradio as gr
+
 from harness.tokens import TOKENS
 from hitl_review.client import HitlClient
 from hitl_review.ui.claims import claim_text
@@ -67,9 +69,16 @@ def test_claim_presence_next_job_and_takeover(api_server: Any, tmp_path: Path) -
     value = cb.view(b, redraw=True)[comps.annotator]
     out = cb.on_submit(b, value)
     assert "boxes waiting now are not the ones you reviewed" in out[comps.banner_md], out[comps.banner_md]
+    # Submit's answer is light (Components.submit_outputs); the panel is drawn by the event its redraw_key sets off
+    assert comps.annotator not in out and out[comps.redraw_key]
+    assert {id(k) for k in out} <= {id(o) for o in comps.submit_outputs()}
     assert b.panel is not None and b.panel.snapshot_id == shown.snapshot_id
+    out = cb.on_conflict_view(b)
+    assert "boxes waiting now are not the ones you reviewed" in out[comps.banner_md], out[comps.banner_md]
+    assert cb.on_conflict_view(b) == {comps.banner_md: gr.skip()}  # drawn once
     out = cb.on_submit(b, out[comps.annotator])
     assert out[comps.banner_md].startswith("Submitted —"), out[comps.banner_md]
+    assert {id(k) for k in out} <= {id(o) for o in comps.submit_outputs()} and comps.annotator not in out
     assert b.claimed is None
     with HitlClient(api_server.url, TOKENS["admin"]) as admin:
         admin.cancel(job2)  # the server is shared by the session: leave no job waiting in others' queues

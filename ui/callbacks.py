@@ -75,6 +75,8 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         self.c = comps
         self.labels = labels
         self.redraws = 0
+        self.conflicts = 0  # 409s answered: each sets off the redraw event with a new key
+        self.submit_ids = {id(o) for o in comps.submit_outputs()}
         self.stats = ReviewStats()
         self.api_url = api_url
         self.clients = Clients(api_url)
@@ -121,6 +123,8 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
             out[c.banner_md] = banner
         if error is not None:
             out[c.review_error] = error
+        if redraw:
+            st.conflict_view = None  # a 409's redraw, if one is due, is this one
         if redraw and panel is not None and st.image_path:
             value = annotator_value(panel, self.store.for_panel(st, panel), relabels=st.relabels)
             st.restart_history(panel)
@@ -383,8 +387,10 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
             except ApiError as exc:
                 if exc.status_code == 409:
                     rebase = exc.rebase if isinstance(exc, ConflictError) else None
-                    # Under the lock until the answer is rendered: the follower applies and renders a newer
-                    # snapshot under it too (``ui.pump``), so the new round is drawn once, with the edits on it.
+                    # Recorded under the lock: the follower applies and renders a newer snapshot under it too
+                    # (``ui.pump``). The answer says the banner at once; the panel is drawn by the event the new
+                    # ``redraw_key`` sets off (``on_conflict_view``), unless a follower's redraw comes first
+                    # (it lays the edits over the new round and clears ``conflict_view``): drawn once either way.
                     with st.lock:
                         outcome = st.record_conflict(
                             exc.code, exc.snapshot, edits, exc.message, submitted=panel, rebased=rebase is not None
@@ -397,7 +403,13 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
                             and st.panel is not None
                         ):
                             st.pending_rebase = (edits, rebase)  # laid over the redrawn panel by refresh_view
-                        return self.refresh_view(st, redraw=outcome.redraw, banner=outcome.banner, error="")
+                        st.conflict_view = (outcome.redraw, outcome.banner)
+                        self.conflicts += 1
+                        return {
+                            self.c.banner_md: outcome.banner,
+                            self.c.review_error: "",
+                            self.c.redraw_key: f"{panel.job_id}|{self.conflicts}",
+                        }
                 return {self.c.review_error: f"The server refused the submission: {exc.message} ({exc.code})."}
             except Exception as exc:  # the same intervention id is kept for the retry
                 return {
@@ -420,7 +432,25 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         self.prefetcher.start(st, client)  # the job N opens next (ui.prefetch)
         out = self.view(st, banner=msg + " Press N for the next job.", error="")
         out[self.c.draft_out] = draft_message(panel.job_id, panel.pause_token, None)  # confirmed: forget it
-        return out
+        return self.submit_answer(out)
+
+    def submit_answer(self, out: Update) -> Update:
+        """``out`` within ``Components.submit_outputs`` (Gradio refuses an answer naming any other output).
+        A view without a redraw stays within it; anything else is dropped, and logged: a bug to fix there."""
+        allowed = self.submit_ids
+        extra = [k for k in out if id(k) not in allowed]
+        if extra:
+            log.warning("a submission's answer named outputs Submit does not have: %s", extra)
+        return {k: v for k, v in out.items() if id(k) in allowed}
+
+    def on_conflict_view(self, st: ReviewerState) -> Update:
+        """The panel a submission's 409 asked for (``send``): the new round drawn, the reviewer's edits laid
+        over it. Nothing when a follower's redraw drew it first."""
+        with st.lock:
+            due, st.conflict_view = st.conflict_view, None
+            if due is None:
+                return {self.c.banner_md: gr.skip()}
+            return self.refresh_view(st, redraw=due[0], banner=due[1], error="")
 
     def rebased(self, st: ReviewerState, edits: Any, rebase: dict[str, Any], head: str) -> Update:
         """After a 409: the reviewer's edits laid over the redrawn panel by ``ui.rebase`` — those nobody

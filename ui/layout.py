@@ -88,6 +88,7 @@ class Components:
     pause_key: gr.Textbox  # job and pause of a freshly drawn panel: the browser looks for a draft
     draft_in: gr.Textbox  # the draft the browser kept for that review
     notes_key: gr.Textbox  # a colleague's flag or comment on the open job arrived: its notes are shown again
+    redraw_key: gr.Textbox  # a submission's 409 asks for the panel to be drawn again (Callbacks.on_conflict_view)
     stage_filter: gr.Dropdown
     batch_filter: gr.Textbox
     stats_md: gr.Markdown
@@ -133,6 +134,35 @@ class Components:
             self.notes_key,
             self.zoom.panel.style,
             *self.mask.outputs(),
+        ]
+
+    def submit_outputs(self) -> list[Any]:
+        """What answering a box-stage submission changes (``Callbacks.send``): the light part of
+        ``panel_outputs``. Gradio snapshots every output of an event, so Submit does not name the canvas,
+        the galleries or the mask panel's pictures; a 409's redraw comes in its own event (``redraw_key``)."""
+        return [
+            self.job_md,
+            self.status_md,
+            self.stage_md,
+            self.banner_md,
+            self.claim_md,
+            self.takeover_btn,
+            self.review_col.style,
+            self.canvas_col.style,
+            self.submit_btn,
+            self.cut_btn,
+            self.review_error,
+            self.reapply_btn,
+            self.cut_confirm.style,
+            self.cancel_btn,
+            self.cancel_confirm.style,
+            self.results_col.style,
+            self.current_job,
+            self.draft_out,
+            self.zoom.panel.style,
+            self.mask.col.style,
+            self.mask.submit_btn,
+            self.redraw_key,
         ]
 
 
@@ -310,7 +340,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
     current_job = hidden_box("current-job")
     pick_in, draft_out = hidden_box("pick-in"), hidden_box("draft-out")
     pause_key, draft_in = hidden_box("pause-key"), hidden_box("draft-in")
-    notes_key = hidden_box("notes-key")
+    notes_key, redraw_key = hidden_box("notes-key"), hidden_box("redraw-key")
     timer = gr.Timer(QUEUE_REFRESH_S)
     return Components(
         session=session,
@@ -368,6 +398,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         pause_key=pause_key,
         draft_in=draft_in,
         notes_key=notes_key,
+        redraw_key=redraw_key,
         stage_filter=stage_filter,
         batch_filter=batch_filter,
         stats_md=stats_md,

@@ -134,6 +134,9 @@ class ReviewerState:
         self.follow_gen = 0  # bumped by every open; a follower of an older generation stops
         self.emitting = 0  # followers' updates between their last check and being sent (ui.pump.emission)
         self.sending: str | None = None  # the pause a submission of this session is in flight for
+        # A submission's 409 answered: (redraw, banner) for the event that draws it (Callbacks.on_conflict_view);
+        # any redraw of the panel meanwhile (a follower's) draws it first and clears this.
+        self.conflict_view: tuple[bool, str | None] | None = None
         self.followed_gen = -1  # the generation a follower already serves
         self.lock = threading.RLock()
 
