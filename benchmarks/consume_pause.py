@@ -379,7 +379,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             st = await store.get(job_id)
             cmds = await store.outbox_commands(job_id)
             assert st.status.value == "PROCESSING_APPROVED_SUBJECTS" and st.version == 3, (job_id, st.status)
-            assert [c.node_type for c in cmds] == ["DETECT_SUBJECTS", "PROCESS_APPROVED_BOX_LIST"], job_id
+            assert [c.node_type for c in cmds] == ["DETECT_SUBJECTS", "SEGMENT_SUBJECT"], job_id
         calib_consumed = c.pop("consumed")
         result["calibration"] = c | {"consumed_jobs": len(calib_consumed)}
 

@@ -69,6 +69,7 @@ NODE_DEPLOYMENT = {
     "DETECT_SUBJECTS": "Detector",
     "VALIDATE_MANUAL_BOX_LIST": "BoxValidator",
     "PROCESS_APPROVED_BOX_LIST": "Segmenter",
+    "SEGMENT_SUBJECT": "Segmenter",
 }
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from . import mask_review
+from . import mask_review, subjects
 from .errors import InvalidRequest
 from .ids import canonical_json, new_id
 from .jobstate import JobState, require
@@ -43,7 +43,6 @@ from .plan import (
     finish,
     move,
     needs_validation,
-    process_input_json,
     snapshot_id,
     validate_input_json,
 )
@@ -308,13 +307,9 @@ def plan_intervention(
         next_type = hop.value
     else:
         move(plan, state, S.PROCESSING_APPROVED_SUBJECTS)
-        approved_json = box_dicts(approved)
-        plan.meta["approved_box_list"] = canonical_json(approved_json)
-        cmd = command(
-            state.job_id, NodeType.PROCESS_APPROVED_BOX_LIST, now, process_input_json(state.image, approved_json)
-        )
-        enqueue(plan, cmd, now_ms)
-        next_type = hop.value
+        plan.meta["approved_box_list"] = canonical_json(box_dicts(approved))
+        subjects.start(plan, state, approved, d.box_list, now, now_ms)  # one SEGMENT_SUBJECT node per subject
+        next_type = hop.value  # the stage's name in the answer (SPEC §4): PROCESS_APPROVED_BOX_LIST
     return _accepted(plan, state, req, next_type, diff)
 
 

@@ -5,7 +5,7 @@ See docs/protocol.md § Redis layout for the hash and § Routes for the snapshot
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -58,6 +58,8 @@ class JobState:
     idem_key: str | None
     policy: dict[str, Any]
     node_input: dict[str, Any] | None = None  # the queued or running node's input, for a re-dispatch
+    # A mask review's REFINE points per subject, while their SEGMENT_SUBJECT nodes run (statecore.subjects).
+    refine_prompts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     votes: str = ""  # the active pause's quorum votes as stored (statecore.quorum), compared by the script
 
     @classmethod
@@ -93,6 +95,7 @@ class JobState:
             idem_key=get("idem_key") or None,
             policy=j("policy", {}),
             node_input=j("node_input"),
+            refine_prompts=j("refine_prompts", {}),
             votes=get("votes", ""),
         )
 

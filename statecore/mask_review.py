@@ -8,19 +8,20 @@ pause of stage ``WAITING_MASK_REVIEW`` lists them (``subjects_to_review``). The 
 results. The reviewer's submission (``plan_decisions``) consumes that pause through the same Lua
 script, gates, claims and quorum as a box stage's: ``ACCEPT`` keeps the mask (``decided_by`` the
 reviewer), ``REJECT`` drops the subject with the reviewer's reason, ``REFINE`` segments the subject
-again from the reviewer's points and its box (one ``PROCESS_APPROVED_BOX_LIST`` node for the
-subjects to refine; its masks are final, not gated again). Then ``FINALIZING_RESULTS``.
+again from the reviewer's points and its box (one ``SEGMENT_SUBJECT`` node per subject to refine,
+``statecore.subjects``; its masks are final, not gated again). Then ``FINALIZING_RESULTS``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from .errors import InvalidRequest
+from .ids import canonical_json
 from .jobstate import JobState
 from .models import Box, Diff, InterventionRequest, MaskDecision, SubjectResult, SubjectToReview
 from .nodes import FinalizeInput
-from .plan import Plan, command, dump, enqueue, move, open_pause, process_input_json
+from .plan import Plan, command, dump, enqueue, move, open_pause, subject_command
 from .states import JobStatus, NodeType
 
 S = JobStatus
@@ -140,15 +141,17 @@ def apply_decisions(
             )
     plan.meta["results"] = dump(results)
     refine = [d for d in decisions if d.decision == "REFINE"]
+    boxes: dict[str, Box] = {b.box_id: b for b in state.approved_box_list}
+    refine = [d for d in refine if d.box_id in boxes]  # check_decisions lists only the job's subjects
     if refine:
+        # One SEGMENT_SUBJECT node per subject to refine, one after another (statecore.subjects): the
+        # points are kept in the job for the later ones.
         move(plan, state, S.PROCESSING_APPROVED_SUBJECTS)
-        boxes: dict[str, Box] = {b.box_id: b for b in state.approved_box_list}
-        inp: dict[str, Any] = process_input_json(
-            state.image, [boxes[d.box_id].model_dump(mode="json") for d in refine if d.box_id in boxes]
-        )
-        inp["prompts"] = {d.box_id: [p.model_dump(mode="json") for p in d.points] for d in refine}
-        enqueue(plan, command(state.job_id, NodeType.PROCESS_APPROVED_BOX_LIST, now, inp), now_ms)
-        next_type: NextNode = "PROCESS_APPROVED_BOX_LIST"
+        points = {d.box_id: [p.model_dump(mode="json") for p in d.points] for d in refine}
+        plan.meta["refine_prompts"] = canonical_json(points)
+        first = refine[0].box_id
+        enqueue(plan, subject_command(state, boxes[first], points[first], now), now_ms)
+        next_type: NextNode = "PROCESS_APPROVED_BOX_LIST"  # the stage's name in the answer (SPEC §4)
     else:
         move(plan, state, S.FINALIZING_RESULTS)
         enqueue(plan, command(state.job_id, NodeType.FINALIZE_RESULTS, now, FinalizeInput()), now_ms)

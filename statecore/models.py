@@ -378,8 +378,9 @@ class SubjectResult(BaseModel):
     box_id: str
     bbox: BBox
     label: str | None = None
-    # WAITING_REVIEW: in a mask review; REFINING: a reviewer's points are being segmented.
-    status: Literal["SUCCEEDED", "FAILED", "REJECTED", "WAITING_REVIEW", "REFINING"]
+    # QUEUED: its SEGMENT_SUBJECT node is still to run or running (statecore.subjects); WAITING_REVIEW: in a
+    # mask review; REFINING: a reviewer's points are being segmented; SUCCEEDED: cut (SPEC §13's CUT).
+    status: Literal["QUEUED", "SUCCEEDED", "FAILED", "REJECTED", "WAITING_REVIEW", "REFINING"]
     reason: str | None = None
     mask_url: str | None = None
     cutout_url: str | None = None

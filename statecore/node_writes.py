@@ -175,7 +175,9 @@ class NodeWritesMixin:
                 if not live or status not in ("QUEUED", "RETRY_WAIT", "RUNNING"):
                     return "MOVED_ON"
                 node_type = node.node_type.value  # type: ignore[union-attr]  # live: there is a node
-                plan_json = decide.plan_node_dead(state, reason=reason).to_json(now, self.config.archive)
+                plan_json = decide.plan_node_dead(state, reason=reason, now=now, now_ms=now_ms).to_json(
+                    now, self.config.archive
+                )
             elif live and status in ("QUEUED", "RETRY_WAIT", "RUNNING"):
                 assert report is not None
                 plan_json = decide.plan_report(

@@ -214,6 +214,8 @@ NODES: dict[NodeType, NodeSpec] = {
         NodeSpec(NodeType.DETECT_SUBJECTS, DetectInput, DetectOutput, "model"),
         NodeSpec(NodeType.VALIDATE_MANUAL_BOX_LIST, ValidateInput, ValidateOutput, "model"),
         NodeSpec(NodeType.PROCESS_APPROVED_BOX_LIST, ProcessInput, ProcessOutput, "model"),
+        # One subject (statecore.subjects): the same contract with one box in ``approved_box_list``.
+        NodeSpec(NodeType.SEGMENT_SUBJECT, ProcessInput, ProcessOutput, "model"),
         NodeSpec(NodeType.FINALIZE_RESULTS, FinalizeInput, FinalizeOutput, "control_plane"),
     )
 }

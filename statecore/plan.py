@@ -274,6 +274,15 @@ def approved_of(box_list: list[Box]) -> list[Box]:
     ]
 
 
+def subject_command(state: JobState, box: Box, points: list[dict[str, Any]] | None, now: str) -> NodeCommand:
+    """The ``SEGMENT_SUBJECT`` command for ``box`` (statecore.subjects): a ``ProcessInput`` of that one box;
+    ``points``: a reviewer's REFINE, segmented from them and the box."""
+    inp = process_input_json(state.image, [box.model_dump(mode="json")])
+    if points is not None:
+        inp["prompts"] = {box.box_id: points}
+    return command(state.job_id, NodeType.SEGMENT_SUBJECT, now, inp)
+
+
 def process_input(image: ImageRef, approved: list[Box]) -> ProcessInput:
     return ProcessInput(image=image, approved_box_list=[NodeBox.of(b) for b in approved])
 

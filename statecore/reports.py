@@ -11,7 +11,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from . import mask_review
+from . import mask_review, subjects
 from .errors import NodeExecutionError
 from .ids import new_id
 from .jobstate import JobState
@@ -38,7 +38,6 @@ from .plan import (
     move,
     ms_to_iso,
     open_pause,
-    process_input,
     requeue,
 )
 from .states import JobStatus, NodeType
@@ -125,6 +124,10 @@ def plan_node_lost(state: JobState, now: str, now_ms: int, *, reason: str, max_a
     if not retry:
         lost = reason == "EXECUTOR_LOST"  # else the attempt failed with an error of its own
         plan.meta["current_node"] = dump_node(node.model_copy(update={"status": "LOST" if lost else "FAILED"}))
+        if node.node_type == NodeType.SEGMENT_SUBJECT:  # that subject fails, the others go on
+            _subject_ended(plan)
+            subjects.subject_failed(plan, state, reason, now, now_ms, WORKFLOW_VERSION)
+            return plan
         move(plan, state, S.FAILED)
         finish(plan, reason)
         return plan
@@ -133,14 +136,26 @@ def plan_node_lost(state: JobState, now: str, now_ms: int, *, reason: str, max_a
     return plan
 
 
-def plan_node_dead(state: JobState, *, reason: str) -> Plan:
+def _subject_ended(plan: Plan) -> None:
+    """A SEGMENT_SUBJECT given up on leaves the indices before the next subject's node (or the next stage)."""
+    plan.running = ("del", 0)
+    plan.heartbeats = ("del", 0)
+    plan.queued = ("del", 0)
+
+
+def plan_node_dead(state: JobState, *, reason: str, now: str, now_ms: int) -> Plan:
     """The node's command was given up on (a dead letter): the job ends FAILED with ``reason``,
-    announced by NODE_FAILED, whatever state the node was in (queued or running)."""
+    announced by NODE_FAILED, whatever state the node was in (queued or running); a
+    ``SEGMENT_SUBJECT`` fails its subject only, and the others go on."""
     node = state.current_node
     assert node is not None
     plan = Plan(expect_version=state.version, status=state.status)
     plan.events.append(node_failed_event(node, reason, False))
     plan.meta["current_node"] = dump_node(node.model_copy(update={"status": "FAILED"}))
+    if node.node_type == NodeType.SEGMENT_SUBJECT:
+        _subject_ended(plan)
+        subjects.subject_failed(plan, state, reason, now, now_ms, WORKFLOW_VERSION)
+        return plan
     move(plan, state, S.FAILED)
     finish(plan, reason)
     return plan
@@ -188,6 +203,10 @@ def plan_report(
         plan.events.append(("NODE_COMPLETED", ev))
         if report.outcome == "TIMED_OUT":
             plan.events.append(("NODE_TIMED_OUT", {**ev, "attempt": node.attempt, "deadline_at": node.deadline_at}))
+        if node.node_type == NodeType.SEGMENT_SUBJECT:  # that subject fails, the others go on
+            why = report.error_code or ("NODE_TIMED_OUT" if report.outcome == "TIMED_OUT" else "NODE_FAILED")
+            subjects.subject_failed(plan, state, why, now, now_ms, workflow)
+            return plan
         move(plan, state, S.TIMED_OUT if report.outcome == "TIMED_OUT" else S.FAILED)
         finish(plan, report.error_code)
         return plan
@@ -196,7 +215,9 @@ def plan_report(
         _on_detect(plan, state, output, now, now_ms, workflow)
     elif isinstance(output, ValidateOutput):
         _on_validate(plan, state, output, now, now_ms, workflow)
-    elif isinstance(output, ProcessOutput):
+    elif isinstance(output, ProcessOutput) and node.node_type == NodeType.SEGMENT_SUBJECT:
+        subjects.on_subject(plan, state, output, now, now_ms, artifact_url, workflow)
+    elif isinstance(output, ProcessOutput):  # a job queued by an earlier build: every subject at once
         _on_process(plan, state, output, now, now_ms, artifact_url, workflow)
     else:
         _on_finalize(plan, state, output)
@@ -264,24 +285,12 @@ def _on_validate(plan: Plan, state: JobState, output: ValidateOutput, now: str, 
     rejected = [b for b in box_list if b.validation and b.validation.status == "REJECTED"]
     if not approved:
         # ALL_REJECTED with no model box left approved: the job ends FAILED.
-        plan.meta["results"] = dump([rejected_result(b) for b in rejected])
+        plan.meta["results"] = dump([subjects.rejected_result(b) for b in rejected])
         move(plan, state, S.FAILED)
         finish(plan, "ALL_REJECTED")
         return
     move(plan, state, S.PROCESSING_APPROVED_SUBJECTS)
-    cmd = command(state.job_id, NodeType.PROCESS_APPROVED_BOX_LIST, now, process_input(state.image, approved))
-    enqueue(plan, cmd, now_ms)
-
-
-def rejected_result(b: Box) -> SubjectResult:
-    reason = b.validation.reason if b.validation else None
-    return SubjectResult(
-        box_id=b.box_id,
-        bbox=b.bbox,
-        label=b.label,
-        status="REJECTED",
-        reason=reason or "did not pass naming in the revision round",
-    )
+    subjects.start(plan, state, approved, box_list, now, now_ms)  # one SEGMENT_SUBJECT node per subject
 
 
 def _on_process(
@@ -299,27 +308,9 @@ def _on_process(
         box = by_id.get(s.box_id)
         if box is None:
             continue
-        ok = s.status == "SUCCEEDED"
-        r = SubjectResult(
-            box_id=box.box_id,
-            bbox=box.bbox,
-            label=box.label,
-            status=s.status,
-            reason=s.reason,
-            mask_url=artifact_url(s.mask) if ok and s.mask else None,
-            cutout_url=artifact_url(s.cutout) if ok and s.cutout else None,
-            quality=s.quality if ok else None,
-            refinements=s.refinements,
-            decided_by="gate" if ok and s.quality is not None and s.quality.verdict == "PASS" else None,
-        )
+        r = subjects.result_of(box, s, artifact_url)
         results.append(r)
-        plan.events.append(("SUBJECT_SEGMENTED", r.model_dump(mode="json")))
-        for i, ref in enumerate(s.refinements, start=1):
-            plan.events.append(
-                ("SUBJECT_REFINED", {"box_id": r.box_id, "refinement": i, **ref.model_dump(mode="json")})
-            )
-        if ok and s.quality is not None:
-            plan.events.append(("SUBJECT_GATED", {"box_id": r.box_id, **s.quality.model_dump(mode="json")}))
+        subjects.announce(plan, r, s)
     refine_round = mask_review.is_refine_round(state)  # refined_results answers the missing ones
     for b in state.approved_box_list:
         if not refine_round and b.box_id not in {r.box_id for r in results}:
@@ -335,7 +326,9 @@ def _on_process(
     if refine_round:  # a reviewer's REFINE: final masks, no second review
         results = mask_review.refined_results(state, results)
     else:
-        results += [rejected_result(b) for b in state.box_list if b.validation and b.validation.status == "REJECTED"]
+        results += [
+            subjects.rejected_result(b) for b in state.box_list if b.validation and b.validation.status == "REJECTED"
+        ]
         if mask_review.open_if_needed(plan, state, results, now, now_ms, workflow):
             return
     plan.meta["results"] = dump(results)

@@ -256,15 +256,15 @@ async def test_upsert_is_idempotent_and_only_moves_forward(store, image, archive
     assert await archive_job(store, archive, job_id) == "INSERTED"
     first = counts(archive, job_id)
     assert first == {"archived_jobs": 1, "archived_pauses": 1, "archived_events": first["archived_events"],
-                     "audit_entries": 6, "artifact_refs": 7}  # fmt: skip
+                     "audit_entries": 8, "artifact_refs": 7}  # fmt: skip  # a report per subject's node (3)
     copied = await copy_job(store, archive, job_id)
-    assert copied == Copied("UNCHANGED", (await store.get(job_id)).version, first["archived_events"], 6)
+    assert copied == Copied("UNCHANGED", (await store.get(job_id)).version, first["archived_events"], 8)
     assert counts(archive, job_id) == first
     # The finished job gains an event (a late report): the newer copy replaces the archived one.
     await late_report(store, job_id)
     assert await archive_job(store, archive, job_id) == "REPLACED"
     now = counts(archive, job_id)
-    assert now == {**first, "archived_events": first["archived_events"] + 1, "audit_entries": 7}  # its audit entry
+    assert now == {**first, "archived_events": first["archived_events"] + 1, "audit_entries": 9}  # its audit entry
     # An older copy (a delayed archiver holding an earlier read) never replaces a newer one.
     record = await read_job(store, job_id)
     older = dataclasses.replace(record, events=record.events[:-1])

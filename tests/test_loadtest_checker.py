@@ -180,17 +180,17 @@ async def test_a_second_command_for_a_consumed_pause(store, image):
     job_id, _, _ = await _consumed(store, image)
     await _consumed(store, image)  # an innocent bystander
     cmd = (await store.outbox_commands(job_id))[-1]
-    assert cmd.node_type == "PROCESS_APPROVED_BOX_LIST"
+    assert cmd.node_type == "SEGMENT_SUBJECT"  # the first approved subject's node (statecore.subjects)
     twin = cmd.model_copy(update={"node_instance_id": new_id("node")})
     await store.r.xadd(keys.outbox(keys.partition_of(job_id)), {"job": job_id, "cmd": twin.model_dump_json()})
-    await _only(store, "consumption_next_step", job_id, says="PROCESS_APPROVED_BOX_LIST': 2")
+    await _only(store, "consumption_next_step", job_id, says="SEGMENT_SUBJECT': 2")
 
 
 async def test_a_consumed_pause_without_its_command(store, image):
     job_id, _, _ = await _consumed(store, image)
     stream = keys.outbox(keys.partition_of(job_id))
     for eid, f in await store.r.xrange(stream):
-        if f["job"] == job_id and "PROCESS_APPROVED_BOX_LIST" in f["cmd"]:
+        if f["job"] == job_id and "SEGMENT_SUBJECT" in f["cmd"]:
             await store.r.xdel(stream, eid)
     # Its DETECT command, still first in the stream, shows the stream was not trimmed.
     await _only(store, "consumption_next_step", job_id)

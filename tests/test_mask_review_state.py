@@ -208,7 +208,7 @@ async def test_refine_runs_the_reviewers_points_and_the_result_is_final(gated, i
     )
     st = await gated.get(job_id)
     assert st.status == S.PROCESSING_APPROVED_SUBJECTS
-    assert st.current_node is not None and st.current_node.node_type == "PROCESS_APPROVED_BOX_LIST"
+    assert st.current_node is not None and st.current_node.node_type == "SEGMENT_SUBJECT"
     assert [x["box_id"] for x in st.node_input["approved_box_list"]] == [a]
     assert st.node_input["prompts"] == {a: points}
     assert {r.box_id: r.status for r in st.results} == {a: "REFINING", b: "SUCCEEDED"}

@@ -127,7 +127,7 @@ def test_process_approved_boxes_writes_masks_and_cutouts(models, store, image_re
 
 
 def test_unsupported_and_bad_input(models, store, image_ref):
-    for node_type in ("WAIT_FOR_USER", "FINALIZE_RESULTS", "SEGMENT_SUBJECT"):
+    for node_type in ("WAIT_FOR_USER", "FINALIZE_RESULTS", "QUALITY_GATE_SUBJECT"):
         with pytest.raises(NodeExecutionError) as e:
             run_node(node_type, {"image": image_ref}, models, store)
         assert e.value.code == "UNSUPPORTED_NODE_TYPE" and e.value.retryable is False

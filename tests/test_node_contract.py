@@ -30,9 +30,11 @@ def test_every_node_type_is_either_run_by_a_model_or_the_control_plane_or_unsupp
         NodeType.DETECT_SUBJECTS,
         NodeType.VALIDATE_MANUAL_BOX_LIST,
         NodeType.PROCESS_APPROVED_BOX_LIST,
+        NodeType.SEGMENT_SUBJECT,  # one subject per node (statecore.subjects)
     }
     assert CONTROL_PLANE_NODES == {NodeType.FINALIZE_RESULTS}
-    for t in (NodeType.SEGMENT_SUBJECT, NodeType.QUALITY_GATE_SUBJECT, NodeType.REFINE_SUBJECT, "WAIT_FOR_USER"):
+    # the gate and the refinements run inside SEGMENT_SUBJECT on the Segmenter (deployments.quality)
+    for t in (NodeType.QUALITY_GATE_SUBJECT, NodeType.REFINE_SUBJECT, "WAIT_FOR_USER"):
         with pytest.raises(NodeExecutionError) as e:
             parse_output(t, {})
         assert e.value.code == "UNSUPPORTED_NODE_TYPE" and not e.value.retryable

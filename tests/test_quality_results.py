@@ -101,7 +101,9 @@ async def test_a_verdict_outside_the_contract_fails_the_node_not_the_store(store
     subjects = [{"box_id": st.approved_box_list[0].box_id, "status": "SUCCEEDED", "mask": "m", "quality": bad}]
     await report(store, job_id, {"subjects": subjects})
     state = await store.get(job_id)
-    assert state.status == S.FAILED and state.reason_code == "INVALID_NODE_OUTPUT"
+    # That subject's node fails (one node per subject): the subject FAILED, the job goes on without it.
+    assert state.status != S.FAILED and state.results[0].status == "FAILED"
+    assert state.results[0].reason == "INVALID_NODE_OUTPUT"
 
 
 def test_hitl_results_shows_each_subjects_verdict_reasons_and_refinements():

@@ -59,7 +59,7 @@ async def test_full_flow_on_cluster(cluster_store, image):
     assert [c.node_type for c in await store.outbox_commands(job_id)] == [
         "DETECT_SUBJECTS",
         "VALIDATE_MANUAL_BOX_LIST",
-        "PROCESS_APPROVED_BOX_LIST",
+        "SEGMENT_SUBJECT",  # one approved subject, one node (statecore.subjects)
         "FINALIZE_RESULTS",
     ]
     assert 0 < await store.r.ttl(keys.job(job_id).meta) <= store.config.retention_s

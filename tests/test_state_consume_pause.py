@@ -290,7 +290,7 @@ async def test_model_boxes_only_go_to_processing(store, image):
         (st.box_list[2].box_id, (1, 2, 30, 40), "glove")
     ]
     cmd = (await store.outbox_commands(job_id))[-1]
-    assert cmd.node_type == "PROCESS_APPROVED_BOX_LIST"
+    assert cmd.node_type == "SEGMENT_SUBJECT"  # the one approved subject's node (statecore.subjects)
     assert [b["box_id"] for b in cmd.input["approved_box_list"]] == [st.box_list[2].box_id]
 
 

@@ -220,18 +220,10 @@ class JobMachine(RuleBasedStateMachine):
                     for k, b in enumerate(cmd.input["items_to_validate"])
                 ]
             }
-        elif node.node_type == "PROCESS_APPROVED_BOX_LIST":
-            output = {
-                "subjects": [
-                    {
-                        "box_id": b.box_id,
-                        "status": "SUCCEEDED" if (flags >> k) & 1 else "FAILED",
-                        "mask": "m.png",
-                        "cutout": "c.png",
-                    }
-                    for k, b in enumerate(st_.approved_box_list)
-                ]
-            }
+        elif node.node_type == "SEGMENT_SUBJECT":  # one subject per node (statecore.subjects)
+            box_id = st_.node_input["approved_box_list"][0]["box_id"]
+            status = "SUCCEEDED" if flags & 1 else "FAILED"
+            output = {"subjects": [{"box_id": box_id, "status": status, "mask": "m.png", "cutout": "c.png"}]}
         rep = NodeReport(
             node_instance_id=node.node_instance_id,
             node_type=node.node_type,
@@ -556,13 +548,28 @@ class JobMachine(RuleBasedStateMachine):
         moved_to = [e.data["to"] for e in events if e.type == "STATUS_CHANGED"]
         by_type = {
             t: sum(1 for c in cmds if c.node_type == t)
-            for t in ("DETECT_SUBJECTS", "VALIDATE_MANUAL_BOX_LIST", "PROCESS_APPROVED_BOX_LIST", "FINALIZE_RESULTS")
+            for t in ("DETECT_SUBJECTS", "VALIDATE_MANUAL_BOX_LIST", "SEGMENT_SUBJECT", "FINALIZE_RESULTS")
         }
         assert len(cmds) == sum(by_type.values())
-        assert by_type == {
+        # One SEGMENT_SUBJECT per subject, one after another: each one queued has either ended (reported)
+        # or is the job's current node; every entry into PROCESSING queued one.
+        segment_ended = sum(
+            1 for e in events if e.type == "NODE_COMPLETED" and e.data["node_type"] == "SEGMENT_SUBJECT"
+        )
+        node = st_.current_node
+        segment_live = (
+            node is not None
+            and node.node_type == "SEGMENT_SUBJECT"
+            and node.status not in ("COMPLETED", "FAILED", "TIMED_OUT")
+        )
+        assert by_type["SEGMENT_SUBJECT"] == segment_ended + int(segment_live)
+        assert by_type["SEGMENT_SUBJECT"] >= moved_to.count("PROCESSING_APPROVED_SUBJECTS")
+        segmented = {e.data["box_id"] for e in events if e.type == "SUBJECT_SEGMENTED"}
+        assert segmented <= {b.box_id for b in st_.approved_box_list}
+        assert by_type | {"SEGMENT_SUBJECT": 0} == {
             "DETECT_SUBJECTS": 1,
             "VALIDATE_MANUAL_BOX_LIST": moved_to.count("VALIDATING_MANUAL_BOXES"),
-            "PROCESS_APPROVED_BOX_LIST": moved_to.count("PROCESSING_APPROVED_SUBJECTS"),
+            "SEGMENT_SUBJECT": 0,
             "FINALIZE_RESULTS": moved_to.count("FINALIZING_RESULTS"),
         }
         assert sum(1 for e in events if e.type == "JOB_FINISHED") == (1 if terminal else 0)

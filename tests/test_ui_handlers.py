@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from hitl_review.statecore.models import (
     CurrentNode,
+    SubjectResult,
 )
 from hitl_review.ui.annotator import (
     AUTO_TARGET,
@@ -105,6 +106,15 @@ def test_no_submit_panel_outside_an_active_pause() -> None:
         snap = snapshot(status=status, active=None, actions=[], boxes=[model_box(1)], approved=[model_box(1)])
         assert panel_from_snapshot(snap) is None
         assert status in status_text(snap)
+    # one node per subject: how many of them are done so far
+    two = [model_box(1), model_box(2)]
+    cutting = snapshot(status="PROCESSING_APPROVED_SUBJECTS", active=None, actions=[], boxes=two, approved=two)
+    subjects = [
+        SubjectResult(box_id=b.box_id, bbox=b.bbox, status=s) for b, s in zip(two, ("SUCCEEDED", "QUEUED"), strict=True)
+    ]
+    assert "cutting out 2 approved subjects… 1 of 2 done" in status_text(
+        cutting.model_copy(update={"subjects": subjects})
+    )
     st = ReviewerState(token="t", signed_in=True)
     st.open(snapshot(status="PROCESSING_APPROVED_SUBJECTS", active=None, actions=[], approved=[model_box(1)]))
     assert st.panel is None

@@ -164,6 +164,9 @@ def status_text(snap: JobSnapshot) -> str:
     if status == "PROCESSING_APPROVED_SUBJECTS" and snap.approved_box_list:
         n = len(snap.approved_box_list)
         words = f"cutting out {n} approved subject{'s' if n != 1 else ''}…"
+        done = sum(1 for s in snap.subjects if s.status not in ("QUEUED", "REFINING", "REJECTED"))
+        if any(s.status == "QUEUED" for s in snap.subjects):  # one node per subject (statecore.subjects)
+            words += f" {done} of {n} done"
     text = f"**{status}** — {words}" if words else f"**{status}**"
     node = snap.current_node
     if node is not None and status not in TERMINAL_VALUES and node.status in ("QUEUED", "RUNNING"):

@@ -13,9 +13,11 @@ from .report import Report
 WORK_COMMAND = {
     "DETECTING": "DETECT_SUBJECTS",
     "VALIDATING_MANUAL_BOXES": "VALIDATE_MANUAL_BOX_LIST",
-    "PROCESSING_APPROVED_SUBJECTS": "PROCESS_APPROVED_BOX_LIST",
+    "PROCESSING_APPROVED_SUBJECTS": "SEGMENT_SUBJECT",  # one node per subject (statecore.subjects)
     "FINALIZING_RESULTS": "FINALIZE_RESULTS",
 }
+# An answer's next_node_type names the stage (SPEC §4); the command queued for it.
+STAGE_COMMAND = {"PROCESS_APPROVED_BOX_LIST": "SEGMENT_SUBJECT"}
 TERMINAL_NAMES = {s.value for s in TERMINAL}
 WAITING_NAMES = {s.value for s in WAITING}
 AFTER_CANCEL_OK = {"JOB_FINISHED", "REPORT_IGNORED"}
@@ -162,6 +164,18 @@ def _started_after(job: Job, w: Write, node_type: str, nid: str | None) -> bool 
     return None
 
 
+def _queued_without_move(w: Write) -> str | None:
+    """The node a write queued without moving the job: a retry (NODE_RETRY_SCHEDULED names it), or the
+    next subject's SEGMENT_SUBJECT after one subject's node ended (statecore.subjects)."""
+    for e in w.events:
+        if e["type"] == "NODE_RETRY_SCHEDULED":
+            return str(e["data"].get("node_type"))
+    ended = {"NODE_COMPLETED", "NODE_FAILED"}
+    if any(e["type"] in ended and e["data"].get("node_type") == "SEGMENT_SUBJECT" for e in w.events):
+        return "SEGMENT_SUBJECT" if any(e["type"] == "SUBJECT_SEGMENTED" for e in w.events) else None
+    return None
+
+
 def check_commands(job: Job, writes: list[Write], rep: Report) -> None:
     """``consumption_next_step`` and ``outbox_accounting``.
 
@@ -195,6 +209,7 @@ def check_commands(job: Job, writes: list[Write], rep: Report) -> None:
             if ia is not None:
                 consumption = (w, ia)
                 nxt = ia["data"].get("next_node_type")
+                nxt = STAGE_COMMAND.get(nxt, nxt)
                 if nxt:
                     expected[nxt] += 1
                     announced.append((w, nxt, ia["data"].get("node_instance_id"), "consumption_next_step"))
@@ -214,6 +229,10 @@ def check_commands(job: Job, writes: list[Write], rep: Report) -> None:
             elif target in WORK_COMMAND:
                 expected[WORK_COMMAND[target]] += 1
                 announced.append((w, WORK_COMMAND[target], None, "outbox_accounting"))
+            elif target is None and (nxt_node := _queued_without_move(w)):
+                # the next subject's node after one subject's report, or a retry of the same node
+                expected[nxt_node] += 1
+                announced.append((w, nxt_node, None, "outbox_accounting"))
         if consumption is not None:
             rep.checked("consumption_next_step")
         elif expected:

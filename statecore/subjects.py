@@ -1,0 +1,174 @@
+"""One ``SEGMENT_SUBJECT`` node per approved subject (SPEC §13, docs/protocol.md § Cut-out quality).
+Pure, like ``statecore.decide``: each function adds to the ``Plan`` the store commits.
+
+When a box list is approved (``start``), the job's ``results`` list every approved subject ``QUEUED``
+(and the boxes the revision round rejected, ``REJECTED``) in the same atomic write that queues the
+first subject's node. Each ``SEGMENT_SUBJECT`` node segments, gates and refines one subject on a
+Segmenter replica, with its own node instance, attempts, deadline and heartbeat (it is the job's
+current node, §9): a lost or failed attempt retries that subject alone, and a subject whose attempts
+run out, or that its model fails for good, is ``FAILED`` with its reason while the next one goes on
+(``subject_failed``). When no subject is left (``go_on``) the job continues as one segmenting node
+made it before: a mask review for what the gate still fails, else ``FINALIZING_RESULTS``
+(``PARTIAL_SUCCEEDED`` when some subject is cut and another is not).
+
+A reviewer's REFINE (``statecore.mask_review``) queues its subjects the same way: status
+``REFINING``, their points in the job's ``refine_prompts``; those masks are final, not gated again.
+
+The subjects of one job are cut one after another (a job has one current node, and every part of the
+node lifecycle — the report check, the queued/running/heartbeat indices, the inspector's verdicts,
+restore, cancel — keys on it); subjects of different jobs run in parallel over the Segmenter replicas,
+which batch their encoder passes. A job whose node is the older ``PROCESS_APPROVED_BOX_LIST`` (queued
+by an earlier build) finishes through ``reports._on_process`` as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from . import mask_review
+from .jobstate import JobState
+from .models import Box, SubjectResult
+from .nodes import FinalizeInput, ProcessOutput, SubjectOutcome
+from .plan import Plan, command, dump, enqueue, move, subject_command
+from .states import JobStatus, NodeType
+
+S = JobStatus
+PENDING = frozenset({"QUEUED", "REFINING"})  # a subject whose node is still to run (or running)
+NO_RESULT = "segmenter returned no result for this box"
+
+
+def queued(box: Box) -> SubjectResult:
+    return SubjectResult(box_id=box.box_id, bbox=box.bbox, label=box.label, status="QUEUED")
+
+
+def rejected_result(b: Box) -> SubjectResult:
+    reason = b.validation.reason if b.validation else None
+    return SubjectResult(
+        box_id=b.box_id,
+        bbox=b.bbox,
+        label=b.label,
+        status="REJECTED",
+        reason=reason or "did not pass naming in the revision round",
+    )
+
+
+def start(plan: Plan, state: JobState, approved: list[Box], box_list: list[Box], now: str, now_ms: int) -> None:
+    """The approved subjects ``QUEUED`` (the rejected boxes of ``box_list`` with them) and the first
+    subject's node, in this one write. ``approved`` must not be empty."""
+    results = [queued(b) for b in approved]
+    results += [rejected_result(b) for b in box_list if b.validation and b.validation.status == "REJECTED"]
+    plan.meta["results"] = dump(results)
+    enqueue(plan, subject_command(state, approved[0], None, now), now_ms)
+
+
+def node_box_id(state: JobState) -> str | None:
+    """The subject the job's live ``SEGMENT_SUBJECT`` node segments (its input's one box)."""
+    boxes = (state.node_input or {}).get("approved_box_list") or []
+    return str(boxes[0].get("box_id")) if boxes and isinstance(boxes[0], Mapping) else None
+
+
+def result_of(box: Box, s: SubjectOutcome, artifact_url: Callable[[str], str]) -> SubjectResult:
+    """A segmenter's answer for ``box`` as the job records it."""
+    ok = s.status == "SUCCEEDED"
+    return SubjectResult(
+        box_id=box.box_id,
+        bbox=box.bbox,
+        label=box.label,
+        status=s.status,
+        reason=s.reason,
+        mask_url=artifact_url(s.mask) if ok and s.mask else None,
+        cutout_url=artifact_url(s.cutout) if ok and s.cutout else None,
+        quality=s.quality if ok else None,
+        refinements=s.refinements,
+        decided_by="gate" if ok and s.quality is not None and s.quality.verdict == "PASS" else None,
+    )
+
+
+def announce(plan: Plan, r: SubjectResult, s: SubjectOutcome | None) -> None:
+    """SUBJECT_SEGMENTED, then one SUBJECT_REFINED per refinement and SUBJECT_GATED (a mask made)."""
+    plan.events.append(("SUBJECT_SEGMENTED", r.model_dump(mode="json")))
+    if s is None:
+        return
+    for i, ref in enumerate(s.refinements, start=1):
+        plan.events.append(("SUBJECT_REFINED", {"box_id": r.box_id, "refinement": i, **ref.model_dump(mode="json")}))
+    if s.status == "SUCCEEDED" and s.quality is not None:
+        plan.events.append(("SUBJECT_GATED", {"box_id": r.box_id, **s.quality.model_dump(mode="json")}))
+
+
+def on_subject(
+    plan: Plan,
+    state: JobState,
+    output: ProcessOutput,
+    now: str,
+    now_ms: int,
+    artifact_url: Callable[[str], str],
+    workflow: str,
+) -> None:
+    """A ``SEGMENT_SUBJECT`` node answered: its subject's result in place of its ``QUEUED`` (or
+    ``REFINING``) entry, then the next subject or what follows them all."""
+    box_id = node_box_id(state)
+    box = next((b for b in state.approved_box_list if b.box_id == box_id), None)
+    s = next((x for x in output.subjects if x.box_id == box_id), None)
+    if box is None:  # a job changed under its node (cannot happen through the store): nothing to record
+        go_on(plan, state, state.results, now, now_ms, workflow)
+        return
+    fresh = (
+        result_of(box, s, artifact_url)
+        if s is not None
+        else SubjectResult(box_id=box.box_id, bbox=box.bbox, label=box.label, status="FAILED", reason=NO_RESULT)
+    )
+    announce(plan, fresh, s)
+    go_on(plan, state, _replaced(state.results, fresh), now, now_ms, workflow)
+
+
+def subject_failed(plan: Plan, state: JobState, reason: str, now: str, now_ms: int, workflow: str) -> None:
+    """The live ``SEGMENT_SUBJECT`` node failed for good (its attempts ran out, a non-retryable error,
+    its deadline, a dead letter): that subject ``FAILED`` with ``reason``, the others go on."""
+    plan.meta["node_input"] = None
+    box_id = node_box_id(state)
+    old = next((r for r in state.results if r.box_id == box_id), None)
+    if old is None:
+        go_on(plan, state, state.results, now, now_ms, workflow)
+        return
+    failed = old.model_copy(update={"status": "FAILED", "reason": reason, "mask_url": None, "cutout_url": None})
+    announce(plan, failed, None)
+    go_on(plan, state, _replaced(state.results, failed), now, now_ms, workflow)
+
+
+def _replaced(results: list[SubjectResult], fresh: SubjectResult) -> list[SubjectResult]:
+    """``fresh`` in place of its subject's entry; a reviewer's REFINE keeps its ``decided_by`` (final)."""
+    out = []
+    for r in results:
+        if r.box_id != fresh.box_id:
+            out.append(r)
+        elif r.status == "REFINING":
+            out.append(fresh.model_copy(update={"decided_by": r.decided_by}))
+        else:
+            out.append(fresh)
+    return out
+
+
+def go_on(plan: Plan, state: JobState, results: list[SubjectResult], now: str, now_ms: int, workflow: str) -> None:
+    """The next pending subject's node; with none left, the mask review (unless this was a reviewer's
+    REFINE round: final) or ``FINALIZING_RESULTS``."""
+    boxes = {b.box_id: b for b in state.approved_box_list}
+    nxt = next((r for r in results if r.status in PENDING and r.box_id in boxes), None)
+    if nxt is not None:
+        plan.meta["results"] = dump(results)
+        points = state.refine_prompts.get(nxt.box_id) if nxt.status == "REFINING" else None
+        enqueue(plan, subject_command(state, boxes[nxt.box_id], points, now), now_ms)
+        return
+    # A pending subject without its box cannot be cut: it fails rather than wait for ever.
+    results = [
+        r.model_copy(update={"status": "FAILED", "reason": NO_RESULT}) if r.status in PENDING else r for r in results
+    ]
+    if state.refine_prompts:
+        plan.meta["refine_prompts"] = None
+    if not mask_review.is_refine_round(state) and mask_review.open_if_needed(
+        plan, state, results, now, now_ms, workflow
+    ):
+        plan.meta["node_input"] = None
+        return
+    plan.meta["results"] = dump(results)
+    move(plan, state, S.FINALIZING_RESULTS)
+    enqueue(plan, command(state.job_id, NodeType.FINALIZE_RESULTS, now, FinalizeInput()), now_ms)
