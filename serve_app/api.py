@@ -232,6 +232,13 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         log.warning("503 STORE_UNAVAILABLE: %s: %s", type(e).__name__, e)
         return _error(store_unavailable(e))
 
+    @app.exception_handler(RuntimeError)
+    async def _closed_socket(_req: Request, e: RuntimeError) -> JSONResponse:
+        if not durable.closed_transport(e):
+            raise e  # a bug: the server's 500
+        log.warning("503 STORE_UNAVAILABLE: the connection to Redis closed under a command: %s", e)
+        return _error(store_unavailable(e))
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, e: RequestValidationError) -> JSONResponse:
         problems = [{"loc": [str(x) for x in err.get("loc", ())], "msg": err.get("msg", "")} for err in e.errors()[:20]]

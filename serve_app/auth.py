@@ -140,7 +140,7 @@ class Authenticator:
             account = await accounts.lookup(r, hashed)
             if account is None and self.restore_accounts is not None and await self.restore_accounts():
                 account = await accounts.lookup(r, hashed)
-        except redis_errors.RedisError as e:
+        except (redis_errors.RedisError, RuntimeError) as e:  # RuntimeError: durable.closed_transport
             if not durable.store_unavailable(e):
                 raise
             raise StoreUnavailable(f"the state store (Redis) is unavailable: {type(e).__name__}: {e}") from None

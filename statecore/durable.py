@@ -49,11 +49,22 @@ UNAVAILABLE_REPLIES = frozenset(
 )
 
 
+# uvloop's answer to a write on a connection Redis closed a moment ago (redis-py reconnecting while the
+# server is killed): a RuntimeError, not a ConnectionError. Seen in CI as a 500 during a Redis restart.
+CLOSED_TRANSPORT = "the handler is closed"
+
+
+def closed_transport(exc: BaseException) -> bool:
+    """``exc`` is uvloop's RuntimeError for a write on a closed socket (Redis went away mid-connect)."""
+    return type(exc) is RuntimeError and CLOSED_TRANSPORT in str(exc) and "Transport closed=True" in str(exc)
+
+
 def store_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` means the store cannot serve this request now but may soon: answered 503
     STORE_UNAVAILABLE with ``Retry-After`` by the API, spooled and retried by the write-back.
-    Nothing was written: Redis refuses such a command (or a script's first write) as a whole."""
-    if isinstance(exc, UNAVAILABLE_TYPES):
+    Nothing was written: Redis refuses such a command (or a script's first write) as a whole, and a
+    closed socket (``closed_transport``) sent nothing."""
+    if isinstance(exc, UNAVAILABLE_TYPES) or closed_transport(exc):
         return True
     if isinstance(exc, redis_errors.ResponseError):
         code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]

@@ -221,7 +221,10 @@ class JobMachine(RuleBasedStateMachine):
                 ]
             }
         elif node.node_type == "SEGMENT_SUBJECT":  # one subject per node (statecore.subjects)
-            box_id = st_.node_input["approved_box_list"][0]["box_id"]
+            cmd = next(
+                c for c in self.run(self.store.outbox_commands(job_id)) if c.node_instance_id == node.node_instance_id
+            )  # from its command: a cancelled job keeps no node input
+            box_id = cmd.input["approved_box_list"][0]["box_id"]
             status = "SUCCEEDED" if flags & 1 else "FAILED"
             output = {"subjects": [{"box_id": box_id, "status": status, "mask": "m.png", "cutout": "c.png"}]}
         rep = NodeReport(

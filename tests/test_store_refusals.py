@@ -231,6 +231,10 @@ def test_the_refusals_are_store_unavailable() -> None:
     for bug in (redis.ResponseError("WRONGTYPE Operation against a key"), redis.ResponseError("ERR syntax")):
         assert not store_unavailable(bug)
     assert not store_unavailable(ValueError("not a store error"))
+    # uvloop's error for a write on a socket Redis closed a moment ago (seen in CI during a Redis restart)
+    closed = "unable to perform operation on <TCPTransport closed=True reading=False 0x7f2c>; the handler is closed"
+    assert store_unavailable(RuntimeError(closed))
+    assert not store_unavailable(RuntimeError("dictionary changed size during iteration"))
 
 
 async def test_routes_answer_503_with_retry_after_and_change_nothing(
