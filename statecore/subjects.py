@@ -29,7 +29,7 @@ from . import mask_review
 from .jobstate import JobState
 from .models import Box, SubjectResult
 from .nodes import FinalizeInput, ProcessOutput, SubjectOutcome
-from .plan import Plan, command, dump, enqueue, move, subject_command
+from .plan import Plan, command, dump, enqueue, move, process_input_json, subject_command
 from .states import JobStatus, NodeType
 
 S = JobStatus
@@ -54,10 +54,16 @@ def rejected_result(b: Box) -> SubjectResult:
 
 def start(plan: Plan, state: JobState, approved: list[Box], box_list: list[Box], now: str, now_ms: int) -> None:
     """The approved subjects ``QUEUED`` (the rejected boxes of ``box_list`` with them) and the first
-    subject's node, in this one write. ``approved`` must not be empty."""
+    subject's node, in this one write. Nothing approved (every box kept was marked ``SKIP``): one
+    ``PROCESS_APPROVED_BOX_LIST`` of no box, which answers nothing and lets the job finish as
+    ``SUCCEEDED`` (``NOTHING_TO_SEGMENT``): the state table has no edge past the segmenting stage."""
     results = [queued(b) for b in approved]
     results += [rejected_result(b) for b in box_list if b.validation and b.validation.status == "REJECTED"]
     plan.meta["results"] = dump(results)
+    if not approved:
+        empty = process_input_json(state.image, [])
+        enqueue(plan, command(state.job_id, NodeType.PROCESS_APPROVED_BOX_LIST, now, empty), now_ms)
+        return
     enqueue(plan, subject_command(state, approved[0], None, now), now_ms)
 
 

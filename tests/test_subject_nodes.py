@@ -195,3 +195,20 @@ async def test_replays_and_a_report_after_cancel_change_nothing(store, image) ->
     assert not [
         x for x in await store.outbox_commands(job_id) if x.input.get("approved_box_list", [{}])[0].get("box_id") == c
     ]
+
+
+async def test_nothing_approved_finishes_with_nothing_to_segment(store, image) -> None:
+    """Every kept box marked SKIP: no subject to cut; the stage's one node of no box lets the job end."""
+    job_id = await waiting_job(store, image)
+    st = await store.get(job_id)
+    skipped = [{**s, "target_policy": "SKIP"} for s in keep(st, 0, 1)]
+    reply = await store.intervene(job_id, iv(st, skipped), "rev")
+    assert reply.status_code == 200
+    st = await store.get(job_id)
+    assert st.status == S.PROCESSING_APPROVED_SUBJECTS and st.results == [] and st.approved_box_list == []
+    node, cmd, box = await _node(store, job_id)
+    assert node.node_type == "PROCESS_APPROVED_BOX_LIST" and box is None
+    assert (await _answer(store, job_id, {"subjects": []}))[0] == "OK"
+    assert (await _answer(store, job_id, {}))[0] == "OK"
+    done = await store.get(job_id)
+    assert done.status == S.SUCCEEDED and done.reason_code == "NOTHING_TO_SEGMENT"

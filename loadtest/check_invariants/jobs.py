@@ -209,7 +209,8 @@ def check_commands(job: Job, writes: list[Write], rep: Report) -> None:
             if ia is not None:
                 consumption = (w, ia)
                 nxt = ia["data"].get("next_node_type")
-                nxt = STAGE_COMMAND.get(nxt, nxt)
+                if not any(c.node_type == nxt for c in cmds_at.get(at, [])):  # else nothing approved: the stage's own
+                    nxt = STAGE_COMMAND.get(nxt, nxt)
                 if nxt:
                     expected[nxt] += 1
                     announced.append((w, nxt, ia["data"].get("node_instance_id"), "consumption_next_step"))
