@@ -63,7 +63,6 @@ def _node_ports(port: Any) -> list[str]:
 class RayCluster:
     def __init__(self, *, head_cpus: int = 4, log_dir: Path | None = None) -> None:
         self.temp_dir = Path(tempfile.mkdtemp(prefix="hitl-rc-", dir="/tmp"))
-        self._taken: set[int] = set()  # two quiet_port() calls may return one port: never hand it out twice
         self.gcs_port = self.port()
         self.dashboard_port = self.port()
         self.address = f"127.0.0.1:{self.gcs_port}"
@@ -78,11 +77,8 @@ class RayCluster:
         self.head_cpus = head_cpus
 
     def port(self) -> int:
-        """A free loopback port not yet given to this cluster."""
-        while (p := quiet_port()) in self._taken:
-            continue
-        self._taken.add(p)
-        return p
+        """A free loopback port not yet handed out in this process."""
+        return quiet_port()
 
     def _start_node(self, args: list[str], name: str, timeout: float) -> Child:
         cmd = [

@@ -143,6 +143,7 @@ def up(
     ray_info: ray_runtime.RayInfo | None = None
     deployed = False
     app_name = ""
+    ports.reserve(settings.api_port, settings.ui_port)  # not to be handed out for Ray's or Serve's own ports
     try:
         if not settings.ray_address:  # a joined cluster's proxies listen where that cluster says
             wanted = {"--api-port": settings.api_port}
@@ -198,7 +199,8 @@ def up(
         try:
             serve.run(build_application(settings, gpu=gpus > 0), name=APP_NAME, route_prefix="/", blocking=False)
         except RuntimeError as e:  # "Deploying application hitl failed": say the replica's own error
-            raise preflight.deploy_failure(APP_NAME, e) from None
+            api_port = settings.api_port if ray_info.ingress == "direct" else None
+            raise preflight.deploy_failure(APP_NAME, e, api_port=api_port) from None
         _own_signals()
         api_url = ray_runtime.ingress_url(settings, ray_info.ingress)
         info = _wait_ready(api_url, token, ready_timeout, instance=settings.instance_id)

@@ -114,15 +114,31 @@ def free_cluster_port() -> int:
         return port
 
 
+# Ports this process has handed out or been told are spoken for (``--api-port``, ``--ui-port``):
+# free now, but their owner binds them later (the Api replica some seconds after Ray starts),
+# so a second pick must not return one of them.
+_SPOKEN_FOR: set[int] = set()
+
+
+def reserve(*ports: int | None) -> None:
+    """Mark ``ports`` as spoken for: :func:`quiet_port` will not hand them out."""
+    _SPOKEN_FOR.update(p for p in ports if p)
+
+
 def quiet_port(low: int = 20000, high: int = 32767) -> int:
     """A free loopback port between Ray's worker ports (10002-19999) and the kernel's ephemeral
-    range, where no outgoing connection takes it before its owner binds it."""
+    range, where no outgoing connection takes it before its owner binds it; never one this
+    process handed out before or was told is spoken for (:func:`reserve`)."""
     rng = random.Random()
     for _ in range(200):
         port = rng.randint(low, high)
-        if port_free("127.0.0.1", port):
+        if port not in _SPOKEN_FOR and port_free("127.0.0.1", port):
+            _SPOKEN_FOR.add(port)
             return port
-    return free_port()
+    while (port := free_port()) in _SPOKEN_FOR:
+        continue
+    _SPOKEN_FOR.add(port)
+    return port
 
 
 def port_free(host: str, port: int) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from . import ports
 from .config import ConfigError, Settings
 from .redis_server import redis_binary
 
@@ -198,9 +199,11 @@ def logs_dir() -> str:
     return "Ray's session directory (/tmp/hitl-ray-*/session_latest/logs)"
 
 
-def deploy_failure(app_name: str, error: Exception) -> UpError:
+def deploy_failure(app_name: str, error: Exception, *, api_port: int | None = None) -> UpError:
     """``serve.run`` raised (``Deploying application … failed``): find the deployments that did not
-    start and their replicas' own errors in Serve's status, and where Ray's logs are."""
+    start and their replicas' own errors in Serve's status, and where Ray's logs are. Under direct
+    ingress (``api_port`` given) a ``NoAvailablePortError`` means the Api replica could not bind
+    the API port: who took it since the check before Ray started is said too."""
     parts: list[str] = []
     try:
         from ray import serve
@@ -216,6 +219,9 @@ def deploy_failure(app_name: str, error: Exception) -> UpError:
         log.debug("serve.status() after the failed deploy: %s", e)
     if not parts:
         parts.append(_last_error_line(str(error)))
+    if api_port and any("NoAvailablePortError" in p for p in parts):
+        who = ports.holder(api_port) or "nobody listens on it now"
+        parts.append(f"the API port {api_port} could not be bound by the Api replica ({who})")
     return UpError(
         f"the Serve application did not start: {'; '.join(parts)}. The replicas' logs are in {logs_dir()}",
         code=FAILED,

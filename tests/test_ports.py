@@ -70,3 +70,41 @@ def test_hitl_up_on_a_taken_port_exits_with_one_line_before_starting_anything(tm
     assert f"hitl up: cannot listen on 127.0.0.1:{port} (--api-port): in use by pid" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     assert "starting Ray" not in done.stderr + done.stdout and "embedded redis-server" not in done.stderr + done.stdout
+
+
+def test_quiet_port_never_hands_out_a_port_twice_nor_one_spoken_for(monkeypatch: pytest.MonkeyPatch):
+    """The API port is chosen before Ray starts and bound by the Api replica seconds later: free all
+    that time, so a later pick (the proxy's, the metrics', the UI's) must not land on it (CI saw
+    Serve's ``NoAvailablePortError`` once). A range of four ports makes a repeat certain without
+    the reservation."""
+    monkeypatch.setattr(ports, "_SPOKEN_FOR", set())
+    low = ports.free_port(60000)
+    while not all(ports.port_free("127.0.0.1", p) for p in range(low, low + 4)):
+        low = ports.free_port(60000)
+    ports.reserve(low, None)
+    picked = [ports.quiet_port(low, low + 3) for _ in range(3)]
+    assert sorted(picked) == [low + 1, low + 2, low + 3]
+    assert low not in picked
+
+
+def test_a_deploy_failing_for_the_api_port_names_its_holder(monkeypatch: pytest.MonkeyPatch):
+    """``hitl up``'s one line when the Api replica could not bind the API port under direct ingress.
+    (Serve's status is not asked here: with no cluster it would start a Ray of its own.)"""
+    from ray import serve
+
+    from hitl_review.serve_app import preflight
+
+    def no_cluster() -> None:
+        raise ConnectionError("no Ray cluster in this test")
+
+    monkeypatch.setattr(serve, "status", no_cluster)
+
+    with listening() as s:
+        port = s.getsockname()[1]
+        err = RuntimeError(
+            "Deploying application hitl failed: ray.serve._private.node_port_manager.NoAvailablePortError: "
+            "No available ports on node abc for RequestProtocol.HTTP protocol."
+        )
+        said = str(preflight.deploy_failure("no-such-app", err, api_port=port))
+    assert "NoAvailablePortError" in said
+    assert f"the API port {port} could not be bound by the Api replica (pid " in said
