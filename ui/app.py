@@ -18,6 +18,7 @@ import gradio as gr
 
 from hitl_review.statecore.trusted_proxy import TrustedProxies
 
+from . import gradio_skips
 from .assets import KEYS_JS, LOAD_DRAFT_JS, SAVE_DRAFT_JS, URL_JS, pick_js
 from .box_list_view import wire_box_list
 from .callbacks import Callbacks, show
@@ -53,6 +54,7 @@ def build_app(
     ``trusted_proxies``: the addresses of an authenticating proxy whose user is signed in (ui.signin).
     """
     labels = labels_from_env() if labels is None else labels
+    gradio_skips.install()  # the outputs an event leaves alone cost nothing (ui.gradio_skips)
     # Gradio copies every image it serves into its cache; drop copies older than a day, hourly.
     demo = gr.Blocks(title="hitl-review · reviewer", analytics_enabled=False, delete_cache=(3600, 86400))
     with demo:
@@ -149,7 +151,12 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     # Submit answers only the light outputs (Components.submit_outputs); a 409's redraw is its own event.
     submit_outputs = c.submit_outputs()
     c.submit_btn.click(  # no progress spinner laid over every output
-        cb.on_submit, inputs=[c.session, c.annotator], outputs=submit_outputs, preprocess=False, show_progress="hidden"
+        cb.on_submit,
+        inputs=[c.session, c.annotator],
+        outputs=submit_outputs,
+        preprocess=False,
+        show_progress="hidden",
+        queue=False,
     )
     c.redraw_key.change(cb.on_conflict_view, inputs=st, outputs=panel_outputs, show_progress="hidden")
     c.cut_btn.click(show((c.cut_confirm, True)), outputs=[c.cut_confirm.style], queue=False)

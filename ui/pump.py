@@ -29,6 +29,25 @@ RETRY_MAX_S = 30.0  # longest wait before the pump opens a stream the client gav
 # Notes on the job (docs/protocol.md § Flags, skips and comments): announced on its events, at the job's
 # version (they change nothing of it), so they are told apart by type.
 NOTE_EVENTS = frozenset({"JOB_FLAGGED", "JOB_UNFLAGGED", "COMMENT_ADDED"})
+# Progress of work the reviewer does not act on (a node's and a subject's steps): they come in bursts
+# (a job of three subjects sends a dozen within a second of its submission), each would cost a GET, a
+# rendered view and a redraw in the browser just as the submission's own answer is shown, so they are
+# gathered for ``SETTLE_S`` and shown once. Anything else (a pause opened, a job ended, a colleague's
+# answer) is shown at once, with the progress gathered so far.
+PROGRESS_EVENTS = frozenset(
+    {
+        "NODE_STARTED",
+        "NODE_COMPLETED",
+        "NODE_REPORT",
+        "NODE_RETRY_SCHEDULED",
+        "NODE_ATTEMPT_FAILED",
+        "NODE_LOST",
+        "SUBJECT_SEGMENTED",
+        "SUBJECT_GATED",
+        "SUBJECT_REFINED",
+    }
+)
+SETTLE_S = 0.3
 
 
 class EventPump:
@@ -118,9 +137,17 @@ async def follow_job(
     pump = EventPump(client, job_id)
     last_poll = time.monotonic()
     told = None  # (banner, re-apply offer) as this follower's last output showed them
+    settle: float | None = None  # when the progress gathered so far is to be shown (PROGRESS_EVENTS)
     try:
         while st.job_id == job_id and st.follow_gen == gen and not stop.is_set():
-            item = await pump.next(timeout=IDLE_S)
+            wait = IDLE_S if settle is None else max(0.0, settle - time.monotonic())
+            item = await pump.next(timeout=wait)
+            if item is EventPump.IDLE and settle is not None and time.monotonic() >= settle:
+                item = None  # the gathered progress is due: fetched and shown below
+            if isinstance(item, Event) and item.type in PROGRESS_EVENTS and item.version > st.version:
+                if settle is None:
+                    settle = time.monotonic() + SETTLE_S
+                continue
             if isinstance(item, Event):
                 if item.type in NOTE_EVENTS and item.version >= st.version and not shown_already(st.snapshot, item):
                     # A flag or comment (a colleague's too): the open snapshot's notes, fetched again; the
@@ -148,7 +175,7 @@ async def follow_job(
                     continue
                 if not pump.broken or time.monotonic() - last_poll < POLL_FALLBACK_S:
                     continue
-            last_poll = time.monotonic()
+            last_poll, settle = time.monotonic(), None
             try:
                 snap = await client.get_job(job_id)
             except Exception:  # try again on the next event or tick
