@@ -69,16 +69,24 @@ def test_claim_presence_next_job_and_takeover(api_server: Any, tmp_path: Path) -
     value = cb.view(b, redraw=True)[comps.annotator]
     out = cb.on_submit(b, value)
     assert "boxes waiting now are not the ones you reviewed" in out[comps.banner_md], out[comps.banner_md]
-    # Submit's answer is light (Components.submit_outputs); the panel is drawn by the event its redraw_key sets off
+    # Submit's answer names three outputs (Components.answer_outputs); the panel is drawn by the event its
+    # redraw_key sets off, and the panel's update after an answer has nothing to do
     assert comps.annotator not in out and out[comps.redraw_key]
-    assert {id(k) for k in out} <= {id(o) for o in comps.submit_outputs()}
+    assert {id(k) for k in out} <= {id(o) for o in comps.answer_outputs()}
+    assert list(cb.after_submit(b)) == [{comps.banner_md: gr.skip()}]
     assert b.panel is not None and b.panel.snapshot_id == shown.snapshot_id
     out = cb.on_conflict_view(b)
     assert "boxes waiting now are not the ones you reviewed" in out[comps.banner_md], out[comps.banner_md]
     assert cb.on_conflict_view(b) == {comps.banner_md: gr.skip()}  # drawn once
     out = cb.on_submit(b, out[comps.annotator])
     assert out[comps.banner_md].startswith("Submitted —"), out[comps.banner_md]
-    assert {id(k) for k in out} <= {id(o) for o in comps.submit_outputs()} and comps.annotator not in out
+    assert {id(k) for k in out} <= {id(o) for o in comps.answer_outputs()}
+    after, last = cb.after_submit(b)  # the panel's update that follows the answer: the review closed
+    assert {id(k) for k in after} <= {id(o) for o in comps.submit_outputs()} and comps.annotator not in after
+    assert not visible(after[comps.review_col.style]) and after[comps.draft_out]
+    assert comps.banner_md not in after  # the answer's banner stays
+    assert last == {comps.banner_md: gr.skip()}  # Gradio repeats a generator's last update: not the view
+    assert list(cb.after_submit(b)) == [{comps.banner_md: gr.skip()}]  # once
     assert b.claimed is None
     with HitlClient(api_server.url, TOKENS["admin"]) as admin:
         admin.cancel(job2)  # the server is shared by the session: leave no job waiting in others' queues

@@ -148,20 +148,21 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     c.label_text.submit(cb.on_apply_label, inputs=label_inputs, outputs=label_outputs, preprocess=False)
     c.reapply_btn.click(cb.on_reapply, inputs=st, outputs=[c.annotator, c.reapply_btn, c.review_error, c.banner_md])
 
-    # Submit answers only the light outputs (Components.submit_outputs); a 409's redraw is its own event.
-    submit_outputs = c.submit_outputs()
-    c.submit_btn.click(  # no progress spinner laid over every output
-        cb.on_submit,
-        inputs=[c.session, c.annotator],
-        outputs=submit_outputs,
-        preprocess=False,
-        show_progress="hidden",
-        queue=False,
-    )
+    # Submit's answer names three outputs (the banner first, over plain HTTP: no queue join, no stream to
+    # open); the panel's light outputs follow in the next event, and a 409's redraw is its own event.
+    answer_outputs, submit_outputs = c.answer_outputs(), c.submit_outputs()
+    for send, trigger in ((cb.on_submit, c.submit_btn.click), (cb.on_cut_nothing, c.cut_yes.click)):
+        trigger(
+            send,
+            inputs=[c.session, c.annotator],
+            outputs=answer_outputs,
+            preprocess=False,
+            show_progress="hidden",  # no progress spinner laid over the outputs
+            queue=False,
+        ).then(cb.after_submit, inputs=st, outputs=submit_outputs, show_progress="hidden")
     c.redraw_key.change(cb.on_conflict_view, inputs=st, outputs=panel_outputs, show_progress="hidden")
     c.cut_btn.click(show((c.cut_confirm, True)), outputs=[c.cut_confirm.style], queue=False)
     c.cut_no.click(show((c.cut_confirm, False)), outputs=[c.cut_confirm.style], queue=False)
-    c.cut_yes.click(cb.on_cut_nothing, inputs=[c.session, c.annotator], outputs=submit_outputs, preprocess=False)
     c.cancel_btn.click(show((c.cancel_confirm, True)), outputs=[c.cancel_confirm.style], queue=False)
     c.cancel_no.click(show((c.cancel_confirm, False)), outputs=[c.cancel_confirm.style], queue=False)
     c.cancel_yes.click(cb.on_cancel, inputs=st, outputs=panel_outputs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 import gradio as gr
@@ -35,7 +35,7 @@ from .images import ImageStore
 from .layout import Components
 from .panel import annotator_value, backends_text, is_terminal, status_text
 from .prefetch import Prefetcher, take
-from .pump import Followers, follow_job
+from .pump import Followers, emission, follow_job
 from .queue import TABLE_HEADERS
 from .queue_view import THUMBS_PER_TICK as THUMBS_PER_TICK  # where the tests and older callers look
 from .queue_view import QueueHandlers, error_text
@@ -76,6 +76,7 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         self.labels = labels
         self.redraws = 0
         self.conflicts = 0  # 409s answered: each sets off the redraw event with a new key
+        self.answer_ids = {id(o) for o in comps.answer_outputs()}
         self.submit_ids = {id(o) for o in comps.submit_outputs()}
         self.stats = ReviewStats()
         self.api_url = api_url
@@ -429,18 +430,37 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         finally:
             st.sending = None
         st.claimed = None  # an accepted submission ends the claim (docs/protocol.md § Claims)
+        with st.lock:  # confirmed: the browser forgets the draft
+            st.answered_view = (panel.job_id, st.follow_gen, draft_message(panel.job_id, panel.pause_token, None))
         self.prefetcher.start(st, client)  # the job N opens next (ui.prefetch)
-        out = self.view(st, banner=msg + " Press N for the next job.", error="")
-        out[self.c.draft_out] = draft_message(panel.job_id, panel.pause_token, None)  # confirmed: forget it
-        return self.submit_answer(out)
+        return {self.c.banner_md: msg + " Press N for the next job.", self.c.review_error: ""}
 
-    def submit_answer(self, out: Update) -> Update:
-        """``out`` within ``Components.submit_outputs`` (Gradio refuses an answer naming any other output).
-        A view without a redraw stays within it; anything else is dropped, and logged: a bug to fix there."""
-        allowed = self.submit_ids
+    def after_submit(self, st: ReviewerState) -> Iterator[Update]:
+        """The panel after an accepted submission, in the event that follows its answer: the review
+        closed, the buttons and lines as the job now is, the browser's draft forgotten. Nothing after a
+        refusal or a 409 (their answer said it all, a 409's redraw has its own event), nor once another
+        job is open. Sent as a follower's update is (``ui.pump.emission``): a job N opens meanwhile waits
+        for it, so this view of the job left never lands over the next job's panel; and a last update
+        that changes nothing, since Gradio's completion message repeats the last one."""
+        with st.lock:
+            due, st.answered_view = st.answered_view, None
+        if due is not None:
+            job_id, gen, draft = due
+            with emission(st, job_id, gen, threading.Event()) as ok:
+                if ok:
+                    with st.lock:
+                        out = self.view(st, error="")
+                    out[self.c.draft_out] = draft
+                    yield self.within(out, self.submit_ids, "the panel's update after a submission")
+        yield {self.c.banner_md: gr.skip()}
+
+    def within(self, out: Update, allowed: set[int], what: str) -> Update:
+        """``out`` within an event's outputs (Gradio refuses an answer naming any other output). A view
+        without a redraw stays within ``Components.submit_outputs``; anything else is dropped, and
+        logged: a bug to fix there."""
         extra = [k for k in out if id(k) not in allowed]
         if extra:
-            log.warning("a submission's answer named outputs Submit does not have: %s", extra)
+            log.warning("%s named outputs its event does not have: %s", what, extra)
         return {k: v for k, v in out.items() if id(k) in allowed}
 
     def on_conflict_view(self, st: ReviewerState) -> Update:

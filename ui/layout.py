@@ -136,10 +136,17 @@ class Components:
             *self.mask.outputs(),
         ]
 
+    def answer_outputs(self) -> list[Any]:
+        """What Submit's own event names (``Callbacks.send``): the answer in the banner, a refusal under the
+        panel, and the key that sets off a 409's redraw. Gradio's page copies every output an event names
+        at each change of its status, so the answer names three and is shown first; the panel's other
+        changes come in the event after it (``submit_outputs``)."""
+        return [self.banner_md, self.review_error, self.redraw_key]
+
     def submit_outputs(self) -> list[Any]:
-        """What answering a box-stage submission changes (``Callbacks.send``): the light part of
-        ``panel_outputs``. Gradio snapshots every output of an event, so Submit does not name the canvas,
-        the galleries or the mask panel's pictures; a 409's redraw comes in its own event (``redraw_key``)."""
+        """What an accepted submission changes after its answer (``Callbacks.after_submit``): the light part
+        of ``panel_outputs``. Not the canvas, the galleries or the mask panel's pictures; a 409's redraw
+        comes in its own event (``redraw_key``)."""
         return [
             self.job_md,
             self.status_md,

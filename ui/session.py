@@ -137,6 +137,9 @@ class ReviewerState:
         # A submission's 409 answered: (redraw, banner) for the event that draws it (Callbacks.on_conflict_view);
         # any redraw of the panel meanwhile (a follower's) draws it first and clears this.
         self.conflict_view: tuple[bool, str | None] | None = None
+        # A submission accepted: (job, open generation, draft message: the browser forgets the draft) for the
+        # panel's update that follows the answer (Callbacks.after_submit).
+        self.answered_view: tuple[str, int, str] | None = None
         self.followed_gen = -1  # the generation a follower already serves
         self.lock = threading.RLock()
 
