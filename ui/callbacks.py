@@ -76,7 +76,6 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         self.labels = labels
         self.redraws = 0
         self.conflicts = 0  # 409s answered: each sets off the redraw event with a new key
-        self.answer_ids = {id(o) for o in comps.answer_outputs()}
         self.submit_ids = {id(o) for o in comps.submit_outputs()}
         self.stats = ReviewStats()
         self.api_url = api_url
