@@ -152,7 +152,8 @@ class Mirror:
                 for index in LIVE:
                     pipe.zrange(index(p), 0, -1)
             res = await pipe.execute()
-        live = {j if isinstance(j, str) else j.decode() for ids in res for j in ids}
+        # Index members name a job, or one of its subject nodes (``<job_id>|<node id>``).
+        live = {keys.split_member(j if isinstance(j, str) else j.decode())[0] for ids in res for j in ids}
         follow, obsolete = await asyncio.to_thread(self._rows, parts)
         known = follow | {j for j in self.written if keys.partition_of(j) in parts}
         ids = sorted(live) + sorted(known - live)

@@ -373,13 +373,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "what": "Redis CPU per real consume (HGETALL + EVALSHA consume_pause with its writes), "
             "from INFO commandstats during the Python run",
         }
-        # The consumed jobs really moved on, each with one new command in its outbox.
+        # The consumed jobs really moved on, each with one new command per approved subject in its outbox.
         consumed = py.pop("consumed")
         for job_id in consumed[:: max(1, len(consumed) // 200)]:
             st = await store.get(job_id)
             cmds = await store.outbox_commands(job_id)
             assert st.status.value == "PROCESSING_APPROVED_SUBJECTS" and st.version == 3, (job_id, st.status)
-            assert [c.node_type for c in cmds] == ["DETECT_SUBJECTS", "SEGMENT_SUBJECT"], job_id
+            assert [c.node_type for c in cmds] == ["DETECT_SUBJECTS"] + ["SEGMENT_SUBJECT"] * 2, job_id
         calib_consumed = c.pop("consumed")
         result["calibration"] = c | {"consumed_jobs": len(calib_consumed)}
 

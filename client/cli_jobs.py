@@ -58,6 +58,8 @@ def print_snapshot(snap: JobSnapshot, console: Console) -> None:
     if snap.current_node:
         n = snap.current_node
         info.add_row("node", f"{n.node_type} {n.status} (attempt {n.attempt}, {n.node_instance_id})")
+    for n in snap.subject_nodes:  # one per subject being cut, side by side
+        info.add_row("subject node", f"{n.box_id}: {n.status} (attempt {n.attempt}, {n.node_instance_id})")
     if snap.active_pause:
         p = snap.active_pause
         pause = (

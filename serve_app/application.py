@@ -75,10 +75,10 @@ NODE_DEPLOYMENT = {
 
 async def confirm_replica(store: Any, job_id: str, node_instance_id: str, timeout_s: float = 3.0) -> bool:
     """Status confirmation before a re-dispatch: the replica that recorded itself as running the
-    job's node (it drops the record when the call ends) is asked, with its own short timeout,
+    node (it drops the record when the call ends) is asked, with its own short timeout,
     whether it is alive. A stopped or dead replica does not answer (re-dispatch); a busy one does
     (its heartbeats were only late: wait)."""
-    name = await store.executor_of(job_id)
+    name = await store.executor_of(job_id, node_instance_id)
     if not name:
         return False
     try:

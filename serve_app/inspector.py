@@ -93,7 +93,7 @@ class Inspector:
             self._store_back_at = time.monotonic()
             log.warning("Redis answers again: no verdicts for %.0fs (one heartbeat lapse)", self.heartbeat_lapse_s)
         self._held = {}  # partition -> (lease value, when taken) for this sweep
-        lapsed: list[tuple[int, str]] = []
+        lapsed: list[tuple[int, str]] = []  # (partition, index member: keys.split_member)
         overdue: list[tuple[int, str]] = []
         lapse_ms, grace_ms = int(self.heartbeat_lapse_s * 1000), int(self.grace_s * 1000)
         for p in range(keys.PARTITIONS):
@@ -103,21 +103,17 @@ class Inspector:
             counts["partitions"] += 1
             self._held[p] = (lease, time.monotonic())
             now_ms = await self.store.server_ms(keys.heartbeats(p))
-            lapsed += [(p, job_id) for job_id in await self.store.lapsed_heartbeats(p, now_ms - lapse_ms)]
-            overdue += [(p, job_id) for job_id in await self.store.past_deadline(p, now_ms - grace_ms)]
+            lapsed += [(p, m) for m in await self.store.lapsed_heartbeats(p, now_ms - lapse_ms)]
+            overdue += [(p, m) for m in await self.store.past_deadline(p, now_ms - grace_ms)]
         if self._recovering:
             counts["recovering"] = len(lapsed) + len(overdue)
             return counts
-        pending = await self.store.writebacks_pending([job_id for _, job_id in lapsed + overdue])
-        counts["writeback"] = len(pending)
-        await self._lost([(p, j) for p, j in lapsed if j not in pending], counts)
-        for p, job_id in overdue:
-            if job_id in pending:
-                continue
+        await self._lost(await self._running(lapsed, counts), counts)
+        for p, job_id, node in await self._running(overdue, counts):
             lease = await self._lease(p)
             if lease is None:
                 continue  # the partition passed to another inspector meanwhile
-            await self._overdue(job_id, lease, counts)
+            await self._overdue(job_id, node, lease, counts)
         return counts
 
     def held(self) -> list[int]:
@@ -137,21 +133,31 @@ class Inspector:
         self._held[p] = (lease, time.monotonic())
         return lease
 
-    async def _running_node(self, job_id: str, counts: dict[str, int]) -> CurrentNode | None:
-        """The job's node if it is still running (the index may be a step behind the job)."""
-        try:
-            node = (await self.store.get(job_id)).current_node
-        except JobNotFound:
-            return None
-        if node is None or node.status != "RUNNING":
-            counts["moved_on"] += 1
-            return None
-        return node
+    async def _running(
+        self, members: list[tuple[int, str]], counts: dict[str, int]
+    ) -> list[tuple[int, str, CurrentNode]]:
+        """The nodes these index members name that still run (an index may be a step behind the
+        job) and whose result does not wait in a write-back spool: (partition, job id, node)."""
+        found: list[tuple[int, str, CurrentNode]] = []
+        for p, member in members:
+            job_id, nid = keys.split_member(member)
+            try:
+                state = await self.store.get(job_id)
+            except JobNotFound:
+                continue
+            node = state.subject_nodes.get(nid) if nid else state.current_node
+            if node is None or node.status != "RUNNING":
+                counts["moved_on"] += 1
+                continue
+            found.append((p, job_id, node))
+        pending = await self.store.writebacks_pending([(j, n.node_instance_id) for _, j, n in found])
+        counts["writeback"] += len(pending)
+        return [f for f in found if (f[1], f[2].node_instance_id) not in pending]
 
-    async def _confirmed(self, nodes: dict[str, CurrentNode]) -> dict[str, bool]:
+    async def _confirmed(self, nodes: list[tuple[int, str, CurrentNode]]) -> list[bool]:
         """Ask every lapsed node's executor at once (each answer may take its whole timeout)."""
         if self.confirm is None or not nodes:
-            return {job_id: False for job_id in nodes}
+            return [False] * len(nodes)
         confirm = self.confirm
         gate = asyncio.Semaphore(64)
 
@@ -159,22 +165,13 @@ class Inspector:
             async with gate:
                 return await confirm(job_id, nid)
 
-        answers = await asyncio.gather(*(ask(j, n.node_instance_id) for j, n in nodes.items()))
-        return dict(zip(nodes, answers, strict=True))
+        return list(await asyncio.gather(*(ask(j, n.node_instance_id) for _, j, n in nodes)))
 
-    async def _lost(self, lapsed: list[tuple[int, str]], counts: dict[str, int]) -> None:
-        nodes: dict[str, CurrentNode] = {}
-        for _, job_id in lapsed:
-            node = await self._running_node(job_id, counts)
-            if node is not None:
-                nodes[job_id] = node
+    async def _lost(self, nodes: list[tuple[int, str, CurrentNode]], counts: dict[str, int]) -> None:
         alive = await self._confirmed(nodes)
-        for p, job_id in lapsed:
-            node = nodes.get(job_id)
-            if node is None:
-                continue
+        for (p, job_id, node), confirmed in zip(nodes, alive, strict=True):
             nid = node.node_instance_id
-            if alive[job_id]:
+            if confirmed:
                 counts["confirmed"] += 1  # alive but its heartbeats are late: renew, look again later
                 await self.store.heartbeat(job_id, nid)
                 continue
@@ -197,10 +194,7 @@ class Inspector:
                     self.heartbeat_lapse_s,
                 )
 
-    async def _overdue(self, job_id: str, lease: str, counts: dict[str, int]) -> None:
-        node = await self._running_node(job_id, counts)
-        if node is None:
-            return
+    async def _overdue(self, job_id: str, node: CurrentNode, lease: str, counts: dict[str, int]) -> None:
         verdict = NodeReport(
             node_instance_id=node.node_instance_id,
             node_type=node.node_type,

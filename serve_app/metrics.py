@@ -247,7 +247,7 @@ async def read_stuck(r: Any, window_s: float = 3600.0, now_ms: int | None = None
     if running:
         async with r.pipeline(transaction=False) as pipe:
             for job_id in running:
-                pipe.hget(keys.job(job_id).meta, "current_node")
+                pipe.hget(*keys.node_location(job_id))
             nodes = await pipe.execute()
         for job_id, raw in zip(running, nodes, strict=True):
             started = _started_s(raw)

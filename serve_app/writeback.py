@@ -175,7 +175,7 @@ class WriteBack:
                 if not store_unavailable(e):
                     raise
         try:
-            await self.store.clear_writeback(report.job_id)
+            await self.store.clear_writeback(report.job_id, report.node_instance_id)
         except Exception as e:  # it expires by itself
             if not store_unavailable(e):
                 raise

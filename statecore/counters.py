@@ -169,7 +169,7 @@ async def _oldest_running_age_s(r: Any, job_ids: list[str], now_ms: int) -> floa
         return 0.0
     async with r.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
-            pipe.hget(keys.job(job_id).meta, "current_node")
+            pipe.hget(*keys.node_location(job_id))
         nodes = await pipe.execute()
     oldest = 0.0
     for raw in nodes:

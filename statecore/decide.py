@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from . import mask_review, subjects
+from . import keys, mask_review, subjects
 from .errors import InvalidRequest
 from .ids import canonical_json, new_id
 from .jobstate import JobState, require
@@ -317,9 +317,11 @@ def _accepted(
     plan: Plan, state: JobState, req: InterventionRequest, next_type: str | None, diff: Diff
 ) -> InterventionPlan:
     """The consumption planned: the INTERVENTION_ACCEPTED event (``plan.events[0]``) names the one
-    command it queued, for audits, and the answer every replay of it gets."""
-    if plan.outbox is not None:
-        plan.events[0][1]["node_instance_id"] = plan.outbox.node_instance_id
+    command it queued (the commands: one per subject), for audits, and the answer every replay of it gets."""
+    if len(plan.outbox) == 1:
+        plan.events[0][1]["node_instance_id"] = plan.outbox[0].node_instance_id
+    elif plan.outbox:
+        plan.events[0][1]["node_instance_ids"] = [c.node_instance_id for c in plan.outbox]
     resp = InterventionResponse(
         intervention_id=req.intervention_id,
         job_id=state.job_id,
@@ -396,6 +398,9 @@ def plan_cancel(state: JobState, who: str, now: str) -> Plan:
     if node is not None and node.status in ("QUEUED", "RUNNING"):
         # The node's work is abandoned: say so, rather than leave it QUEUED/RUNNING for ever.
         plan.meta["current_node"] = dump_node(node.model_copy(update={"status": "CANCELLED"}))
+    for nid, n in state.subject_nodes.items():  # the subjects' nodes too (their index members go: _lib.lua)
+        if n.status in ("QUEUED", "RETRY_WAIT", "RUNNING"):
+            plan.meta[keys.node_field(nid)] = dump_node(n.model_copy(update={"status": "CANCELLED"}))
     plan.events.append(("JOB_CANCELLED", {"by": who, "from": state.status.value}))
     finish(plan, None)
     return plan

@@ -60,7 +60,7 @@ def beat(spec: HeartbeatSpec, *, release: bool = False) -> bool:
     jk = keys.job(spec.job_id)
     args = [spec.job_id, spec.node_instance_id, int(time.time() * 1000), spec.executor]
     args += [int(spec.executor_ttl_s * 1000), "release" if release else ""]
-    return bool(script(keys=[jk.meta, jk.heartbeats, jk.executor], args=args))
+    return bool(script(keys=[jk.meta, jk.heartbeats, jk.executor_of(spec.node_instance_id)], args=args))
 
 
 class Heartbeat:

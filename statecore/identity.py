@@ -40,15 +40,17 @@ async def live_jobs(r: Any, cap: int = 10_000) -> tuple[dict[str, list[str]], bo
     out: dict[str, list[str]] = {}
     total, truncated = 0, False
     for i, name in enumerate(LIVE_INDEXES):
-        ids: list[str] = []
+        ids: dict[str, None] = {}  # a job cutting its subjects is there once per subject node: once here
         for chunk in res[i * keys.PARTITIONS : (i + 1) * keys.PARTITIONS]:
             for raw in chunk:
                 if total >= cap:
                     truncated = True
                     break
-                ids.append(raw.decode() if isinstance(raw, bytes) else str(raw))
-                total += 1
-        out[name] = ids
+                job_id = keys.split_member(raw.decode() if isinstance(raw, bytes) else str(raw))[0]
+                if job_id not in ids:
+                    ids[job_id] = None
+                    total += 1
+        out[name] = list(ids)
     return out, truncated
 
 

@@ -13,6 +13,7 @@ from pydantic import TypeAdapter
 
 from .errors import JobNotFound
 from .ids import batch_of
+from .keys import SUBJECT_NODE_FIELD
 from .models import (
     PENDING_ACTIONS_MASK_REVIEW,
     PENDING_ACTIONS_WAITING,
@@ -61,6 +62,16 @@ class JobState:
     # A mask review's REFINE points per subject, while their SEGMENT_SUBJECT nodes run (statecore.subjects).
     refine_prompts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     votes: str = ""  # the active pause's quorum votes as stored (statecore.quorum), compared by the script
+    # The live SEGMENT_SUBJECT nodes by node id, one per subject being cut (statecore.subjects).
+    subject_nodes: dict[str, CurrentNode] = field(default_factory=dict)
+
+    def live_node(self, nid: str) -> CurrentNode | None:
+        """The node ``nid`` if it is one of the job's nodes: its current node (which stays current,
+        ended, until the next one) or a live subject node."""
+        node = self.current_node
+        if node is not None and node.node_instance_id == nid:
+            return node
+        return self.subject_nodes.get(nid)
 
     @classmethod
     def from_meta(cls, meta: dict[str, str]) -> JobState:
@@ -97,6 +108,11 @@ class JobState:
             node_input=j("node_input"),
             refine_prompts=j("refine_prompts", {}),
             votes=get("votes", ""),
+            subject_nodes={
+                k[len(SUBJECT_NODE_FIELD) :]: CurrentNode.model_validate_json(v)
+                for k, v in meta.items()
+                if k.startswith(SUBJECT_NODE_FIELD)
+            },
         )
 
     def snapshot(self) -> JobSnapshot:
@@ -120,6 +136,7 @@ class JobState:
                 else list(PENDING_ACTIONS_WAITING)
             ),
             current_node=self.current_node,
+            subject_nodes=list(self.subject_nodes.values()),
             reason_code=self.reason_code,
             cancel_requested=self.cancel_requested,
             empty_selection=self.empty_selection,

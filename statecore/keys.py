@@ -68,6 +68,34 @@ def create_idem(submitter: str, idem_key: str) -> str:
     return f"{tag(create_idem_partition(submitter, idem_key))}:create:{digest}"
 
 
+# A job's live SEGMENT_SUBJECT nodes (statecore.subjects): one meta field each, ``node:<id>`` -> the
+# node as ``current_node`` is stored, and in the queued, running and heartbeat indices each its own
+# member ``<job_id>|<id>`` (the job's one other node is the member ``<job_id>``). Job ids hold no ``|``.
+SUBJECT_NODE_FIELD = "node:"
+
+
+def node_field(nid: str) -> str:
+    """The meta field of a live subject node."""
+    return SUBJECT_NODE_FIELD + nid
+
+
+def node_member(job_id: str, nid: str | None) -> str:
+    """A node's member in the queued, running and heartbeat indices (``nid`` None: the job's node)."""
+    return job_id if nid is None else f"{job_id}|{nid}"
+
+
+def split_member(member: str) -> tuple[str, str | None]:
+    """``(job_id, subject node id or None)`` of an index member."""
+    job_id, _, nid = member.partition("|")
+    return job_id, nid or None
+
+
+def node_location(member: str) -> tuple[str, str]:
+    """Where the node an index member names is stored: (the job's meta, its field)."""
+    job_id, nid = split_member(member)
+    return job(job_id).meta, node_field(nid) if nid else "current_node"
+
+
 def outbox(p: int) -> str:
     return f"{tag(p)}:outbox"
 
@@ -188,9 +216,10 @@ class JobKeys:
     events: str  # LIST of event JSON, id = position (1-based); also the PUBLISH channel of new ids
     idem: str  # HASH: intervention_id -> payload hash + "\n" + response bytes
     reports: str  # SET: node_instance_ids whose report was applied or ignored
-    executor: str  # STRING (with a TTL): who runs the job's node now; asked before a re-dispatch
-    # STRING node_instance_id (with a TTL, renewed): a result of that node waits in a write-back spool
-    # for Redis to take it (serve_app/writeback.py); the inspector leaves the node alone meanwhile.
+    # ``<executor>:<node id>`` STRING (with a TTL): who runs that node now; asked before a re-dispatch
+    executor: str
+    # ``<writeback>:<node id>`` STRING (with a TTL, renewed): a result of that node waits in a write-back
+    # spool for Redis to take it (serve_app/writeback.py); the inspector leaves the node alone meanwhile.
     writeback: str
     # HASH (with a TTL: --claim-ttl-s) reviewer, claimed_at, expires_at: the reviewer looking at the
     # waiting job (docs/protocol.md § Claims). Apart from ``meta``: a claim is not a change of the job.
@@ -207,6 +236,12 @@ class JobKeys:
     @property
     def outbox(self) -> str:
         return outbox(self.p)
+
+    def executor_of(self, nid: str) -> str:
+        return f"{self.executor}:{nid}"
+
+    def writeback_of(self, nid: str) -> str:
+        return f"{self.writeback}:{nid}"
 
     @property
     def waiting(self) -> str:

@@ -55,39 +55,45 @@ class LifecycleMixin:
         """Renew a running node's heartbeat; False once the node is no longer running (stop)."""
         jk = keys.job(job_id)
         args = [job_id, node_instance_id, int(time.time() * 1000), "", 0, ""]
-        res = await self._scripts["heartbeat"](keys=[jk.meta, jk.heartbeats, jk.executor], args=args)
+        res = await self._scripts["heartbeat"](
+            keys=[jk.meta, jk.heartbeats, jk.executor_of(node_instance_id)], args=args
+        )
         return bool(res)
 
     async def node_status(self, job_id: str, node_instance_id: str) -> str | None:
         """The node's status (``QUEUED``, ``RETRY_WAIT``, ``RUNNING``, ``COMPLETED``, ``TIMED_OUT``,
-        ``CANCELLED``…) while it is the job's current node, else None (superseded, or the job is
-        gone): one HMGET, for a dispatcher watching its outstanding calls."""
-        node_id, node = await self.r.hmget(keys.job(job_id).meta, "node_id", "current_node")
-        if node_id != node_instance_id or not node:
+        ``CANCELLED``…) while it is the job's current node or one of its live subject nodes, else
+        None (superseded, or the job is gone): one HMGET, for a dispatcher watching its outstanding calls."""
+        node_id, node, subject = await self.r.hmget(
+            keys.job(job_id).meta, "node_id", "current_node", keys.node_field(node_instance_id)
+        )
+        if subject:
+            node = subject
+        elif node_id != node_instance_id or not node:
             return None
         return str(json.loads(node).get("status") or "") or None
 
     async def mark_writeback(self, job_id: str, node_instance_id: str, ttl_ms: int = 120_000) -> None:
         """A result of this node waits in a write-back spool: the inspector leaves the node alone
         until the marker is cleared (applied or given up) or, its holder gone, expires."""
-        await self.r.set(keys.job(job_id).writeback, node_instance_id, px=ttl_ms)
+        await self.r.set(keys.job(job_id).writeback_of(node_instance_id), "1", px=ttl_ms)
 
-    async def clear_writeback(self, job_id: str) -> None:
-        await self.r.delete(keys.job(job_id).writeback)
+    async def clear_writeback(self, job_id: str, node_instance_id: str) -> None:
+        await self.r.delete(keys.job(job_id).writeback_of(node_instance_id))
 
-    async def writebacks_pending(self, job_ids: list[str]) -> set[str]:
-        """Those of ``job_ids`` whose node's result waits in a write-back spool."""
-        if not job_ids:
+    async def writebacks_pending(self, nodes: list[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Those of ``nodes`` (job id, node id) whose result waits in a write-back spool."""
+        if not nodes:
             return set()
         async with self.r.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                pipe.exists(keys.job(job_id).writeback)
+            for job_id, nid in nodes:
+                pipe.exists(keys.job(job_id).writeback_of(nid))
             found = await pipe.execute()
-        return {job_id for job_id, n in zip(job_ids, found, strict=True) if n}
+        return {node for node, n in zip(nodes, found, strict=True) if n}
 
-    async def executor_of(self, job_id: str) -> str | None:
-        """Who runs the job's node now, as its executor recorded itself (None: nobody says so)."""
-        name: str | None = await self.r.get(keys.job(job_id).executor)
+    async def executor_of(self, job_id: str, node_instance_id: str) -> str | None:
+        """Who runs the node now, as its executor recorded itself (None: nobody says so)."""
+        name: str | None = await self.r.get(keys.job(job_id).executor_of(node_instance_id))
         return name
 
     async def acquire_lease(self, p: int, owner: str, ttl_ms: int) -> str | None:
@@ -99,12 +105,13 @@ class LifecycleMixin:
         return str(res) if res else None
 
     async def lapsed_heartbeats(self, p: int, before_ms: int, count: int = 500) -> list[str]:
-        """Jobs of partition ``p`` whose running node has not beaten since ``before_ms``."""
+        """Index members (``keys.split_member``) of partition ``p`` whose running node has not beaten
+        since ``before_ms``."""
         found: list[str] = await self.r.zrangebyscore(keys.heartbeats(p), "-inf", before_ms, start=0, num=count)
         return found
 
     async def past_deadline(self, p: int, now_ms: int, count: int = 500) -> list[str]:
-        """Jobs of partition ``p`` whose running node is past its deadline."""
+        """Index members (``keys.split_member``) of partition ``p`` whose running node is past its deadline."""
         found: list[str] = await self.r.zrangebyscore(keys.running(p), "-inf", now_ms, start=0, num=count)
         return found
 

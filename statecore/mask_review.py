@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
+from . import subject_nodes
 from .errors import InvalidRequest
 from .ids import canonical_json
 from .jobstate import JobState
 from .models import Box, Diff, InterventionRequest, MaskDecision, SubjectResult, SubjectToReview
 from .nodes import FinalizeInput
-from .plan import Plan, command, dump, enqueue, move, open_pause, subject_command
+from .plan import Plan, command, dump, enqueue, move, open_pause
 from .states import JobStatus, NodeType
 
 S = JobStatus
@@ -144,13 +145,13 @@ def apply_decisions(
     boxes: dict[str, Box] = {b.box_id: b for b in state.approved_box_list}
     refine = [d for d in refine if d.box_id in boxes]  # check_decisions lists only the job's subjects
     if refine:
-        # One SEGMENT_SUBJECT node per subject to refine, one after another (statecore.subjects): the
-        # points are kept in the job for the later ones.
+        # One SEGMENT_SUBJECT node per subject to refine, side by side (statecore.subjects): the points
+        # are kept in the job for a retry.
         move(plan, state, S.PROCESSING_APPROVED_SUBJECTS)
         points = {d.box_id: [p.model_dump(mode="json") for p in d.points] for d in refine}
         plan.meta["refine_prompts"] = canonical_json(points)
-        first = refine[0].box_id
-        enqueue(plan, subject_command(state, boxes[first], points[first], now), now_ms)
+        for d in refine:
+            subject_nodes.queue(plan, state, boxes[d.box_id], points[d.box_id], now, now_ms)
         next_type: NextNode = "PROCESS_APPROVED_BOX_LIST"  # the stage's name in the answer (SPEC §4)
     else:
         move(plan, state, S.FINALIZING_RESULTS)

@@ -117,12 +117,14 @@ class ImageRef(BaseModel):
 class CurrentNode(BaseModel):
     """The job's node (docs/protocol.md § Executors and the outbox): QUEUED in the outbox,
     RETRY_WAIT until a re-dispatch's backoff passes, RUNNING under a heartbeat, then how it
-    ended. ``attempt`` counts starts; ``deadline_at`` runs from ``started_at``."""
+    ended. ``attempt`` counts starts; ``deadline_at`` runs from ``started_at``. A ``SEGMENT_SUBJECT``
+    node names the subject it cuts (``box_id``): a job runs one per subject at once (statecore.subjects)."""
 
     node_instance_id: str
     node_type: NodeType
     status: Literal["QUEUED", "RETRY_WAIT", "RUNNING", "COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"]
     attempt: int = 0
+    box_id: str | None = None
     queued_at: str | None = None
     started_at: str | None = None
     heartbeat_at: str | None = None
@@ -186,6 +188,9 @@ class JobSnapshot(BaseModel):
     active_pause: Pause | None
     pending_actions: list[str]
     current_node: CurrentNode | None
+    # The job's live SEGMENT_SUBJECT nodes, one per subject being cut (statecore.subjects); while they
+    # run, ``current_node`` is the node that came before them.
+    subject_nodes: list[CurrentNode] = Field(default_factory=list)
     reason_code: str | None = None
     cancel_requested: bool = False
     empty_selection: bool = False
@@ -378,9 +383,11 @@ class SubjectResult(BaseModel):
     box_id: str
     bbox: BBox
     label: str | None = None
-    # QUEUED: its SEGMENT_SUBJECT node is still to run or running (statecore.subjects); WAITING_REVIEW: in a
-    # mask review; REFINING: a reviewer's points are being segmented; SUCCEEDED: cut (SPEC §13's CUT).
-    status: Literal["QUEUED", "SUCCEEDED", "FAILED", "REJECTED", "WAITING_REVIEW", "REFINING"]
+    # QUEUED: its SEGMENT_SUBJECT node waits in the outbox; SEGMENTING: the node runs (it segments, gates
+    # and refines the mask: statecore.subjects); WAITING_REVIEW: in a mask review; REFINING: a reviewer's
+    # points are being segmented; SUCCEEDED: cut (SPEC §13's CUT).
+    status: Literal["QUEUED", "SEGMENTING", "SUCCEEDED", "FAILED", "REJECTED", "WAITING_REVIEW", "REFINING"]
+    attempts: int = 0  # starts of this subject's SEGMENT_SUBJECT nodes (a retry counts again)
     reason: str | None = None
     mask_url: str | None = None
     cutout_url: str | None = None

@@ -143,11 +143,11 @@ class NodeWritesMixin:
             # Deadlines, backoffs and heartbeats are all read on one clock: the Redis server's.
             now_ms = await self.server_ms(jk.meta)
             now = now_iso(now_ms / 1000)
-            node = state.current_node
+            node = state.live_node(nid)  # the job's current node, or one of its subject nodes
             # A node whose result was already applied stays current (COMPLETED/FAILED/TIMED_OUT) until
             # the next one; its redelivered report must not be planned again (the job has moved on, so
             # the move could be illegal): the script answers DUPLICATE from the reports set.
-            live = node is not None and node.node_instance_id == nid and meta.get("terminal") != "1"
+            live = node is not None and meta.get("terminal") != "1"
             status = node.status if node is not None else ""
             plan_json = ""
             if kind == "started":
@@ -164,6 +164,7 @@ class NodeWritesMixin:
                 node_type = node.node_type.value  # type: ignore[union-attr]  # live: there is a node
                 plan = decide.plan_node_lost(
                     state,
+                    nid,
                     now,
                     now_ms,
                     reason=reason,
@@ -175,7 +176,7 @@ class NodeWritesMixin:
                 if not live or status not in ("QUEUED", "RETRY_WAIT", "RUNNING"):
                     return "MOVED_ON"
                 node_type = node.node_type.value  # type: ignore[union-attr]  # live: there is a node
-                plan_json = decide.plan_node_dead(state, reason=reason, now=now, now_ms=now_ms).to_json(
+                plan_json = decide.plan_node_dead(state, nid, reason=reason, now=now, now_ms=now_ms).to_json(
                     now, self.config.archive
                 )
             elif live and status in ("QUEUED", "RETRY_WAIT", "RUNNING"):

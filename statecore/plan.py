@@ -45,12 +45,15 @@ class Plan:
     status: JobStatus
     meta: dict[str, str | None] = field(default_factory=dict)  # None: the field is removed
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    outbox: NodeCommand | None = None
+    outbox: list[NodeCommand] = field(default_factory=list)  # several: one per subject (statecore.subjects)
     pause_history: dict[str, str] = field(default_factory=dict)
     waiting: tuple[str, int] | None = None  # ("add", score_ms) | ("del", 0)
     running: tuple[str, int] | None = None  # ("add", deadline_ms) | ("del", 0)
     queued: tuple[str, int] | None = None  # ("add", queued_at_ms) | ("del", 0)
     heartbeats: tuple[str, int] | None = None  # ("add", heartbeat_ms) | ("del", 0)
+    # A live subject node's entries in those three indices (member ``<job_id>|<node id>``, keys.node_member):
+    # (index: "queued" | "running" | "heartbeats", "add" | "del", score ms, node id).
+    members: list[tuple[str, str, int, str]] = field(default_factory=list)
     terminal: bool = False
 
     def to_json(self, now: str, archive: bool = False) -> str:
@@ -66,12 +69,13 @@ class Plan:
                     [t, self.status.value, canonical_json(d)]
                     for (t, _), d in zip(self.events, eventrefs.stored(self.events, meta), strict=True)
                 ],
-                "outbox": self.outbox.model_dump_json() if self.outbox else "",
+                "outbox": [c.model_dump_json() for c in self.outbox],
                 "pauses": self.pause_history,
                 "waiting": list(self.waiting) if self.waiting else [],
                 "running": list(self.running) if self.running else [],
                 "queued": list(self.queued) if self.queued else [],
                 "heartbeats": list(self.heartbeats) if self.heartbeats else [],
+                "members": [list(m) for m in self.members],
                 "terminal": self.terminal,
                 "archive": self.terminal and archive,
             }
@@ -135,7 +139,7 @@ def ms_to_iso(ms: int) -> str:
 def enqueue(plan: Plan, cmd: NodeCommand, now_ms: int) -> None:
     """Queue ``cmd``: it waits in the outbox (the ``queued`` index) with no deadline; its deadline
     starts when a dispatcher starts it (``reports.plan_node_started``)."""
-    plan.outbox = cmd
+    plan.outbox.append(cmd)
     # dump_node(CurrentNode(...)) of these five fields (none of them None), without the model.
     node = {
         "node_instance_id": cmd.node_instance_id,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from . import mask_review, subjects
+from . import mask_review, subject_nodes, subjects
 from .errors import NodeExecutionError
 from .ids import new_id
 from .jobstate import JobState
@@ -69,8 +69,8 @@ def plan_node_started(state: JobState, node_instance_id: str, now: str, now_ms: 
     """The executor (the process doing the work) starts the node: RUNNING, one more attempt, and
     only now a deadline (start + the node type's maximum execution time) and a first heartbeat,
     both on Redis's clock (``now_ms``)."""
-    node = state.current_node
-    assert node is not None and node.node_instance_id == node_instance_id
+    node = state.live_node(node_instance_id)
+    assert node is not None
     plan = Plan(expect_version=state.version, status=state.status)
     deadline_ms = now_ms + int(max_execution_s * 1000)
     started = node.model_copy(
@@ -81,80 +81,99 @@ def plan_node_started(state: JobState, node_instance_id: str, now: str, now_ms: 
             "deadline_at": ms_to_iso(deadline_ms),
         }
     )
-    plan.meta["current_node"] = dump_node(started)
-    plan.queued = ("del", 0)
-    plan.running = ("add", deadline_ms)
-    plan.heartbeats = ("add", now_ms)
-    plan.events.append(
-        (
-            "NODE_STARTED",
-            {
-                "node_instance_id": node.node_instance_id,
-                "node_type": node.node_type,
-                "attempt": started.attempt,
-            },
-        )
-    )
+    if node_instance_id in state.subject_nodes:
+        subject_nodes.started(plan, state, started, deadline_ms, now_ms)
+    else:
+        plan.meta["current_node"] = dump_node(started)
+        plan.queued = ("del", 0)
+        plan.running = ("add", deadline_ms)
+        plan.heartbeats = ("add", now_ms)
+    data: dict[str, Any] = {
+        "node_instance_id": node.node_instance_id,
+        "node_type": node.node_type,
+        "attempt": started.attempt,
+    }
+    if node.box_id is not None:
+        data["box_id"] = node.box_id
+    plan.events.append(("NODE_STARTED", data))
     return plan
 
 
 def node_failed_event(node: CurrentNode, reason: str, retryable: bool) -> tuple[str, dict[str, Any]]:
     """NODE_FAILED: one attempt of the node failed (lost, crashed, given up on)."""
-    data = {
+    data: dict[str, Any] = {
         "node_instance_id": node.node_instance_id,
         "node_type": node.node_type.value,
         "attempt": node.attempt,
         "reason": reason,
         "retryable": retryable,
     }
+    if node.box_id is not None:
+        data["box_id"] = node.box_id
     return ("NODE_FAILED", data)
 
 
-def plan_node_lost(state: JobState, now: str, now_ms: int, *, reason: str, max_attempts: int, backoff_s: float) -> Plan:
-    """The running node's heartbeat lapsed and nobody confirmed it is alive: the attempt failed.
+def plan_node_lost(
+    state: JobState, nid: str, now: str, now_ms: int, *, reason: str, max_attempts: int, backoff_s: float
+) -> Plan:
+    """The running node ``nid``'s heartbeat lapsed and nobody confirmed it is alive: the attempt failed.
 
     Another attempt gets a new node instance (the old one's late report is then ignored) after a
     backoff that doubles per attempt; after ``max_attempts`` starts the job ends FAILED with
-    ``EXECUTOR_LOST``. Every step is an event: NODE_FAILED, then NODE_RETRY_SCHEDULED."""
-    node = state.current_node
+    ``EXECUTOR_LOST`` (a subject's node: that subject fails, the others go on). Every step is an
+    event: NODE_FAILED, then NODE_RETRY_SCHEDULED."""
+    node = state.live_node(nid)
     assert node is not None and node.status == "RUNNING"
+    subject = nid in state.subject_nodes
     plan = Plan(expect_version=state.version, status=state.status)
-    retry = node.attempt < max_attempts and state.node_input is not None
+    retry = node.attempt < max_attempts and (subject or state.node_input is not None)
     plan.events.append(node_failed_event(node, reason, retry))
     if not retry:
         lost = reason == "EXECUTOR_LOST"  # else the attempt failed with an error of its own
-        plan.meta["current_node"] = dump_node(node.model_copy(update={"status": "LOST" if lost else "FAILED"}))
+        _node_ended(plan, state, node.model_copy(update={"status": "LOST" if lost else "FAILED"}))
         if node.node_type == NodeType.SEGMENT_SUBJECT:  # that subject fails, the others go on
-            _subject_ended(plan)
-            subjects.subject_failed(plan, state, reason, now, now_ms, WORKFLOW_VERSION)
+            subjects.subject_failed(plan, state, node, reason, now, now_ms, WORKFLOW_VERSION)
             return plan
         move(plan, state, S.FAILED)
         finish(plan, reason)
         return plan
     not_before_ms = now_ms + int(backoff_s * 2 ** (node.attempt - 1) * 1000)
+    if subject:
+        if subject_nodes.retry(plan, state, node, reason=reason, now=now, now_ms=now_ms, not_before_ms=not_before_ms):
+            return plan
+        subject_nodes.ended(plan, node)  # its box is gone: nothing to run again
+        subjects.subject_failed(plan, state, node, reason, now, now_ms, WORKFLOW_VERSION)
+        return plan
     requeue(plan, state, node, reason=reason, now=now, now_ms=now_ms, not_before_ms=not_before_ms)
     return plan
 
 
-def _subject_ended(plan: Plan) -> None:
-    """A SEGMENT_SUBJECT given up on leaves the indices before the next subject's node (or the next stage)."""
-    plan.running = ("del", 0)
-    plan.heartbeats = ("del", 0)
-    plan.queued = ("del", 0)
+def _node_ended(plan: Plan, state: JobState, node: CurrentNode) -> None:
+    """``node`` ended without an answer: a subject's node leaves the job (its field and members); the
+    job's own node stays current, marked, and leaves the indices (a SEGMENT_SUBJECT of an earlier
+    build before the next subject's node, or the next stage)."""
+    if node.node_instance_id in state.subject_nodes:
+        subject_nodes.ended(plan, node)
+        return
+    plan.meta["current_node"] = dump_node(node)
+    if node.node_type == NodeType.SEGMENT_SUBJECT:
+        plan.meta["node_input"] = None
+        plan.running = ("del", 0)
+        plan.heartbeats = ("del", 0)
+        plan.queued = ("del", 0)
 
 
-def plan_node_dead(state: JobState, *, reason: str, now: str, now_ms: int) -> Plan:
+def plan_node_dead(state: JobState, nid: str, *, reason: str, now: str, now_ms: int) -> Plan:
     """The node's command was given up on (a dead letter): the job ends FAILED with ``reason``,
     announced by NODE_FAILED, whatever state the node was in (queued or running); a
     ``SEGMENT_SUBJECT`` fails its subject only, and the others go on."""
-    node = state.current_node
+    node = state.live_node(nid)
     assert node is not None
     plan = Plan(expect_version=state.version, status=state.status)
     plan.events.append(node_failed_event(node, reason, False))
-    plan.meta["current_node"] = dump_node(node.model_copy(update={"status": "FAILED"}))
+    _node_ended(plan, state, node.model_copy(update={"status": "FAILED"}))
     if node.node_type == NodeType.SEGMENT_SUBJECT:
-        _subject_ended(plan)
-        subjects.subject_failed(plan, state, reason, now, now_ms, WORKFLOW_VERSION)
+        subjects.subject_failed(plan, state, node, reason, now, now_ms, WORKFLOW_VERSION)
         return plan
     move(plan, state, S.FAILED)
     finish(plan, reason)
@@ -169,35 +188,42 @@ def plan_report(
     artifact_url: Callable[[str], str] = lambda n: f"/api/v1/artifacts/{n}",
     workflow: str = WORKFLOW_VERSION,
 ) -> Plan:
-    """Apply one node's result. The caller has checked the node is current.
+    """Apply one node's result. The caller has checked the node is live.
 
     A SUCCEEDED report whose output does not parse, or does not answer what the node was asked
     (``nodes.check_answers``), fails the node at once with ``INVALID_NODE_OUTPUT``: the same output
     would never parse on a retry."""
-    node = state.current_node
-    assert node is not None and node.node_instance_id == report.node_instance_id
+    node = state.live_node(report.node_instance_id)
+    assert node is not None
+    subject = node.node_instance_id in state.subject_nodes
     output: NodeOutput | None = None
     if report.outcome == "SUCCEEDED":
         try:
             parsed = parse_output(node.node_type, report.output)
-            check_answers(parsed, state.node_input)  # e.g. one verdict per box the validator was asked about
+            # e.g. one verdict per box the validator was asked about
+            check_answers(parsed, subject_nodes.input_of(state, node) if subject else state.node_input)
             output = parsed
         except NodeExecutionError as e:
             report = report.model_copy(update={"outcome": "FAILED", "error_code": e.code, "error_message": e.message})
     plan = Plan(expect_version=state.version, status=state.status)
     done_status = {"SUCCEEDED": "COMPLETED", "FAILED": "FAILED", "TIMED_OUT": "TIMED_OUT"}[report.outcome]
-    # A finished node keeps what identifies it; its times are in its events (a waiting job's bytes count).
-    done = {"status": done_status, "queued_at": None, "started_at": None, "deadline_at": None}
-    plan.meta["current_node"] = dump_node(node.model_copy(update=done))
-    plan.meta["node_input"] = None
-    plan.running = ("del", 0)
-    plan.heartbeats = ("del", 0)
-    plan.queued = ("del", 0)
+    if subject:
+        subject_nodes.ended(plan, node)
+    else:
+        # A finished node keeps what identifies it; its times are in its events (a waiting job's bytes count).
+        done = {"status": done_status, "queued_at": None, "started_at": None, "deadline_at": None}
+        plan.meta["current_node"] = dump_node(node.model_copy(update=done))
+        plan.meta["node_input"] = None
+        plan.running = ("del", 0)
+        plan.heartbeats = ("del", 0)
+        plan.queued = ("del", 0)
     ev: dict[str, Any] = {
         "node_instance_id": node.node_instance_id,
         "node_type": node.node_type.value,
         "outcome": report.outcome,
     }
+    if node.box_id is not None:
+        ev["box_id"] = node.box_id
     if output is None:
         ev.update(error_code=report.error_code, error_message=report.error_message)
         plan.events.append(("NODE_COMPLETED", ev))
@@ -205,7 +231,7 @@ def plan_report(
             plan.events.append(("NODE_TIMED_OUT", {**ev, "attempt": node.attempt, "deadline_at": node.deadline_at}))
         if node.node_type == NodeType.SEGMENT_SUBJECT:  # that subject fails, the others go on
             why = report.error_code or ("NODE_TIMED_OUT" if report.outcome == "TIMED_OUT" else "NODE_FAILED")
-            subjects.subject_failed(plan, state, why, now, now_ms, workflow)
+            subjects.subject_failed(plan, state, node, why, now, now_ms, workflow)
             return plan
         move(plan, state, S.TIMED_OUT if report.outcome == "TIMED_OUT" else S.FAILED)
         finish(plan, report.error_code)
@@ -216,7 +242,7 @@ def plan_report(
     elif isinstance(output, ValidateOutput):
         _on_validate(plan, state, output, now, now_ms, workflow)
     elif isinstance(output, ProcessOutput) and node.node_type == NodeType.SEGMENT_SUBJECT:
-        subjects.on_subject(plan, state, output, now, now_ms, artifact_url, workflow)
+        subjects.on_subject(plan, state, node, output, now, now_ms, artifact_url, workflow)
     elif isinstance(output, ProcessOutput):  # a job queued by an earlier build: every subject at once
         _on_process(plan, state, output, now, now_ms, artifact_url, workflow)
     else:

@@ -5,8 +5,8 @@ What the job gets back, in one script that refuses a job Redis holds again:
 
 - waiting on a person: a fresh pause at the same stage and round over the same boxes (a new token
   and snapshot id; the mirrored pause is recorded CANCELLED, so its token is refused);
-- in model work: its node queued again as a new node instance with the same input (a late report of
-  the old instance is ignored like any superseded one);
+- in model work: its node (cutting its subjects: each subject's node) queued again as a new node
+  instance with the same input (a late report of the old instance is ignored like any superseded one);
 - a job that was already finished is the archive's, and is not restored here.
 
 Every restore starts with a ``JOB_RESTORED`` event naming the version it came back from and the last
@@ -27,7 +27,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from . import keys
+from . import keys, subject_nodes
 from .gates import plan_reoffer
 from .ids import now_iso
 from .jobstate import JobState
@@ -56,6 +56,12 @@ def plan_restore(state: JobState, now: str, now_ms: int, workflow: str, from_eve
         kind, data = plan.events[0]
         plan.events[0] = (kind, {**data, "reason": REASON})
         plan.waiting = ("add", int(datetime.fromisoformat(pause.created_at).timestamp() * 1000))
+    elif any(n.status in subject_nodes.LIVE for n in state.subject_nodes.values()):
+        # Cutting its subjects: each subject's node queued again as a new instance.
+        plan = Plan(expect_version=state.version, status=state.status)
+        for sub in state.subject_nodes.values():
+            if sub.status in subject_nodes.LIVE:
+                subject_nodes.retry(plan, state, sub, reason=REASON, now=now, now_ms=now_ms, not_before_ms=None)
     else:
         node = state.current_node
         if node is None or state.node_input is None:

@@ -213,12 +213,22 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
             pipe.hget(jk.notes, "flag")
             pipe.lrange(jk.comments, -COMMENTS_SHOWN, -1)
             pipe.zscore(jk.heartbeats, job_id)
-            (reviewer, expires_at), flag, comments, beat = await pipe.execute()
+            running = [n for n in snap.subject_nodes if n.status == "RUNNING"]
+            for n in running:
+                pipe.zscore(jk.heartbeats, keys.node_member(job_id, n.node_instance_id))
+            (reviewer, expires_at), flag, comments, beat, *beats = await pipe.execute()
         snap.claim = ClaimView(reviewer=reviewer, expires_at=expires_at) if reviewer and expires_at else None
         snap.flag = JobFlag.model_validate_json(flag) if flag else None
         snap.comments = [JobComment.model_validate_json(c) for c in comments]
         if node is not None and node.status == "RUNNING" and beat is not None:
             snap.current_node = node.model_copy(update={"heartbeat_at": now_iso(beat / 1000)})
+        at = {n.node_instance_id: b for n, b in zip(running, beats, strict=True) if b is not None}
+        snap.subject_nodes = [
+            n.model_copy(update={"heartbeat_at": now_iso(at[n.node_instance_id] / 1000)})
+            if n.node_instance_id in at
+            else n
+            for n in snap.subject_nodes
+        ]
         return snap
 
     # ------------------------------------------------------------------ create

@@ -1,39 +1,39 @@
-"""One ``SEGMENT_SUBJECT`` node per approved subject (SPEC §13, docs/protocol.md § Cut-out quality).
-Pure, like ``statecore.decide``: each function adds to the ``Plan`` the store commits.
+"""One ``SEGMENT_SUBJECT`` node per approved subject, side by side (SPEC §13, docs/protocol.md § Cut-out
+quality). Pure, like ``statecore.decide``: each function adds to the ``Plan`` the store commits.
 
 When a box list is approved (``start``), the job's ``results`` list every approved subject ``QUEUED``
-(and the boxes the revision round rejected, ``REJECTED``) in the same atomic write that queues the
-first subject's node. Each ``SEGMENT_SUBJECT`` node segments, gates and refines one subject on a
-Segmenter replica, with its own node instance, attempts, deadline and heartbeat (it is the job's
-current node, §9): a lost or failed attempt retries that subject alone, and a subject whose attempts
-run out, or that its model fails for good, is ``FAILED`` with its reason while the next one goes on
-(``subject_failed``). When no subject is left (``go_on``) the job continues as one segmenting node
-made it before: a mask review for what the gate still fails, else ``FINALIZING_RESULTS``
+(and the boxes the revision round rejected, ``REJECTED``) in the same atomic write that queues one
+node per subject (``fan_out``): they run in parallel over the Segmenter replicas, which batch their
+encoder passes. Each node segments, gates and refines one subject, with its own node instance,
+attempts, deadline and heartbeat (``statecore.subject_nodes``): a lost or failed attempt retries that
+subject alone, and a subject whose attempts run out, or that its model fails for good, is ``FAILED``
+with its reason while the others go on (``subject_failed``). When no subject is left (``go_on``) the
+job continues: a mask review for what the gate still fails, else ``FINALIZING_RESULTS``
 (``PARTIAL_SUCCEEDED`` when some subject is cut and another is not).
 
 A reviewer's REFINE (``statecore.mask_review``) queues its subjects the same way: status
 ``REFINING``, their points in the job's ``refine_prompts``; those masks are final, not gated again.
 
-The subjects of one job are cut one after another (a job has one current node, and every part of the
-node lifecycle — the report check, the queued/running/heartbeat indices, the inspector's verdicts,
-restore, cancel — keys on it); subjects of different jobs run in parallel over the Segmenter replicas,
-which batch their encoder passes. A job whose node is the older ``PROCESS_APPROVED_BOX_LIST`` (queued
-by an earlier build) finishes through ``reports._on_process`` as before.
+A job whose current node is a ``SEGMENT_SUBJECT`` queued by an earlier build (which cut subjects one
+after another) finishes that node through ``on_subject``; ``go_on`` then fans out the subjects still
+to cut. One whose node is the older ``PROCESS_APPROVED_BOX_LIST`` finishes through
+``reports._on_process`` as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
-from . import mask_review
+from . import mask_review, subject_nodes
 from .jobstate import JobState
-from .models import Box, SubjectResult
+from .models import Box, CurrentNode, SubjectResult
 from .nodes import FinalizeInput, ProcessOutput, SubjectOutcome
-from .plan import Plan, command, dump, enqueue, move, process_input_json, subject_command
+from .plan import Plan, command, dump, enqueue, move, process_input_json
 from .states import JobStatus, NodeType
 
 S = JobStatus
-PENDING = frozenset({"QUEUED", "REFINING"})  # a subject whose node is still to run (or running)
+PENDING = frozenset({"QUEUED", "SEGMENTING", "REFINING"})  # a subject whose node is still to run (or running)
 NO_RESULT = "segmenter returned no result for this box"
 
 
@@ -53,8 +53,8 @@ def rejected_result(b: Box) -> SubjectResult:
 
 
 def start(plan: Plan, state: JobState, approved: list[Box], box_list: list[Box], now: str, now_ms: int) -> None:
-    """The approved subjects ``QUEUED`` (the rejected boxes of ``box_list`` with them) and the first
-    subject's node, in this one write. Nothing approved (every box kept was marked ``SKIP``): one
+    """The approved subjects ``QUEUED`` (the rejected boxes of ``box_list`` with them) and one node per
+    subject, in this one write. Nothing approved (every box kept was marked ``SKIP``): one
     ``PROCESS_APPROVED_BOX_LIST`` of no box, which answers nothing and lets the job finish as
     ``SUCCEEDED`` (``NOTHING_TO_SEGMENT``): the state table has no edge past the segmenting stage."""
     results = [queued(b) for b in approved]
@@ -64,7 +64,15 @@ def start(plan: Plan, state: JobState, approved: list[Box], box_list: list[Box],
         empty = process_input_json(state.image, [])
         enqueue(plan, command(state.job_id, NodeType.PROCESS_APPROVED_BOX_LIST, now, empty), now_ms)
         return
-    enqueue(plan, subject_command(state, approved[0], None, now), now_ms)
+    fan_out(plan, state, [(b, None) for b in approved], now, now_ms)
+
+
+def fan_out(
+    plan: Plan, state: JobState, subjects: list[tuple[Box, list[dict[str, Any]] | None]], now: str, now_ms: int
+) -> None:
+    """One ``SEGMENT_SUBJECT`` node per subject (with a reviewer's points, for a REFINE), all in this write."""
+    for box, points in subjects:
+        subject_nodes.queue(plan, state, box, points, now, now_ms)
 
 
 def node_box_id(state: JobState) -> str | None:
@@ -104,15 +112,16 @@ def announce(plan: Plan, r: SubjectResult, s: SubjectOutcome | None) -> None:
 def on_subject(
     plan: Plan,
     state: JobState,
+    node: CurrentNode,
     output: ProcessOutput,
     now: str,
     now_ms: int,
     artifact_url: Callable[[str], str],
     workflow: str,
 ) -> None:
-    """A ``SEGMENT_SUBJECT`` node answered: its subject's result in place of its ``QUEUED`` (or
-    ``REFINING``) entry, then the next subject or what follows them all."""
-    box_id = node_box_id(state)
+    """A ``SEGMENT_SUBJECT`` node answered: its subject's result in place of its pending entry, then
+    what follows when no subject is left."""
+    box_id = node.box_id or node_box_id(state)
     box = next((b for b in state.approved_box_list if b.box_id == box_id), None)
     s = next((x for x in output.subjects if x.box_id == box_id), None)
     if box is None:  # a job changed under its node (cannot happen through the store): nothing to record
@@ -127,11 +136,12 @@ def on_subject(
     go_on(plan, state, _replaced(state.results, fresh), now, now_ms, workflow)
 
 
-def subject_failed(plan: Plan, state: JobState, reason: str, now: str, now_ms: int, workflow: str) -> None:
-    """The live ``SEGMENT_SUBJECT`` node failed for good (its attempts ran out, a non-retryable error,
-    its deadline, a dead letter): that subject ``FAILED`` with ``reason``, the others go on."""
-    plan.meta["node_input"] = None
-    box_id = node_box_id(state)
+def subject_failed(
+    plan: Plan, state: JobState, node: CurrentNode, reason: str, now: str, now_ms: int, workflow: str
+) -> None:
+    """A ``SEGMENT_SUBJECT`` node failed for good (its attempts ran out, a non-retryable error, its
+    deadline, a dead letter): that subject ``FAILED`` with ``reason``, the others go on."""
+    box_id = node.box_id or node_box_id(state)
     old = next((r for r in state.results if r.box_id == box_id), None)
     if old is None:
         go_on(plan, state, state.results, now, now_ms, workflow)
@@ -148,21 +158,24 @@ def _replaced(results: list[SubjectResult], fresh: SubjectResult) -> list[Subjec
         if r.box_id != fresh.box_id:
             out.append(r)
         elif r.status == "REFINING":
-            out.append(fresh.model_copy(update={"decided_by": r.decided_by}))
+            out.append(fresh.model_copy(update={"decided_by": r.decided_by, "attempts": r.attempts}))
         else:
-            out.append(fresh)
+            out.append(fresh.model_copy(update={"attempts": r.attempts}))
     return out
 
 
 def go_on(plan: Plan, state: JobState, results: list[SubjectResult], now: str, now_ms: int, workflow: str) -> None:
-    """The next pending subject's node; with none left, the mask review (unless this was a reviewer's
-    REFINE round: final) or ``FINALIZING_RESULTS``."""
+    """While subject nodes still run, the results so far; a pending subject without a node (left by a
+    build that cut them one after another) gets one; with none left, the mask review (unless this
+    was a reviewer's REFINE round: final) or ``FINALIZING_RESULTS``."""
     boxes = {b.box_id: b for b in state.approved_box_list}
-    nxt = next((r for r in results if r.status in PENDING and r.box_id in boxes), None)
-    if nxt is not None:
+    cutting = set(subject_nodes.live_after(plan, state).values())
+    orphans = [r for r in results if r.status in PENDING and r.box_id in boxes and r.box_id not in cutting]
+    if orphans or cutting:
         plan.meta["results"] = dump(results)
-        points = state.refine_prompts.get(nxt.box_id) if nxt.status == "REFINING" else None
-        enqueue(plan, subject_command(state, boxes[nxt.box_id], points, now), now_ms)
+        fan_out(
+            plan, state, [(boxes[r.box_id], subject_nodes.points_of(state, r.box_id)) for r in orphans], now, now_ms
+        )
         return
     # A pending subject without its box cannot be cut: it fails rather than wait for ever.
     results = [

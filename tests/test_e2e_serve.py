@@ -128,6 +128,16 @@ def mask_review(api: Api) -> None:
     assert api.intervene(snap, keep(snap)).status_code == 200
     review = api.wait(job, {"WAITING_MASK_REVIEW", "SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED"})
     assert review["status"] == "WAITING_MASK_REVIEW", review["status"]
+    # One SEGMENT_SUBJECT node per subject, side by side (SPEC §13): with each segmentation slowed down
+    # (--segmenter-delay-ms), both subjects' nodes started before either answered.
+    box_pause = api.events(job, until="PAUSE_OPENED")[-1]["id"]
+    cut = [
+        (e["type"], e["data"].get("box_id"))
+        for e in api.events(job, last_event_id=box_pause, until="PAUSE_OPENED")  # up to the mask review's
+        if e["data"].get("node_type") == "SEGMENT_SUBJECT" and e["type"] in ("NODE_STARTED", "NODE_COMPLETED")
+    ]
+    assert [t for t, _ in cut] == ["NODE_STARTED"] * 2 + ["NODE_COMPLETED"] * 2, cut
+    assert len({b for _, b in cut}) == 2, cut
     pause = review["active_pause"]
     assert pause["stage"] == "WAITING_MASK_REVIEW" and review["pending_actions"] == ["DECIDE_SUBJECT_MASKS"]
     [subject] = pause["subjects_to_review"]
@@ -160,7 +170,7 @@ def data_dir(tmp_path_factory):
 
 
 def test_whole_flow_through_ray_serve(data_dir):
-    up = HitlUp(data_dir, "--detector-delay-ms", "1500").start()
+    up = HitlUp(data_dir, "--detector-delay-ms", "1500", "--segmenter-delay-ms", "600").start()
     api = Api(up)
     try:
         ready = api.c.get("/readyz").json()

@@ -264,13 +264,13 @@ async def test_the_executor_records_itself_while_it_runs_the_node_and_drops_the_
     spec = HeartbeatSpec(
         redis_url=redis_server.url, job_id=job_id, node_instance_id=nid, every_s=0.05, executor="replica-a"
     )
-    assert await store.executor_of(job_id) is None
+    assert await store.executor_of(job_id, nid) is None
     with Heartbeat(spec):
-        assert await store.executor_of(job_id) == "replica-a"  # recorded at once
+        assert await store.executor_of(job_id, nid) == "replica-a"  # recorded at once
         await asyncio.sleep(0.15)
-        assert await store.executor_of(job_id) == "replica-a"
-    assert await store.executor_of(job_id) is None  # done here: no longer vouches for the node
+        assert await store.executor_of(job_id, nid) == "replica-a"
+    assert await store.executor_of(job_id, nid) is None  # done here: no longer vouches for the node
     # A release drops only its own record, never another executor's (a newer attempt elsewhere).
-    await store.r.set(keys.job(job_id).executor, "replica-b")
+    await store.r.set(keys.job(job_id).executor_of(nid), "replica-b")
     assert await asyncio.to_thread(beat, spec, release=True)
-    assert await store.executor_of(job_id) == "replica-b"
+    assert await store.executor_of(job_id, nid) == "replica-b"

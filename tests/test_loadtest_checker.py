@@ -63,7 +63,9 @@ async def _consumed(store, image, subjects_of=lambda st: keep(st, 0, 1), iid: st
 
 
 async def _started(store, job_id: str) -> None:
-    node = (await store.get(job_id)).current_node
+    """Start the node the job waits on (cutting subjects: the first subject's)."""
+    st = await store.get(job_id)
+    node = next(iter(st.subject_nodes.values()), None) or st.current_node
     cmd = NodeCommand(
         node_instance_id=node.node_instance_id, node_type=node.node_type, job_id=job_id, enqueued_at=now_iso()
     )
@@ -126,7 +128,7 @@ async def test_clean_set_of_every_kind_of_job_has_no_breach(store, image, tmp_pa
     # Cancelled while segmenting; the segmenter's late report is recorded as ignored.
     seg, _, _ = await _consumed(store, image)
     await _started(store, seg)
-    node = (await store.get(seg)).current_node
+    node = next(n for n in (await store.get(seg)).subject_nodes.values() if n.status == "RUNNING")
     await store.cancel(seg, "rev1")
     assert (
         await store.apply_report(

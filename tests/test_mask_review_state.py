@@ -208,9 +208,11 @@ async def test_refine_runs_the_reviewers_points_and_the_result_is_final(gated, i
     )
     st = await gated.get(job_id)
     assert st.status == S.PROCESSING_APPROVED_SUBJECTS
-    assert st.current_node is not None and st.current_node.node_type == "SEGMENT_SUBJECT"
-    assert [x["box_id"] for x in st.node_input["approved_box_list"]] == [a]
-    assert st.node_input["prompts"] == {a: points}
+    (node,) = st.subject_nodes.values()  # the refined subject's node alone
+    assert node.node_type == "SEGMENT_SUBJECT" and node.box_id == a
+    (cmd,) = [c for c in await gated.outbox_commands(job_id) if c.node_instance_id == node.node_instance_id]
+    assert [x["box_id"] for x in cmd.input["approved_box_list"]] == [a]
+    assert cmd.input["prompts"] == {a: points}
     assert {r.box_id: r.status for r in st.results} == {a: "REFINING", b: "SUCCEEDED"}
     # The refined mask fails the gate again: it is final all the same (the reviewer decided).
     assert await report(gated, job_id, {"subjects": [_outcome(a, FAIL, 9)], "backend": "classical"}) == "OK"
@@ -336,7 +338,7 @@ async def test_cancel_during_mask_review_and_a_late_refine_report(gated, image) 
     job2, (c,) = await _segmented(gated, image, [FAIL])
     st2 = await gated.get(job2)
     await gated.intervene(job2, decide(st2, [{"box_id": c, "decision": "REFINE", "points": [{"x": 1, "y": 1}]}]), "x")
-    node = (await gated.get(job2)).current_node
+    (node,) = (await gated.get(job2)).subject_nodes.values()
     await gated.cancel(job2, "lead")
     before = await gated.get(job2)
     from hitl_review.statecore.models import NodeReport
@@ -350,7 +352,7 @@ async def test_cancel_during_mask_review_and_a_late_refine_report(gated, image) 
             output={"subjects": [_outcome(c, PASS, 7)]},
         )
     )
-    assert verdict != "OK"
+    assert verdict == "IGNORED"
     after = await gated.get(job2)
     assert (after.status, after.version, after.results) == (S.CANCELLED, before.version, before.results)
 

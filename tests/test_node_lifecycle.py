@@ -166,7 +166,8 @@ async def test_a_result_spooled_through_an_outage_longer_than_the_lapse_is_appli
         assert body is not None
         audit = [e["action"] for e in body["entries"]]
         assert "NODE_LOST" not in audit, audit
-        assert not await b.r.exists(keys.job(job_id).writeback)  # the marker went with the spool
+        nid = state.current_node.node_instance_id
+        assert not await b.r.exists(keys.job(job_id).writeback_of(nid))  # the marker went with the spool
     finally:
         for t in tasks:
             await _stop(t)

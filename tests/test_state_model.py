@@ -109,6 +109,23 @@ class JobMachine(RuleBasedStateMachine):
     def state(self, job_id: str):
         return self.run(self.store.get(job_id))
 
+    @staticmethod
+    def live_nodes(st_) -> list:
+        """The nodes a job waits on: its live subject nodes while it cuts them side by side
+        (statecore.subjects), else its current node."""
+        subject = [n for n in st_.subject_nodes.values() if n.status in ("QUEUED", "RETRY_WAIT", "RUNNING")]
+        if subject:
+            return sorted(subject, key=lambda n: n.node_instance_id)
+        return [st_.current_node] if st_.current_node is not None else []
+
+    @staticmethod
+    def fresh_nodes(before: dict, after: dict) -> list[str]:
+        """The node ids a write created: a new current node, new subject nodes."""
+        new = [k[len("node:") :] for k in after["meta"] if k.startswith("node:") and k not in before["meta"]]
+        if after["meta"].get("node_id") != before["meta"].get("node_id"):
+            new.append(after["meta"]["node_id"])
+        return sorted(new)
+
     def expect_version(self, job_id: str, before: dict, changed: bool) -> dict:
         after = self.view(job_id)
         m = self.model[job_id]
@@ -162,9 +179,10 @@ class JobMachine(RuleBasedStateMachine):
         job_id = self.pick(i)
         before = self.view(job_id)
         st_ = self.state(job_id)
-        node = st_.current_node
-        if node is None:
+        nodes = self.live_nodes(st_)
+        if not nodes:
             return
+        node = nodes[i % len(nodes)]
         cmd = next(
             c for c in self.run(self.store.outbox_commands(job_id)) if c.node_instance_id == node.node_instance_id
         )
@@ -181,7 +199,8 @@ class JobMachine(RuleBasedStateMachine):
             assert result in ("BUSY", "DUPLICATE"), result
         after = self.expect_version(job_id, before, changed=ok)
         if ok:
-            assert json.loads(after["meta"]["current_node"])["attempt"] == node.attempt + 1
+            field = f"node:{node.node_instance_id}" if node.box_id else "current_node"
+            assert json.loads(after["meta"][field])["attempt"] == node.attempt + 1
         else:
             assert after["events"] == before["events"], "a refused start records nothing"
 
@@ -196,17 +215,16 @@ class JobMachine(RuleBasedStateMachine):
         """The executor reports the job's current node (which may already be reported or dead)."""
         job_id = self.pick(
             i,
-            None
-            if any_job
-            else (lambda s: s.current_node is not None and s.current_node.status in ("QUEUED", "RUNNING")),
+            None if any_job else (lambda s: any(n.status in ("QUEUED", "RUNNING") for n in self.live_nodes(s))),
         )
         self._report_current(job_id, flags, outcome)
 
     def _report_current(self, job_id: str, flags: int, outcome: str) -> None:
         st_ = self.state(job_id)
-        node = st_.current_node
-        if node is None:
+        nodes = self.live_nodes(st_)
+        if not nodes:
             return
+        node = nodes[(flags >> 1) % len(nodes)]
         output: dict = {}
         if node.node_type == "DETECT_SUBJECTS":
             output = {"boxes": [b for k, b in enumerate(THREE_BOXES) if (flags >> k) & 1]}
@@ -280,7 +298,9 @@ class JobMachine(RuleBasedStateMachine):
         meta = before["meta"]
         if rep.node_instance_id in m.recorded:
             expected = "DUPLICATE"
-        elif meta["terminal"] == "1" or meta.get("node_id") != rep.node_instance_id:
+        elif meta["terminal"] == "1" or (
+            meta.get("node_id") != rep.node_instance_id and f"node:{rep.node_instance_id}" not in meta
+        ):
             expected = "IGNORED"
         else:
             expected = "OK"
@@ -300,7 +320,9 @@ class JobMachine(RuleBasedStateMachine):
             if status in TERMINAL or status in WAITING:
                 assert new_cmds == []
             else:
-                assert new_cmds == [after["meta"]["node_id"]], "one command for the next node"
+                # a command for each node it queued: the next node, the next stage's subjects' nodes,
+                # a retry; none while the job's other subjects' nodes still run
+                assert sorted(new_cmds) == self.fresh_nodes(before, after), "one command per node queued"
         m.recorded.add(rep.node_instance_id)
         self.reports.append(rep)
 
@@ -435,7 +457,8 @@ class JobMachine(RuleBasedStateMachine):
             if body["next_node_type"] is None:
                 assert after["meta"]["status"] == "EMPTY_SELECTION" and new_cmds == []
             else:
-                assert new_cmds == [after["meta"]["node_id"]], "a consumed pause makes exactly one command"
+                fresh = self.fresh_nodes(before, after)
+                assert fresh and sorted(new_cmds) == fresh, "a consumed pause makes one command per node it queued"
             consumed = json.loads(after["pauses"][req.pause_token])
             assert consumed["status"] == "CONSUMED"
             assert consumed["consumed_by"] == {"intervention_id": req.intervention_id, "reviewer": reviewer}
@@ -521,17 +544,35 @@ class JobMachine(RuleBasedStateMachine):
                 assert await store.r.ttl(key) in (-2, *range(1, store.config.retention_s + 1)), key
         elif st_.active_pause is None:
             # Not waiting for a person, so some node must be queued or running, with its command in the outbox.
-            node = st_.current_node
-            # Queued: in the queued index, no deadline yet; running: a deadline and a heartbeat.
-            assert node is not None and node.status in ("QUEUED", "RUNNING")
-            assert node.node_instance_id in {c.node_instance_id for c in cmds}
-            assert node.node_instance_id not in reported
-            if node.status == "QUEUED":
-                assert in_queued_index and not in_running_index and not beating
-            else:
-                assert in_running_index and beating and not in_queued_index
+            nodes = self.live_nodes(st_)
+            assert nodes
+            for node in nodes:
+                # Queued: in the queued index, no deadline yet; running: a deadline and a heartbeat.
+                assert node.status in ("QUEUED", "RUNNING")
+                assert node.node_instance_id in {c.node_instance_id for c in cmds}
+                assert node.node_instance_id not in reported
+                member = keys.node_member(job_id, node.node_instance_id if node.box_id else None)
+                queued_ = await store.r.zscore(jk.queued, member) is not None
+                running_ = await store.r.zscore(jk.running, member) is not None
+                beating_ = await store.r.zscore(jk.heartbeats, member) is not None
+                if node.status == "QUEUED":
+                    assert queued_ and not running_ and not beating_
+                else:
+                    assert running_ and beating_ and not queued_
+            if nodes[0].box_id:  # cutting subjects: the job's own member is in no index
+                assert not in_running_index and not in_queued_index and not beating
         else:
             assert not in_running_index and not in_queued_index and not beating
+        subject_members = [
+            m
+            for key in (jk.queued, jk.running, jk.heartbeats)
+            for m in await store.r.zrange(key, 0, -1)
+            if m.startswith(job_id + "|")
+        ]
+        live_subject = {n.node_instance_id for n in st_.subject_nodes.values() if n.status in ("QUEUED", "RUNNING")}
+        assert {keys.split_member(m)[1] for m in subject_members} <= live_subject
+        if terminal:
+            assert subject_members == []
         if not terminal:
             for key in (jk.meta, jk.pauses, jk.events, jk.idem, jk.reports):
                 assert await store.r.ttl(key) in (-2, -1), key
@@ -554,18 +595,13 @@ class JobMachine(RuleBasedStateMachine):
             for t in ("DETECT_SUBJECTS", "VALIDATE_MANUAL_BOX_LIST", "SEGMENT_SUBJECT", "FINALIZE_RESULTS")
         }
         assert len(cmds) == sum(by_type.values())
-        # One SEGMENT_SUBJECT per subject, one after another: each one queued has either ended (reported)
-        # or is the job's current node; every entry into PROCESSING queued one.
+        # One SEGMENT_SUBJECT per subject, side by side: each one queued has either ended (reported) or
+        # is one of the job's subject nodes (cancelled with the job, or live); every entry into
+        # PROCESSING queued at least one.
         segment_ended = sum(
             1 for e in events if e.type == "NODE_COMPLETED" and e.data["node_type"] == "SEGMENT_SUBJECT"
         )
-        node = st_.current_node
-        segment_live = (
-            node is not None
-            and node.node_type == "SEGMENT_SUBJECT"
-            and node.status not in ("COMPLETED", "FAILED", "TIMED_OUT")
-        )
-        assert by_type["SEGMENT_SUBJECT"] == segment_ended + int(segment_live)
+        assert by_type["SEGMENT_SUBJECT"] == segment_ended + len(st_.subject_nodes)
         assert by_type["SEGMENT_SUBJECT"] >= moved_to.count("PROCESSING_APPROVED_SUBJECTS")
         segmented = {e.data["box_id"] for e in events if e.type == "SUBJECT_SEGMENTED"}
         assert segmented <= {b.box_id for b in st_.approved_box_list}

@@ -52,7 +52,8 @@ async def test_round_two_without_the_bad_box_goes_to_processing(store, image):
     assert [c.node_type for c in await store.outbox_commands(job_id)] == [
         "DETECT_SUBJECTS",
         "VALIDATE_MANUAL_BOX_LIST",
-        "SEGMENT_SUBJECT",  # the first approved subject's node (statecore.subjects)
+        "SEGMENT_SUBJECT",  # one node per approved subject (statecore.subjects)
+        "SEGMENT_SUBJECT",
     ]
     assert all(h.status == "CONSUMED" for h in await store.pause_history(job_id))
     assert len(await store.pause_history(job_id)) == 2

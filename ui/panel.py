@@ -164,14 +164,20 @@ def status_text(snap: JobSnapshot) -> str:
     if status == "PROCESSING_APPROVED_SUBJECTS" and snap.approved_box_list:
         n = len(snap.approved_box_list)
         words = f"cutting out {n} approved subject{'s' if n != 1 else ''}…"
-        done = sum(1 for s in snap.subjects if s.status not in ("QUEUED", "REFINING", "REJECTED"))
-        if any(s.status == "QUEUED" for s in snap.subjects):  # one node per subject (statecore.subjects)
+        done = sum(1 for s in snap.subjects if s.status not in ("QUEUED", "SEGMENTING", "REFINING", "REJECTED"))
+        if any(s.status in ("QUEUED", "SEGMENTING") for s in snap.subjects):  # one node per subject
             words += f" {done} of {n} done"
     text = f"**{status}** — {words}" if words else f"**{status}**"
     node = snap.current_node
     if node is not None and status not in TERMINAL_VALUES and node.status in ("QUEUED", "RUNNING"):
         attempt = f", attempt {node.attempt}" if node.attempt > 1 else ""
         text += f"  \n`{node.node_type}` {node.status.lower()}{attempt}"
+    live = [n for n in snap.subject_nodes if n.status in ("QUEUED", "RETRY_WAIT", "RUNNING")]
+    if live and status not in TERMINAL_VALUES:  # side by side, one per subject
+        running = sum(1 for n in live if n.status == "RUNNING")
+        retried = sum(1 for n in live if n.attempt > 1 or n.status == "RETRY_WAIT")
+        text += f"  \n`SEGMENT_SUBJECT` ×{len(live)}: {running} running, {len(live) - running} queued"
+        text += f", {retried} retried" if retried else ""
     return text
 
 

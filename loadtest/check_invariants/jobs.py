@@ -153,27 +153,32 @@ def check_pauses(job: Job, rep: Report) -> set[str]:
     return set(accepted)
 
 
-def _started_after(job: Job, w: Write, node_type: str, nid: str | None) -> bool | None:
-    """Did the node announced by write ``w`` run? True: the first node event after it is that node;
+def _started_after(job: Job, w: Write, node_type: str, nids: frozenset[str] | None) -> bool | None:
+    """Did a node announced by write ``w`` run? True: the first node event after it is one of them;
     False: another node ran first; None: no node event followed."""
     for e in job.events:
         if e["version"] <= w.version or e["type"] not in ("NODE_STARTED", "NODE_COMPLETED"):
             continue
         d = e["data"]
-        return d.get("node_type") == node_type and (nid is None or d.get("node_instance_id") == nid)
+        return d.get("node_type") == node_type and (nids is None or d.get("node_instance_id") in nids)
     return None
 
 
-def _queued_without_move(w: Write) -> str | None:
-    """The node a write queued without moving the job: a retry (NODE_RETRY_SCHEDULED names it), or the
-    next subject's SEGMENT_SUBJECT after one subject's node ended (statecore.subjects)."""
-    for e in w.events:
-        if e["type"] == "NODE_RETRY_SCHEDULED":
-            return str(e["data"].get("node_type"))
-    ended = {"NODE_COMPLETED", "NODE_FAILED"}
-    if any(e["type"] in ended and e["data"].get("node_type") == "SEGMENT_SUBJECT" for e in w.events):
-        return "SEGMENT_SUBJECT" if any(e["type"] == "SUBJECT_SEGMENTED" for e in w.events) else None
-    return None
+def _queued_without_move(w: Write) -> list[tuple[str, str]]:
+    """The nodes a write queued without moving the job: retries (each NODE_RETRY_SCHEDULED names its
+    node: a failed attempt's, or every subject node of a restored job); (node type, node id)."""
+    return [
+        (str(e["data"].get("node_type")), str(e["data"].get("node_instance_id")))
+        for e in w.events
+        if e["type"] == "NODE_RETRY_SCHEDULED"
+    ]
+
+
+def _announced_ids(ia: dict) -> frozenset[str] | None:
+    """The node(s) an INTERVENTION_ACCEPTED names: one, or one per subject (statecore.subjects)."""
+    d = ia["data"]
+    ids = d.get("node_instance_ids") or ([d["node_instance_id"]] if d.get("node_instance_id") else [])
+    return frozenset(ids) or None
 
 
 def check_commands(job: Job, writes: list[Write], rep: Report) -> None:
@@ -201,7 +206,10 @@ def check_commands(job: Job, writes: list[Write], rep: Report) -> None:
     cancel_v = next((e["version"] for e in job.events if e["type"] == "JOB_CANCELLED"), None)
     for at, ws in by_at.items():
         expected: Counter[str] = Counter()
-        announced: list[tuple[Write, str, str | None, str]] = []  # (write, node type, node id, invariant)
+        # Types whose count the write's events do not tell (a validation's verdict fanning out one node
+        # per approved subject): at least one.
+        some: set[str] = set()
+        announced: list[tuple[Write, str, frozenset[str] | None, str]] = []  # (write, node type, node ids, invariant)
         consumption = None
         for w in ws:
             ia = next((e for e in w.events if e["type"] == "INTERVENTION_ACCEPTED"), None)
@@ -212,8 +220,9 @@ def check_commands(job: Job, writes: list[Write], rep: Report) -> None:
                 if not any(c.node_type == nxt for c in cmds_at.get(at, [])):  # else nothing approved: the stage's own
                     nxt = STAGE_COMMAND.get(nxt, nxt)
                 if nxt:
-                    expected[nxt] += 1
-                    announced.append((w, nxt, ia["data"].get("node_instance_id"), "consumption_next_step"))
+                    ids = _announced_ids(ia)
+                    expected[nxt] += len(ids) if ids else 1
+                    announced.append((w, nxt, ids, "consumption_next_step"))
                     if target and WORK_COMMAND.get(target) != nxt:
                         rep.breach(
                             "consumption_next_step",
@@ -228,15 +237,18 @@ def check_commands(job: Job, writes: list[Write], rep: Report) -> None:
                         f"{ia['data'].get('pause_token')} consumed with no next node and no EMPTY_SELECTION",
                     )
             elif target in WORK_COMMAND:
-                expected[WORK_COMMAND[target]] += 1
+                if WORK_COMMAND[target] == "SEGMENT_SUBJECT":
+                    some.add("SEGMENT_SUBJECT")
+                else:
+                    expected[WORK_COMMAND[target]] += 1
                 announced.append((w, WORK_COMMAND[target], None, "outbox_accounting"))
-            elif target is None and (nxt_node := _queued_without_move(w)):
-                # the next subject's node after one subject's report, or a retry of the same node
-                expected[nxt_node] += 1
-                announced.append((w, nxt_node, None, "outbox_accounting"))
+            elif target is None:
+                for node_type, nid in _queued_without_move(w):  # retries
+                    expected[node_type] += 1
+                    announced.append((w, node_type, frozenset({nid}), "outbox_accounting"))
         if consumption is not None:
             rep.checked("consumption_next_step")
-        elif expected:
+        elif expected or some:
             rep.checked("outbox_accounting")
         present = cmds_at.get(at, [])
         name = "consumption_next_step" if consumption is not None else "outbox_accounting"
@@ -250,20 +262,22 @@ def check_commands(job: Job, writes: list[Write], rep: Report) -> None:
             wrong_id = [
                 c.node_instance_id
                 for c in present
-                for (_w, t, nid, _n) in announced
-                if nid and c.node_type == t and c.node_instance_id != nid
+                for (_w, t, nids, _n) in announced
+                if nids and c.node_type == t and c.node_instance_id not in nids
             ]
-            if actual != expected or wrong_id:
+            counted = Counter({t: n for t, n in actual.items() if t not in some})
+            if counted != expected or any(actual[t] < 1 for t in some) or wrong_id:
                 rep.breach(
                     name,
                     job.job_id,
                     f"{what}: outbox holds {dict(actual)}, expected "
-                    f"{dict(expected) or 'nothing'}"
+                    f"{dict(expected) or ('' if some else 'nothing')}"
+                    + (f" and at least one {', '.join(sorted(some))}" if some else "")
                     + (f" (node {wrong_id[0]} is not the announced one)" if wrong_id else ""),
                 )
             continue
-        for w, node_type, nid, inv in announced:
-            ran = _started_after(job, w, node_type, nid)
+        for w, node_type, nids, inv in announced:
+            ran = _started_after(job, w, node_type, nids)
             if ran is True or (ran is None and cancel_v is not None and cancel_v > w.version):
                 continue
             rep.breach(
@@ -307,10 +321,11 @@ def check_cancel(job: Job, rep: Report) -> bool:
 
 def check_stuck(job: Job, rep: Report, quiet: bool, grace_s: float, now: float) -> None:
     """A live job must be waiting for a person (an active pause, in the review queue) or for a node:
-    its current node's command still pending in the outbox. Once the system is quiet (nothing pending
-    anywhere), a QUEUED or RUNNING node without its command will never run: stuck. Before that (the
-    quiet wait timed out) such a node is only a warning. A command still pending after the grace
-    period (the quiet wait) is stuck too: dispatchers have had it and did nothing with it."""
+    its current node's command (cutting subjects: a subject node's) still pending in the outbox. Once
+    the system is quiet (nothing pending anywhere), a QUEUED or RUNNING node without its command will
+    never run: stuck. Before that (the quiet wait timed out) such a node is only a warning. A command
+    still pending after the grace period (the quiet wait) is stuck too: dispatchers have had it and
+    did nothing with it."""
     name = "not_stuck"
     status = job.meta.get("status", "")
     if status in TERMINAL_NAMES or any(e["type"] == "JOB_FINISHED" for e in job.events):
@@ -323,8 +338,9 @@ def check_stuck(job: Job, rep: Report, quiet: bool, grace_s: float, now: float) 
         elif not job.in_waiting:
             rep.breach(name, job.job_id, f"waiting in {status}, but not in the review queue")
         return
-    node_id = job.meta.get("node_id")
-    mine = [c for c in job.commands if c.pending and c.node_instance_id == node_id] if node_id else []
+    nodes = job.live_nodes()
+    ids = {nid for nid, _ in nodes}
+    mine = [c for c in job.commands if c.pending and c.node_instance_id in ids]
     if mine:
         age = now - stream_id(mine[0].entry_id)[0] / 1000
         if not quiet and age > grace_s:
@@ -341,9 +357,9 @@ def check_stuck(job: Job, rep: Report, quiet: bool, grace_s: float, now: float) 
                 f"{status}: its {mine[0].node_type} command (entry {mine[0].entry_id}) has been pending for {age:.0f}s",
             )
         return
-    node = job.j("current_node") or {}
+    node = nodes[0][1] if nodes else {}
     where = f"current node: {node.get('node_type')} {node.get('status')}" if node else "no current node"
-    if node.get("status") in ("QUEUED", "RUNNING") and node.get("node_instance_id") == node_id:
+    if any(n.get("status") in ("QUEUED", "RUNNING") for _, n in nodes):
         if quiet:
             rep.breach(
                 name,

@@ -61,6 +61,20 @@ class Job:
         raw = self.meta.get(name)
         return json.loads(raw) if raw else None
 
+    def live_nodes(self) -> list[tuple[str, dict[str, Any]]]:
+        """(node id, node) of what the job waits on: its subject nodes while it cuts them side by side
+        (statecore.subject_nodes), else its current node."""
+        subjects = [
+            (k[len(keys.SUBJECT_NODE_FIELD) :], json.loads(v))
+            for k, v in self.meta.items()
+            if k.startswith(keys.SUBJECT_NODE_FIELD)
+        ]
+        live = [(nid, n) for nid, n in subjects if n.get("status") in ("QUEUED", "RETRY_WAIT", "RUNNING")]
+        if live:
+            return live
+        node_id = self.meta.get("node_id")
+        return [(node_id, self.j("current_node") or {})] if node_id else []
+
 
 async def read_outbox(r: Any, p: int) -> dict[str, list[Command]]:
     """The commands still in partition ``p``'s outbox stream, by job, each marked pending when not

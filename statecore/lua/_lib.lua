@@ -149,11 +149,35 @@ local function start_retention()
   redis.call('ZADD', K_EXPIRING, now_ms() + RETENTION * 1000, JOB_ID)
 end
 
-local function index(key, op)
+local function index(key, op, member)
   if op[1] == 'add' then
-    redis.call('ZADD', key, op[2], JOB_ID)
+    redis.call('ZADD', key, op[2], member or JOB_ID)
   elseif op[1] == 'del' then
-    redis.call('ZREM', key, JOB_ID)
+    redis.call('ZREM', key, member or JOB_ID)
+  end
+end
+
+-- A job's live SEGMENT_SUBJECT nodes (statecore.subjects, statecore.keys.node_field): meta fields
+-- 'node:<id>', and in the queued, running and heartbeat indices the members '<job_id>|<id>'.
+local NODE_FIELD = 'node:'
+local function is_live_node(current_id, nid)
+  return current_id == nid or redis.call('HEXISTS', K_META, NODE_FIELD .. nid) == 1
+end
+
+-- The index member of node `nid`: its own while it is a live subject node, else the job's.
+local function node_member(nid)
+  if redis.call('HEXISTS', K_META, NODE_FIELD .. nid) == 1 then return JOB_ID .. '|' .. nid end
+  return JOB_ID
+end
+
+-- A finished job's subject nodes leave the indices (their fields stay, as the plan marked them: a
+-- cancel's CANCELLED; a late report of one is ignored, the job being terminal).
+local function unindex_subject_nodes()
+  for _, f in ipairs(redis.call('HKEYS', K_META)) do
+    if string.sub(f, 1, #NODE_FIELD) == NODE_FIELD then
+      local member = JOB_ID .. '|' .. string.sub(f, #NODE_FIELD + 1)
+      for _, key in ipairs({K_QUEUED, K_RUNNING, K_HEARTBEATS}) do redis.call('ZREM', key, member) end
+    end
   end
 end
 
@@ -258,8 +282,8 @@ local function apply_plan(plan_json)
   if plan.meta.status then
     count_status(old_status, plan.meta.status, old_status == nil and tonumber(ARGV[8]) or 0)
   end
-  if plan.outbox ~= '' then
-    redis.call('XADD', K_OUTBOX, '*', 'job', JOB_ID, 'cmd', plan.outbox)
+  for _, cmd in ipairs(plan.outbox) do
+    redis.call('XADD', K_OUTBOX, '*', 'job', JOB_ID, 'cmd', cmd)
   end
   for token, p in pairs(plan.pauses) do
     redis.call('HSET', K_PAUSES, token, p)
@@ -268,6 +292,11 @@ local function apply_plan(plan_json)
   index(K_RUNNING, plan.running)
   index(K_QUEUED, plan.queued)
   index(K_HEARTBEATS, plan.heartbeats)
+  local member_index = {queued = K_QUEUED, running = K_RUNNING, heartbeats = K_HEARTBEATS}
+  for _, m in ipairs(plan.members) do
+    index(member_index[m[1]], {m[2], m[3]}, JOB_ID .. '|' .. m[4])
+  end
+  if plan.terminal then unindex_subject_nodes() end
   if plan.terminal and plan.archive then
     -- Archived first (docs/protocol.md § Archive): the records get their retention only when
     -- the archive acknowledged the copy (archive_ack.lua). Same slot: the partition's archive stream.

@@ -1,5 +1,6 @@
 -- apply_report: a node's result (or its start), applied at most once per node_instance_id and
--- only while that node is the job's current node of a live job; otherwise recorded as ignored.
+-- only while that node is the job's current node, or one of its live subject nodes, of a live job;
+-- otherwise recorded as ignored.
 -- KEYS: see _lib.lua
 -- ARGV[5] node_instance_id  ARGV[6] version the plan was computed from  ARGV[7] plan JSON
 -- ARGV[8] '1' = final report (recorded in the reports set), '0' = node started
@@ -34,10 +35,10 @@ if timed_out and by_inspector then return duplicate() end
 local m = redis.call('HMGET', K_META, 'status', 'version', 'node_id', 'terminal')
 local reason = nil
 if timed_out then
-  reason = (m[3] ~= nid) and 'NODE_SUPERSEDED' or 'NODE_TIMED_OUT'
+  reason = is_live_node(m[3], nid) and 'NODE_TIMED_OUT' or 'NODE_SUPERSEDED'
 elseif m[4] == '1' then
   reason = 'JOB_TERMINAL'
-elseif m[3] ~= nid then
+elseif not is_live_node(m[3], nid) then
   reason = 'NODE_SUPERSEDED'
 end
 if reason then
@@ -54,7 +55,7 @@ if m[2] ~= ARGV[6] then return {'STALE'} end
 local check, limit = string.match(ARGV[13] or '', '^(%a+):(%d+)$')
 if check then
   local index = check == 'lapse' and K_HEARTBEATS or K_RUNNING
-  local at = tonumber(redis.call('ZSCORE', index, JOB_ID) or '')
+  local at = tonumber(redis.call('ZSCORE', index, node_member(nid)) or '')
   if at and at > now_ms() - tonumber(limit) then return {'ALIVE'} end
 end
 if final then redis.call('SADD', K_REPORTS, mark) end
