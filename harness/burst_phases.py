@@ -147,7 +147,9 @@ async def burst_phase(stack: Stack, n: int, label: str) -> dict[str, Any]:
                 "mean_run_s": round(secs / execs, 3) if execs else None,
             }
     n_jobs = len(job_ids)
-    approved = n_jobs - tally.kept_nothing  # each job whose reviewer kept a box is segmented once
+    # Each approved subject is one segmentation (its own SEGMENT_SUBJECT node, side by side with its
+    # job's others); a job of an earlier build's PROCESS_APPROVED_BOX_LIST is one for all its subjects.
+    approved = len(nodes.get("SEGMENT_SUBJECT", ())) + len(nodes.get("PROCESS_APPROVED_BOX_LIST", ()))
     det = capacity(stack, "Detector", counts)
     seg = capacity(stack, "Segmenter", counts)
     # Model time: the simulated delay of hitl up (--detector-delay-ms, --segmenter-delay-ms).

@@ -12,8 +12,9 @@ def stage_ideal(
     jobs: int, approved: int, det_ms: float, seg_ms: float, det: dict[str, Any], seg: dict[str, Any]
 ) -> dict[str, Any]:
     """The pipelined lower bound on the drain: detection stage ``D = jobs x det_ms / (Detector replicas x
-    slots)``, segmentation stage ``G = approved x seg_ms / (Segmenter replicas x slots)``, ideal ``max(D +
-    one segmentation, one detection + G)`` (the stages run on different deployments and overlap).
+    slots)``, segmentation stage ``G = approved subjects x seg_ms / (Segmenter replicas x slots)`` (one
+    node per subject, a job's side by side), ideal ``max(D + one segmentation, one detection + G)`` (the
+    stages run on different deployments and overlap).
     ``det_ms`` / ``seg_ms``: the model time of one node, the simulated delay (``hitl up
     --detector-delay-ms`` / ``--segmenter-delay-ms``) or the replicas' measured mean run time.
 
@@ -31,7 +32,7 @@ def stage_ideal(
         "serial_ideal_s": round(d + g, 3),
         "formula": (
             f"D = {jobs} jobs x {det_ms:g} ms / ({det['replicas']} Detector replicas x {det['slots']} slots) "
-            f"= {d:.2f} s; G = {approved} approved x {seg_ms:g} ms / ({seg['replicas']} Segmenter replicas x "
+            f"= {d:.2f} s; G = {approved} approved subjects x {seg_ms:g} ms / ({seg['replicas']} Segmenter replicas x "
             f"{seg['slots']} slots) = {g:.2f} s; ideal = max(D + {seg_ms / 1000:g} s, {det_ms / 1000:g} s + G) "
             f"= {ideal:.2f} s (the two stages overlap; D + G = {d + g:.2f} s if they did not)"
         ),

@@ -164,7 +164,8 @@ def test_sigstop_of_a_model_replica_mid_node_is_redispatched_when_its_heartbeat_
         time.sleep(0.5)
         # The replica running the node recorded itself: the inspector asks it before a re-dispatch.
         assert up.redis_url
-        executor = redis.Redis.from_url(up.redis_url, decode_responses=True).get(keys.job(job).executor)
+        executor_key = keys.job(job).executor_of(first["node_instance_id"])
+        executor = redis.Redis.from_url(up.redis_url, decode_responses=True).get(executor_key)
         assert executor and executor.startswith("SERVE_REPLICA::") and "Detector" in executor, executor
         replicas = detector_replicas(up)
         assert replicas, "no Detector replica process found"
