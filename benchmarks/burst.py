@@ -5,7 +5,8 @@ reviewers answering every pause, through to a terminal state. What it measures, 
   against the ideal the model deployments allow. Detection stage ``D = jobs × detector delay ÷
   (Detector replicas × slots)``, segmentation stage ``G = approved subjects × segmenter delay ÷
   (Segmenter replicas × slots)`` (one node per subject, a job's side by side); the stages run on
-  different deployments and overlap (reviewers answer as pauses open), so the ideal is the pipelined lower bound ``max(D + one segmentation, one detection + G)``.
+  different deployments and overlap (reviewers answer as pauses open), so the ideal is the pipelined
+  lower bound ``max(D + one segmentation, one detection + G)``.
   Replicas: the most replicas Serve reported RUNNING during the phase (its status API, what ``serve
   status`` reads; else the replicas seen in Ray's metrics; else the deployment defaults of
   ``deployments/serve.py``), slots: the deployment's ``max_ongoing_requests`` as Serve runs it; the
