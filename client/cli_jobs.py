@@ -182,13 +182,14 @@ def cmd_results(args: argparse.Namespace, client: HitlClient) -> int:
 def print_results(res: JobResults, console: Console) -> None:
     title = f"{res.job_id}  {res.status}" + (f"  ({res.reason_code})" if res.reason_code else "")
     table = Table(title=title, title_justify="left")
-    for col in ("box", "label", "status", "bbox", "reason", "quality", "mask", "cut-out"):
+    for col in ("box", "label", "status", "tries", "bbox", "reason", "quality", "mask", "cut-out"):
         table.add_column(col, overflow="fold")
     for s in res.subjects:
         table.add_row(
             s.box_id,
             s.label or "-",
             styled(s.status),
+            str(s.attempts) if s.attempts else "-",  # starts of its SEGMENT_SUBJECT nodes (a retry counts)
             "[" + ", ".join(f"{x:g}" for x in s.bbox) + "]",
             s.reason or "",
             quality_cell(s),

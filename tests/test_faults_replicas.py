@@ -6,6 +6,8 @@
 - SIGSTOP it while it runs a node (a hang): its heartbeat lapses, the replica does not answer the
   inspector's confirmation, the node is re-dispatched; SIGCONT then lets the old call finish, and
   its late answer is REPORT_IGNORED (NODE_SUPERSEDED), never applied, while the new attempt completes;
+- SIGKILL the Segmenter replica while a job's two subjects are cut side by side: each subject's
+  attempt fails and is retried alone, each is cut once by a new instance;
 - SIGKILL the whole ``hitl up`` tree while a node runs, stay down longer than the node's deadline,
   start again on the same data directory and port: the interrupted node runs again (it is not TIMED_OUT
   for the downtime) and the job goes on.
@@ -35,12 +37,12 @@ from hitl_review.statecore import keys
 pytestmark = [pytest.mark.faults, pytest.mark.ray, pytest.mark.slow]
 
 
-def detector_replicas(up: HitlUp) -> list[psutil.Process]:
-    """The processes of the Detector deployment's replicas (Ray titles them ServeReplica:…:Detector)."""
+def detector_replicas(up: HitlUp, deployment: str = "Detector") -> list[psutil.Process]:
+    """The processes of a model deployment's replicas (Ray titles them ServeReplica:…:<deployment>)."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
         line = " ".join(p.info.get("cmdline") or [])
-        if "ServeReplica" in line and "Detector" in line and p.status() != psutil.STATUS_ZOMBIE:
+        if "ServeReplica" in line and deployment in line and p.status() != psutil.STATUS_ZOMBIE:
             found.append(p)
     return found
 
@@ -102,6 +104,8 @@ ARGS = [
     "1",
     "--max-attempts",
     "4",
+    "--segmenter-delay-ms",
+    "3000",
 ]
 
 
@@ -212,6 +216,68 @@ def test_sigstop_of_a_model_replica_mid_node_is_redispatched_when_its_heartbeat_
         assert types.count("NODE_COMPLETED") == 1 and types.count("PAUSE_OPENED") == 1
         after = c.get(f"/api/v1/jobs/{job}").json()
         assert after["status"] == "WAITING_USER_SELECTION" and after["version"] == snap["version"]
+
+
+def test_sigkill_of_the_segmenter_mid_cut_retries_each_subject_alone(up: HitlUp):
+    """A job's two subjects are cut side by side (one SEGMENT_SUBJECT node each) when the Segmenter
+    replica running both is killed: each subject's attempt fails on its own (NODE_FAILED and
+    NODE_RETRY_SCHEDULED naming its box), each is cut by a new instance on the replica Serve starts in
+    its place, once, and the job goes on past the cut."""
+    with httpx.Client(base_url=up.api_url, headers={"Authorization": f"Bearer {up.token}"}, timeout=30) as c:
+        data, _ = product_composite(seed=19, n=2)
+        r = c.post("/api/v1/jobs", files={"image": ("19.png", data, "image/png")})
+        assert r.status_code == 202, r.text
+        job = r.json()["job_id"]
+        snap = wait_status(c, job, "WAITING_USER_SELECTION", timeout=60)
+        assert len(snap["box_list"]) == 2, snap["box_list"]
+        body = {
+            "intervention_id": f"iv_fault_{job}",
+            "pause_token": snap["active_pause"]["pause_token"],
+            "base_version": snap["version"],
+            "subjects": [{"box_id": b["box_id"], "bbox": b["bbox"]} for b in snap["box_list"]],
+        }
+        assert c.post(f"/api/v1/jobs/{job}/interventions", json=body).status_code == 200
+        deadline = time.monotonic() + 60
+        while True:  # both subjects' nodes running at once (each takes 3 s: --segmenter-delay-ms)
+            cutting = c.get(f"/api/v1/jobs/{job}").json()
+            nodes = cutting["subject_nodes"]
+            if len(nodes) == 2 and all(n["status"] == "RUNNING" for n in nodes):
+                break
+            assert time.monotonic() < deadline, f"the subjects' nodes never ran together: {nodes}"
+            time.sleep(0.1)
+        first = {n["box_id"]: n["node_instance_id"] for n in nodes}
+        time.sleep(0.5)  # inside the model calls
+        replicas = detector_replicas(up, "Segmenter")
+        assert replicas, "no Segmenter replica process found"
+        for p in replicas:
+            os.kill(p.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        deadline = t0 + 120
+        settled = {"SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED", "WAITING_MASK_REVIEW"}
+        while True:
+            done = c.get(f"/api/v1/jobs/{job}").json()
+            if done["status"] in settled:
+                break
+            assert time.monotonic() < deadline, f"{done['status']} after the kill: {done['subject_nodes']}"
+            time.sleep(0.2)
+        print(f"\n[faults] Segmenter SIGKILLed mid-cut: both subjects cut {time.monotonic() - t0:.1f}s later")
+        assert done["status"] in ("SUCCEEDED", "WAITING_MASK_REVIEW"), done  # the gate may ask a person
+        by_box = {s["box_id"]: s for s in done["subjects"]}
+        assert set(by_box) == set(first)
+        for s in by_box.values():  # cut, by a second attempt of its own
+            assert s["status"] in ("SUCCEEDED", "WAITING_REVIEW") and s["attempts"] >= 2, s
+        if done["status"] == "WAITING_MASK_REVIEW":  # its events end with the job
+            assert c.post(f"/api/v1/jobs/{job}/cancel").json()["status"] == "CANCELLED"
+        evs = events_until(c, job, {"JOB_FINISHED"})
+        failed = [e["data"] for e in evs if e["type"] == "NODE_FAILED"]
+        assert {(f["box_id"], f["node_instance_id"]) for f in failed} >= set(first.items()), failed
+        retried = [e["data"] for e in evs if e["type"] == "NODE_RETRY_SCHEDULED"]
+        assert {r["box_id"] for r in retried} == set(first), retried
+        completed = [
+            e["data"] for e in evs if e["type"] == "NODE_COMPLETED" and e["data"]["node_type"] == "SEGMENT_SUBJECT"
+        ]
+        assert sorted(d["box_id"] for d in completed) == sorted(first)  # each subject's cut applied once
+        assert not {d["node_instance_id"] for d in completed} & set(first.values())  # never the killed ones'
 
 
 def test_whole_tree_killed_mid_node_and_down_past_the_deadline_resumes_the_node(up: HitlUp, tmp_path: Path):

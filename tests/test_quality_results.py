@@ -131,6 +131,7 @@ def test_hitl_results_shows_each_subjects_verdict_reasons_and_refinements():
                     "status": "SUCCEEDED",
                     "quality": FAIL,
                     "refinements": [{"strategy": "enlarged_box", "quality": FAIL}],
+                    "attempts": 2,
                 },
                 {"box_id": "box_c", "bbox": [0, 0, 9, 9], "status": "REJECTED", "reason": "not a product"},
             ],
@@ -143,4 +144,6 @@ def test_hitl_results_shows_each_subjects_verdict_reasons_and_refinements():
     assert "FAIL after 1 refinement(s): enlarged_box (gate-v1)" in rows["box_b"]
     assert "touches the box edge on 38%" in buf.getvalue()
     assert "cut_off 0.38" in buf.getvalue()  # the gate's scores, as recorded
-    assert rows["box_c"].split("│")[6].strip() == "-"  # no gate judged a rejected box
+    assert rows["box_c"].split("│")[7].strip() == "-"  # no gate judged a rejected box
+    assert rows["box_b"].split("│")[4].strip() == "2"  # its subject node's starts: one retry
+    assert rows["box_c"].split("│")[4].strip() == "-"  # never segmented
