@@ -115,6 +115,14 @@ def test_no_submit_panel_outside_an_active_pause() -> None:
     assert "cutting out 2 approved subjects… 1 of 2 done" in status_text(
         cutting.model_copy(update={"subjects": subjects})
     )
+    # side by side: the subjects' own nodes, how many run and how many were retried
+    running = [s.model_copy(update={"status": "SEGMENTING"}) for s in subjects]
+    nodes = [
+        CurrentNode(node_instance_id="node_a", node_type="SEGMENT_SUBJECT", status="RUNNING", attempt=1, box_id="a"),
+        CurrentNode(node_instance_id="node_b", node_type="SEGMENT_SUBJECT", status="RETRY_WAIT", attempt=1, box_id="b"),
+    ]
+    text = status_text(cutting.model_copy(update={"subjects": running, "subject_nodes": nodes}))
+    assert "0 of 2 done" in text and "`SEGMENT_SUBJECT` ×2: 1 running, 1 queued, 1 retried" in text
     st = ReviewerState(token="t", signed_in=True)
     st.open(snapshot(status="PROCESSING_APPROVED_SUBJECTS", active=None, actions=[], approved=[model_box(1)]))
     assert st.panel is None
