@@ -219,12 +219,16 @@ class Reviewer:
 
     def wait_panel(self, stage_text: str, pause_token: str | None = None) -> None:
         """The review panel shows the stage (and pause), and its canvas has the image."""
-        self.page.locator("#review-panel").wait_for(state="visible", timeout=WAIT_MS)
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            self.page.locator("#review-panel").wait_for(state="visible", timeout=WAIT_MS)
+        except PlaywrightTimeout:  # say what the page shows instead (a claim note, a banner)
+            said = self.shown()
+            raise AssertionError(f"the review panel never showed ({stage_text}); the page: {said}") from None
         self.expect_text("#stage-text", stage_text)
         if pause_token:
             self.expect_text("#stage-text", pause_token)
-        from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
         try:
             self.page.locator("#annotator canvas").wait_for(state="visible", timeout=WAIT_MS)
         except PlaywrightTimeout:
