@@ -289,6 +289,14 @@ async def test_nothing_approved_finishes_with_nothing_to_segment(store, image) -
 # --------------------------------------------------------------------------- the inspector and restore
 
 
+async def _fast(redis_server, **cfg) -> tuple[Store, asyncio.Event]:
+    """A store of its own settings on an emptied server, and the stop flag of its heartbeat task."""
+    fast = Store.from_url(redis_server.url, StoreConfig(retention_s=3600, **cfg))
+    await fast.r.flushdb()
+    await fast.ensure_groups()
+    return fast, asyncio.Event()
+
+
 async def _beat(store: Store, job_id: str, nid: str, stop: asyncio.Event) -> None:
     while not stop.is_set():
         assert await store.heartbeat(job_id, nid)
@@ -298,11 +306,8 @@ async def _beat(store: Store, job_id: str, nid: str, stop: asyncio.Event) -> Non
 async def test_the_inspector_redispatches_the_lapsed_subject_node_alone(redis_server, image) -> None:
     """Two subjects' nodes run; the process cutting one stops (no heartbeat): the inspector's verdict
     replaces that node with a new instance of the same subject, the other runs on untouched."""
-    fast = Store.from_url(redis_server.url, StoreConfig(retention_s=3600, node_timeout_s=60, retry_backoff_s=0.05))
-    stop = asyncio.Event()
+    fast, stop = await _fast(redis_server, node_timeout_s=60, retry_backoff_s=0.05)
     try:
-        await fast.r.flushdb()
-        await fast.ensure_groups()
         job_id, (a, b) = await _approved(fast, image, n=2)
         cmds = await _cmds(fast, job_id)
         for box in (a, b):
@@ -340,11 +345,8 @@ async def test_the_inspector_redispatches_the_lapsed_subject_node_alone(redis_se
 
 
 async def test_a_subject_node_past_its_deadline_fails_that_subject_alone(redis_server, image) -> None:
-    fast = Store.from_url(redis_server.url, StoreConfig(retention_s=3600, node_timeout_s=0.3))
-    stop = asyncio.Event()
+    fast, stop = await _fast(redis_server, node_timeout_s=0.3)
     try:
-        await fast.r.flushdb()
-        await fast.ensure_groups()
         job_id, (a, b) = await _approved(fast, image, n=2)
         cmds = await _cmds(fast, job_id)
         assert await fast.node_started(cmds[a]) == "OK"  # b still waits in the queue: no deadline yet
