@@ -147,3 +147,39 @@ def test_hitl_results_shows_each_subjects_verdict_reasons_and_refinements():
     assert rows["box_c"].split("│")[7].strip() == "-"  # no gate judged a rejected box
     assert rows["box_b"].split("│")[4].strip() == "2"  # its subject node's starts: one retry
     assert rows["box_c"].split("│")[4].strip() == "-"  # never segmented
+
+
+def test_hitl_job_lists_the_nodes_cutting_the_subjects_side_by_side():
+    import io
+
+    from rich.console import Console
+
+    from hitl_review.client.cli_jobs import print_snapshot
+    from hitl_review.statecore.models import JobSnapshot
+
+    node = {"node_type": "SEGMENT_SUBJECT", "status": "RUNNING", "attempt": 1}
+    snap = JobSnapshot.model_validate(
+        {
+            "job_id": "job_s",
+            "status": "PROCESSING_APPROVED_SUBJECTS",
+            "version": 4,
+            "round": 1,
+            "created_at": "2026-12-04T08:00:00Z",
+            "updated_at": "2026-12-04T08:00:01Z",
+            "image": {"sha256": "a" * 64, "width": 64, "height": 48, "url": "/api/v1/artifacts/x.png"},
+            "box_list": [],
+            "approved_box_list": [],
+            "active_pause": None,
+            "pending_actions": [],
+            "current_node": None,
+            "subject_nodes": [
+                {**node, "node_instance_id": "node_a", "box_id": "box_a"},
+                {**node, "node_instance_id": "node_b", "box_id": "box_b", "status": "RETRY_WAIT", "attempt": 1},
+            ],
+        }
+    )
+    buf = io.StringIO()
+    print_snapshot(snap, Console(file=buf, width=200, highlight=False))
+    out = buf.getvalue()
+    assert "box_a: RUNNING (attempt 1, node_a)" in out
+    assert "box_b: RETRY_WAIT (attempt 1, node_b)" in out
