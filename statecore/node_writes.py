@@ -8,7 +8,9 @@ that node is the job's current node of a live job.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from typing import Any
 
 from . import decide, errors, keys
@@ -17,7 +19,19 @@ from .models import NodeCommand, NodeReport
 
 log = logging.getLogger("hitl.store")
 
-STALE_RETRIES = 20
+# The subjects of one job are cut side by side (statecore.subjects): their nodes' starts and reports race
+# for the job's version, as many at once as the Segmenter has slots. A write that finds the job changed
+# under it (STALE) plans again on the job as it now is, after a random wait that grows with its tries, so
+# the racers spread out instead of colliding again in lockstep; every one lands, in some order.
+STALE_RETRIES = 200
+STALE_WAIT_S = 0.001  # the first retry waits up to this; each next one up to twice as long ...
+STALE_WAIT_MAX_S = 0.05  # ... up to this
+
+
+async def wait_after_stale(attempt: int) -> None:
+    """Before try ``attempt`` (0: the first, no wait) of a write that found the job changed under it."""
+    if attempt:
+        await asyncio.sleep(random.uniform(0, min(STALE_WAIT_MAX_S, STALE_WAIT_S * 2 ** min(attempt, 8))))
 
 
 class NodeWritesMixin:
@@ -135,7 +149,8 @@ class NodeWritesMixin:
         recheck: str = "",
     ) -> str:
         jk = keys.job(job_id)
-        for _ in range(STALE_RETRIES):
+        for attempt in range(STALE_RETRIES):
+            await wait_after_stale(attempt)
             meta = await self._meta(job_id)
             if not meta:
                 return "IGNORED"  # finished and expired long ago

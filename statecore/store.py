@@ -35,7 +35,8 @@ from .models import (
     JobSnapshot,
     JobSummary,
 )
-from .node_writes import NodeWritesMixin
+from .node_writes import STALE_RETRIES as NODE_STALE_RETRIES
+from .node_writes import NodeWritesMixin, wait_after_stale
 from .notes import COMMENTS_SHOWN, NotesMixin
 from .outbox import OutboxMixin, create_groups
 from .plan import CONTINUABLE_WORKFLOW_VERSIONS, WORKFLOW_VERSION
@@ -338,7 +339,10 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
 
     async def cancel(self, job_id: str, who: str) -> JobSnapshot:
         jk = keys.job(job_id)
-        for _ in range(STALE_RETRIES):
+        # A job cutting its subjects changes with every one of their nodes' starts and answers: a cancel
+        # racing them retries as their reports do (spread out, as many times).
+        for attempt in range(NODE_STALE_RETRIES):
+            await wait_after_stale(attempt)
             state = await self.get(job_id)
             now = now_iso()
             # Cancelled or ended already: the script answers (and audits) without a plan.

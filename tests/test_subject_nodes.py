@@ -20,7 +20,7 @@ from hitl_review.statecore.restore import restore
 from hitl_review.statecore.states import JobStatus as S
 from hitl_review.statecore.store import Store, StoreConfig
 
-from .helpers import iv, keep, waiting_job
+from .helpers import create, iv, keep, report, waiting_job
 
 
 @pytest_asyncio.fixture
@@ -395,3 +395,58 @@ async def test_a_job_lost_mid_cut_is_restored_with_a_new_node_per_live_subject(s
         assert await store.node_started(fresh[box]) == "OK"
         assert await store.apply_report(_report(fresh[box], {"subjects": [_cut(box, 3)]})) == "OK"
     assert (await store.get(job_id)).status == S.FINALIZING_RESULTS
+
+
+async def test_forty_subjects_starting_and_answering_at_once_all_land(store, image) -> None:
+    """More subject nodes than the Segmenter's default slots (2 replicas x 8: a scaled-out Segmenter, or a
+    queue draining) start and answer at the same moment: each write that finds the job changed under it
+    plans again (node_writes' STALE retries, spread by random waits that grow), so every start and every
+    answer is applied exactly once. With 20 retries and no waits, some gave up (StaleRead)."""
+    n = 40
+    boxes = [
+        {"bbox": [10 + 62 * (i % 10), 10 + 115 * (i // 10), 60 + 62 * (i % 10), 110 + 115 * (i // 10)], "score": 0.9}
+        for i in range(n)
+    ]
+    job_id = await create(store, image)
+    assert await report(store, job_id, {"boxes": boxes}) == "OK"
+    st = await store.get(job_id)
+    await store.intervene(job_id, iv(st, keep(st, *range(n))), "rev")
+    cmds = await _cmds(store, job_id)
+    assert len(cmds) == n
+    started = await asyncio.gather(*(store.node_started(c) for c in cmds.values()))
+    assert started == ["OK"] * n
+    st = await store.get(job_id)
+    assert {x.status for x in st.subject_nodes.values()} == {"RUNNING"} and st.version == 3 + n
+    answers = [_report(c, {"subjects": [_cut(b, i)]}) for i, (b, c) in enumerate(cmds.items())]
+    assert await asyncio.gather(*(store.apply_report(a) for a in answers)) == ["OK"] * n
+    st = await store.get(job_id)
+    assert st.status == S.FINALIZING_RESULTS and st.version == 3 + 2 * n
+    assert [(r.status, r.attempts) for r in st.results] == [("SUCCEEDED", 1)] * n
+    events = await store.events_after(job_id)
+    assert sum(e.type == "NODE_STARTED" and e.data["node_type"] == "SEGMENT_SUBJECT" for e in events) == n
+    assert sorted(e.data["box_id"] for e in events if e.type == "SUBJECT_SEGMENTED") == sorted(cmds)
+
+
+async def test_a_cancel_racing_forty_subjects_answers_lands_once_and_later_answers_are_ignored(store, image) -> None:
+    n = 40
+    boxes = [
+        {"bbox": [10 + 62 * (i % 10), 10 + 115 * (i // 10), 60 + 62 * (i % 10), 110 + 115 * (i // 10)], "score": 0.9}
+        for i in range(n)
+    ]
+    job_id = await create(store, image)
+    assert await report(store, job_id, {"boxes": boxes}) == "OK"
+    st = await store.get(job_id)
+    await store.intervene(job_id, iv(st, keep(st, *range(n))), "rev")
+    cmds = await _cmds(store, job_id)
+    assert await asyncio.gather(*(store.node_started(c) for c in cmds.values())) == ["OK"] * n
+    answers = [store.apply_report(_report(c, {"subjects": [_cut(b, i)]})) for i, (b, c) in enumerate(cmds.items())]
+    out = await asyncio.gather(*answers[: n // 2], store.cancel(job_id, "lead"), *answers[n // 2 :])
+    snap, got = out[n // 2], out[: n // 2] + out[n // 2 + 1 :]
+    assert snap.status == S.CANCELLED
+    assert set(got) <= {"OK", "IGNORED"}, got
+    st = await store.get(job_id)
+    assert st.status == S.CANCELLED
+    # Each answer that landed before the cancel is the subject's result; none after it changed anything.
+    assert sum(r.status == "SUCCEEDED" for r in st.results) == got.count("OK")
+    ignored = [e for e in await store.events_after(job_id) if e.type == "REPORT_IGNORED"]
+    assert len(ignored) == got.count("IGNORED") and {e.data["reason"] for e in ignored} <= {"JOB_TERMINAL"}
