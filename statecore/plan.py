@@ -278,13 +278,18 @@ def approved_of(box_list: list[Box]) -> list[Box]:
     ]
 
 
-def subject_command(state: JobState, box: Box, points: list[dict[str, Any]] | None, now: str) -> NodeCommand:
-    """The ``SEGMENT_SUBJECT`` command for ``box`` (statecore.subjects): a ``ProcessInput`` of that one box;
-    ``points``: a reviewer's REFINE, segmented from them and the box."""
+def subject_input(state: JobState, box: Box, points: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """A ``SEGMENT_SUBJECT`` node's input: a ``ProcessInput`` of ``box`` alone; ``points``: a reviewer's
+    REFINE, segmented from them and the box."""
     inp = process_input_json(state.image, [box.model_dump(mode="json")])
     if points is not None:
         inp["prompts"] = {box.box_id: points}
-    return command(state.job_id, NodeType.SEGMENT_SUBJECT, now, inp)
+    return inp
+
+
+def subject_command(state: JobState, box: Box, points: list[dict[str, Any]] | None, now: str) -> NodeCommand:
+    """The ``SEGMENT_SUBJECT`` command for ``box`` (statecore.subjects, ``subject_input``)."""
+    return command(state.job_id, NodeType.SEGMENT_SUBJECT, now, subject_input(state, box, points))
 
 
 def process_input(image: ImageRef, approved: list[Box]) -> ProcessInput:

@@ -19,7 +19,7 @@ from typing import Any
 from .jobstate import JobState
 from .keys import SUBJECT_NODE_FIELD, node_field
 from .models import Box, CurrentNode, NodeCommand
-from .plan import Plan, dump, dump_node, ms_to_iso, subject_command
+from .plan import Plan, dump, dump_node, ms_to_iso, subject_command, subject_input
 from .states import NodeType
 
 
@@ -58,7 +58,7 @@ def input_of(state: JobState, node: CurrentNode) -> dict[str, Any] | None:
     box = next((b for b in state.approved_box_list if b.box_id == node.box_id), None)
     if box is None:
         return None
-    return subject_command(state, box, points_of(state, box.box_id), "").input
+    return subject_input(state, box, points_of(state, box.box_id))
 
 
 def points_of(state: JobState, box_id: str) -> list[dict[str, Any]] | None:

@@ -397,12 +397,8 @@ async def test_a_job_lost_mid_cut_is_restored_with_a_new_node_per_live_subject(s
     assert (await store.get(job_id)).status == S.FINALIZING_RESULTS
 
 
-async def test_forty_subjects_starting_and_answering_at_once_all_land(store, image) -> None:
-    """More subject nodes than the Segmenter's default slots (2 replicas x 8: a scaled-out Segmenter, or a
-    queue draining) start and answer at the same moment: each write that finds the job changed under it
-    plans again (node_writes' STALE retries, spread by random waits that grow), so every start and every
-    answer is applied exactly once. With 20 retries and no waits, some gave up (StaleRead)."""
-    n = 40
+async def _approved_grid(store: Store, image, n: int) -> tuple[str, dict[str, NodeCommand]]:
+    """A job whose reviewer approved ``n`` detected boxes (a grid over the image): one command per subject."""
     boxes = [
         {"bbox": [10 + 62 * (i % 10), 10 + 115 * (i // 10), 60 + 62 * (i % 10), 110 + 115 * (i // 10)], "score": 0.9}
         for i in range(n)
@@ -411,7 +407,16 @@ async def test_forty_subjects_starting_and_answering_at_once_all_land(store, ima
     assert await report(store, job_id, {"boxes": boxes}) == "OK"
     st = await store.get(job_id)
     await store.intervene(job_id, iv(st, keep(st, *range(n))), "rev")
-    cmds = await _cmds(store, job_id)
+    return job_id, await _cmds(store, job_id)
+
+
+async def test_forty_subjects_starting_and_answering_at_once_all_land(store, image) -> None:
+    """More subject nodes than the Segmenter's default slots (2 replicas x 8: a scaled-out Segmenter, or a
+    queue draining) start and answer at the same moment: each write that finds the job changed under it
+    plans again (node_writes' STALE retries, spread by random waits that grow), so every start and every
+    answer is applied exactly once. With 20 retries and no waits, some gave up (StaleRead)."""
+    n = 40
+    job_id, cmds = await _approved_grid(store, image, n)
     assert len(cmds) == n
     started = await asyncio.gather(*(store.node_started(c) for c in cmds.values()))
     assert started == ["OK"] * n
@@ -429,15 +434,7 @@ async def test_forty_subjects_starting_and_answering_at_once_all_land(store, ima
 
 async def test_a_cancel_racing_forty_subjects_answers_lands_once_and_later_answers_are_ignored(store, image) -> None:
     n = 40
-    boxes = [
-        {"bbox": [10 + 62 * (i % 10), 10 + 115 * (i // 10), 60 + 62 * (i % 10), 110 + 115 * (i // 10)], "score": 0.9}
-        for i in range(n)
-    ]
-    job_id = await create(store, image)
-    assert await report(store, job_id, {"boxes": boxes}) == "OK"
-    st = await store.get(job_id)
-    await store.intervene(job_id, iv(st, keep(st, *range(n))), "rev")
-    cmds = await _cmds(store, job_id)
+    job_id, cmds = await _approved_grid(store, image, n)
     assert await asyncio.gather(*(store.node_started(c) for c in cmds.values())) == ["OK"] * n
     answers = [store.apply_report(_report(c, {"subjects": [_cut(b, i)]})) for i, (b, c) in enumerate(cmds.items())]
     out = await asyncio.gather(*answers[: n // 2], store.cancel(job_id, "lead"), *answers[n // 2 :])
