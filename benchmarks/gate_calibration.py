@@ -39,6 +39,7 @@ import numpy as np
 
 from benchmarks.cutout_data import SPLITS, make_set
 from benchmarks.cutout_quality import subject_boxes
+from benchmarks.gate_net_training import TRAIN_SEEDS
 from harness.bench import log
 from hitl_review.deployments.backends.base import make_segmenter
 from hitl_review.deployments.quality.gate import policy, score_mask
@@ -53,8 +54,16 @@ FEATURES_V2 = (
 )
 FEATURES: dict[str, tuple[str, ...]] = {"gate-v2": FEATURES_V2, "gate-v3": (*FEATURES_V2, *V3_FEATURES)}
 FEATURES["gate-v4"] = (*FEATURES["gate-v3"], *GAP_FEATURES)
-LITERAL = {"gate-v2": "GATE_V2_SCORE", "gate-v3": "GATE_V3_SCORE", "gate-v4": "GATE_V4_SCORE"}
+FEATURES["gate-v5"] = ("net_bad",)
+LITERAL = {
+    "gate-v2": "GATE_V2_SCORE",
+    "gate-v3": "GATE_V3_SCORE",
+    "gate-v4": "GATE_V4_SCORE",
+    "gate-v5": "GATE_V5_SCORE",
+}
+NET_TRAIN_SEEDS = {int(s) for s in TRAIN_SEEDS.split(",")}
 TREES = {"gate-v4"}  # policies scored by depth-2 trees (gate_v4.TreeScore), thresholded out of fold
+NET = {"gate-v5"}  # the score is the mask checker's own log-odds (gate_net): nothing to fit, only a threshold
 
 
 def score_rows(seeds: list[int], n: int, gate: str = "gate-v2") -> list[dict[str, Any]]:
@@ -262,6 +271,33 @@ def figures(score: np.ndarray, bad: np.ndarray, threshold: float) -> tuple[float
     return (failed & bad).sum() / max(1, bad.sum()), (failed & bad).sum() / max(1, failed.sum())
 
 
+def net_score(x: np.ndarray, rule: np.ndarray) -> np.ndarray:
+    """gate-v5's score of rows ``x`` (``net_bad`` in the first column): its log-odds; degenerate rows fail."""
+    p = np.clip(x[:, 0], 1e-6, 1 - 1e-6)
+    return np.where(rule, np.inf, np.log(p / (1 - p)))
+
+
+def check(rows: list[dict[str, Any]], threshold: float, args: argparse.Namespace) -> None:
+    """Recall and precision at ``threshold`` on each seed of ``rows`` (never used to set it)."""
+    got = []
+    for s in sorted({r["seed"] for r in rows}):
+        part = [r for r in rows if r["seed"] == s]
+        x = np.array([[r["scores"][k] for k in FEATURES[args.policy]] for r in part], float)
+        bad = np.array([r["iou"] < args.bad_iou for r in part])
+        score = net_score(x, np.array([degenerate(r["scores"], args.policy) for r in part]))
+        recall, precision = figures(score, bad, threshold)
+        got.append((recall, precision))
+        log(
+            f"seed {s} (checked): {len(part)} subjects, {int(bad.sum())} bad, "
+            f"recall {recall:.3f}, precision {precision:.3f}"
+        )
+    r, p = np.array(got).T
+    log(
+        f"checked, mean (min-max): recall {r.mean():.3f} ({r.min():.3f}-{r.max():.3f}), "
+        f"precision {p.mean():.3f} ({p.min():.3f}-{p.max():.3f})"
+    )
+
+
 def held_out(x: np.ndarray, bad: np.ndarray, rule: np.ndarray, seed: np.ndarray, args: argparse.Namespace) -> None:
     """Leave one calibration seed out: fit and fix the threshold on the others, then recall and precision
     on the one left out (at the threshold, and the ranking's precision at recall 0.95): how far a
@@ -269,7 +305,10 @@ def held_out(x: np.ndarray, bad: np.ndarray, rule: np.ndarray, seed: np.ndarray,
     got = []
     for s in np.unique(seed):
         train, test = seed != s, seed == s
-        if args.policy in TREES:
+        if args.policy in NET:
+            threshold = at_recall(net_score(x[train], rule[train]), bad[train], args.recall)
+            score = net_score(x[test], rule[test])
+        elif args.policy in TREES:
             oof = out_of_fold(x[train], bad[train], rule[train], seed[train], args)
             threshold = at_recall(oof, bad[train], args.recall)
             model = fit_trees(x[train & ~rule], bad[train & ~rule].astype(float), args.rounds, args.step, args.bins)
@@ -301,12 +340,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--folds", type=int, default=3, help="trees: seed groups for the out-of-fold threshold")
     ap.add_argument("--bad-iou", type=float, default=0.85)
     ap.add_argument("--held-out", action="store_true", help="also leave each seed out in turn (see held_out)")
+    ap.add_argument("--check-seeds", default="", help="gate-v5: seeds to report the threshold's figures on")
     ap.add_argument("--rows", type=Path, default=None, help="write the scored rows here (JSON)")
     ap.add_argument("--from-rows", type=Path, default=None, help="refit from rows written by --rows")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if 0 in seeds:
         ap.error("seed 0 is the report's: calibrate on others")
+    check_seeds = [int(s) for s in args.check_seeds.split(",") if s.strip()]
+    if args.policy in NET and set(seeds + check_seeds) & set(NET_TRAIN_SEEDS):
+        ap.error(f"{args.policy}'s network was trained on seeds {sorted(NET_TRAIN_SEEDS)}: calibrate on others")
     rows = json.loads(args.from_rows.read_text()) if args.from_rows else score_rows(seeds, args.n, args.policy)
     rows = [r for r in rows if r["seed"] in seeds]
     if args.rows:
@@ -317,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     rule = np.array([degenerate(r["scores"], args.policy) for r in rows])
     if args.held_out:
         held_out(x, bad, rule, np.array([r["seed"] for r in rows]), args)
-    if args.policy in TREES:  # the threshold on scores of images each model was not fitted on
+    if args.policy in NET:
+        score = net_score(x, rule)
+    elif args.policy in TREES:  # the threshold on scores of images each model was not fitted on
         score = out_of_fold(x, bad, rule, np.array([r["seed"] for r in rows]), args)
         model = fit_trees(x[~rule], bad[~rule].astype(float), args.rounds, args.step, args.bins)
     else:
@@ -329,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         f"calibration: {len(rows)} subjects, {int(bad.sum())} bad; at threshold {threshold:.4f}: recall "
         f"{recall:.3f}, precision {precision:.3f}{' (out of fold)' if args.policy in TREES else ''}"
     )
+    if args.policy in NET:
+        print(f"{LITERAL[args.policy]} = NetScore(threshold={threshold:.4f})")
+        if check_seeds:
+            check(score_rows(check_seeds, args.n, args.policy), threshold, args)
+        return 0
     print(
         tree_literal(model, threshold, args.policy) if args.policy in TREES else literal(model, threshold, args.policy)
     )

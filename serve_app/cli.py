@@ -352,8 +352,9 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         "--quality-gate-policy",
         default=None,
         metavar="VERSION",
-        help="the quality gate's policy, recorded with every verdict on a mask (default gate-v1; "
-        "docs/protocol.md § Cut-out quality)",
+        help="the quality gate's policy, recorded with every verdict on a mask: gate-v1 (default, thresholds "
+        "on measured features) … gate-v5 (a small network trained on the labelled benchmark; needs torch); "
+        "docs/protocol.md § Cut-out quality",
     )
     m.add_argument(
         "--max-refinements",

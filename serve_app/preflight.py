@@ -94,13 +94,27 @@ def check(settings: Settings) -> None:
 
 
 def check_quality_gate(settings: Settings) -> None:
-    """An unknown ``--quality-gate-policy`` is refused here, not in the Segmenter replica."""
+    """An unknown ``--quality-gate-policy``, or one whose mask checker network cannot load here (gate-v5
+    without torch, its weights missing), is refused here, not in the Segmenter replica."""
+    from hitl_review.deployments.quality import gate_net
+    from hitl_review.deployments.quality.gate import policy
     from hitl_review.deployments.quality.subject import QualityGate
 
     try:
         QualityGate(settings.quality_gate_policy, settings.max_refinements)
     except ValueError as e:
         raise UpError(f"--quality-gate-policy / --max-refinements: {e}") from None
+    learned = policy(settings.quality_gate_policy).learned
+    if learned is not None and set(gate_net.NET_FEATURES) & set(learned.features):
+        try:
+            gate_net.load()
+        except ImportError as e:
+            raise UpError(
+                f"--quality-gate-policy {settings.quality_gate_policy} runs a network and needs torch ({e}): "
+                "install the full set (make setup), or choose gate-v1 … gate-v4"
+            ) from None
+        except (OSError, ValueError) as e:
+            raise UpError(f"--quality-gate-policy {settings.quality_gate_policy}: {e}") from None
 
 
 def _option_of(settings: Settings, role: str, key: str) -> Any:

@@ -80,10 +80,12 @@ import cv2
 import numpy as np
 
 from hitl_review.deployments.backends.base import box_iou, int_box, mask_bbox
+from hitl_review.deployments.quality.gate_net import NET_FEATURES, net_features
 from hitl_review.deployments.quality.gate_v2 import EXTRA_FEATURES, GATE_V2_SCORE, Score, explain, extra_features
 from hitl_review.deployments.quality.gate_v3 import GATE_V3_SCORE, V3_FEATURES, v3_features
 from hitl_review.deployments.quality.gate_v4 import GAP_FEATURES, gap_features
 from hitl_review.deployments.quality.gate_v4_model import GATE_V4_SCORE
+from hitl_review.deployments.quality.gate_v5 import GATE_V5_SCORE
 from hitl_review.deployments.quality.metrics import boundary
 
 DEFAULT_POLICY = "gate-v1"
@@ -128,6 +130,7 @@ def score_mask(
     learned = gate is None or score is not None
     v3 = gate is None or (score is not None and not set(V3_FEATURES).isdisjoint(score.features))
     gaps = gate is None or (score is not None and not set(GAP_FEATURES).isdisjoint(score.features))
+    net = gate is None or (score is not None and not set(NET_FEATURES).isdisjoint(score.features))
     h, w = mask.shape
     x1, y1, x2, y2 = int_box(bbox, w, h)
     bw, bh = max(1, x2 - x1), max(1, y2 - y1)
@@ -150,6 +153,8 @@ def score_mask(
             scores.update(dict.fromkeys(V3_FEATURES, 0.0))
         if gaps:
             scores.update(gap_features(None, (0, 0, 0, 0)))
+        if net:
+            scores.update(net_bad=1.0, net_iou=0.0)
         return scores
     box = (x1 - rx1, y1 - ry1, x2 - rx1, y2 - ry1)  # the box in crop coordinates
     bx1, by1, bx2, by2 = box
@@ -188,6 +193,8 @@ def score_mask(
         scores.update(extra_features(image, mask, (x1, y1, x2, y2), crop, lab, box, outline, grad))
     if v3:
         scores.update(v3_features(image, mask, (x1, y1, x2, y2)))
+    if net:
+        scores.update(net_features(image, bbox, mask))  # the box as given, as in training
     return {k: round(float(v), 4) for k, v in scores.items()}
 
 
@@ -311,6 +318,8 @@ POLICIES: dict[str, GatePolicy] = {
 POLICIES["gate-v3"] = replace(POLICIES["gate-v2"], version="gate-v3", learned=GATE_V3_SCORE)
 # As gate-v2, its score depth-2 trees over gate-v3's features and gate_v4's (calibration: the module docstring).
 POLICIES["gate-v4"] = replace(POLICIES["gate-v2"], version="gate-v4", learned=GATE_V4_SCORE)
+# As gate-v2, its score the mask checker's (a small network on the picture and the mask: gate_net.py).
+POLICIES["gate-v5"] = replace(POLICIES["gate-v2"], version="gate-v5", learned=GATE_V5_SCORE)
 
 
 def policy(name: str | None = None) -> GatePolicy:

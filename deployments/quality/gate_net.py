@@ -1,0 +1,121 @@
+"""``gate-v5``'s mask checker: a small convolutional network that looks at the picture around a box
+and a mask and says how likely the mask is wrong (SPEC.md §13; the calibration is in ``gate.py``'s
+docstring, the training in ``benchmarks/gate_net_training.py``).
+
+gate-v1 to gate-v4 measure the mask with hand-made features (contrast across the outline, the
+outline on the picture's edges, a second cut to compare with, the margins to the box) and a learned
+sum over them; what those features cannot see (a ring's hole filled with background that looks like
+the ring, a thin part lost on a cluttered floor) the network learns from labelled cut-outs. Its input:
+the box with 15 % of its long side around it (the picture's border repeated where that runs off it),
+resized to ``CROP_PX`` square, the picture's three channels and the mask's as a fourth; its outputs:
+the mask's IoU with the true subject and the log-odds that that IoU is under 0.85 (a bad mask). The
+verdict averages the eight flips and quarter turns of the crop (the picture has no "up" the network
+may rely on).
+
+Trained on the labelled set's synthetic product shots (``benchmarks/cutout_data.py``) and the
+classical segmenter's masks only: on real photographs, or another segmenter's masks, it must be
+trained again before its verdicts mean anything. The weights (``gate_net_weights.npz``, float32
+arrays, no pickle) are loaded once per process; torch is imported only when a policy that uses the
+network is.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+CROP_PX = 64
+MARGIN = 0.15  # of the box's long side, on each side
+WEIGHTS = Path(__file__).with_name("gate_net_weights.npz")
+NET_FEATURES: tuple[str, ...] = ("net_bad", "net_iou")
+WIDTHS = (16, 32, 64, 64)  # channels of the four stages (each two 3 x 3 convolutions, then a 2 x 2 pool)
+
+
+def net_input(image: np.ndarray, bbox: Any, mask: np.ndarray) -> np.ndarray:
+    """The network's input for ``mask`` in ``bbox`` of ``image``: float32 ``4 x CROP_PX x CROP_PX``,
+    the picture's RGB and the mask, each centred on 0 (-0.5 … 0.5)."""
+    h, w = mask.shape
+    x1, y1, x2, y2 = (int(round(float(v))) for v in bbox[:4])
+    x2, y2 = max(x2, x1 + 1), max(y2, y1 + 1)
+    m = round(MARGIN * max(x2 - x1, y2 - y1)) + 2
+    X1, Y1, X2, Y2 = x1 - m, y1 - m, x2 + m, y2 + m
+    py, px = (max(0, -Y1), max(0, Y2 - h)), (max(0, -X1), max(0, X2 - w))
+    img = np.pad(image[..., :3], (py, px, (0, 0)), mode="edge")
+    msk = np.pad(mask.astype(np.uint8) * 255, (py, px))
+    sy, sx = slice(Y1 + py[0], Y2 + py[0]), slice(X1 + px[0], X2 + px[0])
+    size = (CROP_PX, CROP_PX)
+    a = cv2.resize(np.ascontiguousarray(img[sy, sx]), size, interpolation=cv2.INTER_AREA)
+    b = cv2.resize(np.ascontiguousarray(msk[sy, sx]), size, interpolation=cv2.INTER_AREA)
+    out = np.concatenate([a.astype(np.float32), b[..., None].astype(np.float32)], axis=2) / 255.0 - 0.5
+    return np.ascontiguousarray(out.transpose(2, 0, 1))
+
+
+def build() -> Any:
+    """The network, untrained (``torch.nn.Sequential``): four stages of two 3 x 3 convolutions with
+    batch norm and ReLU and a 2 x 2 max-pool, a global average, two linear layers; outputs
+    ``[IoU logit, bad log-odds]``."""
+    from torch import nn
+
+    layers: list[Any] = []
+    cin = 4
+    for c in WIDTHS:
+        layers += [nn.Conv2d(cin, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU()]
+        layers += [nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(), nn.MaxPool2d(2)]
+        cin = c
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 64), nn.ReLU(), nn.Linear(64, 2)]
+    return nn.Sequential(*layers)
+
+
+def save(net: Any, path: Path = WEIGHTS) -> None:
+    """Write ``net``'s parameters and batch-norm statistics as plain float32 arrays."""
+    arrays = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in net.state_dict().items()}
+    arrays = {k: v for k, v in arrays.items() if not k.endswith("num_batches_tracked")}
+    np.savez_compressed(path, **arrays)
+
+
+@functools.cache
+def load(path: Path = WEIGHTS) -> Any:
+    """The trained network from ``path``, in eval mode (cached: loaded once per process)."""
+    import torch
+
+    if not path.is_file():
+        raise FileNotFoundError(f"gate-v5's weights are missing: {path} (benchmarks/gate_net_training.py writes them)")
+    net = build()
+    state = net.state_dict()
+    with np.load(path) as z:
+        missing = sorted(k for k in state if not k.endswith("num_batches_tracked") and k not in z.files)
+        if missing:
+            raise ValueError(f"{path} lacks {', '.join(missing)}: weights for another architecture")
+        for k in z.files:
+            state[k] = torch.from_numpy(z[k].copy())
+    net.load_state_dict(state)
+    return net.eval()
+
+
+def predict(net: Any, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(P(bad), IoU)`` for a batch of ``net_input``s (``N x 4 x CROP_PX x CROP_PX``), each the mean over
+    the crop's eight flips and quarter turns."""
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32))
+    bad = torch.zeros(len(x))
+    iou = torch.zeros(len(x))
+    with torch.inference_mode():
+        for flip in (False, True):
+            f = torch.flip(x, (3,)) if flip else x
+            for k in range(4):
+                out = net(torch.rot90(f, k, (2, 3)))
+                iou += torch.sigmoid(out[:, 0])
+                bad += torch.sigmoid(out[:, 1])
+    return (bad / 8).numpy(), (iou / 8).numpy()
+
+
+def net_features(image: np.ndarray, bbox: Any, mask: np.ndarray) -> dict[str, float]:
+    """``net_bad`` (the probability that the mask's IoU is under 0.85) and ``net_iou`` (its predicted
+    IoU) of ``mask`` in ``bbox``."""
+    bad, iou = predict(load(), net_input(image, bbox, mask)[None])
+    return {"net_bad": float(bad[0]), "net_iou": float(iou[0])}
