@@ -27,8 +27,9 @@ random-weight ``vit_tiny`` the tests use: its figures mean nothing about SAM's q
 the path runs, and its gate thresholds must be calibrated on real weights.
 
 ``gate-v1`` was calibrated on ``--seed 1`` (``--rows`` writes every subject's features and IoU),
-``gate-v2``'s and ``gate-v3``'s learned scores on seeds 1-5 (``benchmarks/gate_calibration.py``); the default report
-is on seed 0, images neither calibration saw.
+``gate-v2``'s and ``gate-v3``'s learned scores on seeds 1-5, gate-v4's on 1-10
+(``benchmarks/gate_calibration.py``), gate-v5's network on seeds 1-10 and 14-29 and its threshold on 11-13
+(``benchmarks/gate_net_training.py``); the default report is on seed 0, images no calibration saw.
 
     .venv/bin/python benchmarks/cutout_quality.py                       # ~300 images, classical
     .venv/bin/python benchmarks/cutout_quality.py --backends classical,sam --n 40

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-seeds", default=TRAIN_SEEDS, help="seeds the network is fitted on (never 0)")
     ap.add_argument("--check-seeds", default=CHECK_SEEDS, help="seeds it is checked on (never trained on)")
     ap.add_argument("--n", type=int, default=300, help="images per seed, half per split")
-    ap.add_argument("--epochs", type=int, default=24)
+    ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--data", type=Path, default=None, help="cache each seed's inputs here")
     ap.add_argument("--out", type=Path, default=gate_net.WEIGHTS, help="where the weights go")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the same weights every run)")
