@@ -128,3 +128,35 @@ def test_hitl_up_refuses_gate_v5_where_its_network_cannot_load(monkeypatch: pyte
     with pytest.raises(UpError, match="gate-v5 runs a network and needs torch"):
         check_quality_gate(Settings(quality_gate_policy="gate-v5"))
     check_quality_gate(Settings(quality_gate_policy="gate-v4"))  # the others need no network
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_gate_v5_judges_the_cut_outs_in_the_segmenter_replica(tmp_path: Path) -> None:
+    """``hitl up --quality-gate-policy gate-v5`` on Ray Serve (its defaults otherwise; the mask review off,
+    so the job ends on the gate's verdicts): the Segmenter replica loads the network and every subject's
+    verdict names gate-v5 and carries the network's figures."""
+    import httpx
+
+    from harness.hitl_up import HitlUp
+    from hitl_review.serve_app.samples import product_composite
+    from tests.test_e2e_serve import Api, keep
+
+    up = HitlUp(tmp_path / "data", "--quality-gate-policy", "gate-v5", "--quality-gate", "off").start()
+    api = Api(up)
+    try:
+        job = api.submit(product_composite(seed=19, n=2)[0])
+        snap = api.wait(job, {"WAITING_USER_SELECTION"})
+        assert api.intervene(snap, keep(snap)).status_code == 200
+        done = api.wait(job, {"SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED"})
+        assert done["status"] == "SUCCEEDED", done
+        subjects = api.c.get(f"/api/v1/jobs/{job}/results").json()["subjects"]
+        assert len(subjects) == 2
+        for s in subjects:
+            q = s["quality"]
+            assert q["policy"] == "gate-v5" and set(gate_net.NET_FEATURES) <= set(q["scores"]), q
+            assert 0 <= q["scores"]["net_iou"] <= 1 and q["verdict"] in ("PASS", "FAIL")
+        assert httpx.get(f"{up.api_url}/readyz", timeout=10).status_code == 200
+    finally:
+        api.close()
+        up.stop()
