@@ -13,6 +13,7 @@ import pytest
 from benchmarks import gate_net_training
 from hitl_review.deployments.quality import gate_net
 from hitl_review.deployments.quality.gate import POLICIES, judge, policy, score_mask
+from hitl_review.deployments.quality.gate_v2 import explain
 from hitl_review.deployments.quality.gate_v5 import GATE_V5_SCORE, NetScore
 from hitl_review.deployments.quality.subject import QualityGate
 from tests.test_quality_gate_v2 import studio_subjects
@@ -89,6 +90,11 @@ def test_net_score_is_the_log_odds_plus_a_weighted_tree_score() -> None:
     assert alone.features == ("net_bad", "net_iou")
     assert alone.score(s) == pytest.approx(math.log(0.8 / 0.2)) and alone.probability(s) == pytest.approx(0.8)
     assert alone.contributions(s) == pytest.approx({"net_iou": math.log(4)})
+    # a mask just past the committed threshold (odds of 20 % against its ~8 %) is still told in words
+    faint = {"net_bad": 0.2, "net_iou": 0.83}
+    assert GATE_V5_SCORE.score(faint) >= GATE_V5_SCORE.threshold
+    said = explain(GATE_V5_SCORE, faint)
+    assert "puts its overlap with the subject at 83%" in said and "limit 8%" in said, said
     trees = POLICIES["gate-v4"].learned
     assert trees is not None
     mixed = NetScore(threshold=0.0, trees=trees, tree_weight=0.5)

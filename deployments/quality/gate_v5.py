@@ -41,8 +41,9 @@ class NetScore:
         return own if self.trees is None or not self.tree_weight else (*own, *self.trees.features)
 
     def contributions(self, scores: Mapping[str, float]) -> dict[str, float]:
-        """The network's log-odds under ``net_iou`` (the value a reviewer can read), the trees' shares weighted."""
-        out = {"net_iou": logit(scores["net_bad"])}
+        """The network's log-odds past the threshold under ``net_iou`` (the value a reviewer can read: a
+        failing mask's reason always names it), the trees' shares weighted."""
+        out = {"net_iou": logit(scores["net_bad"]) - self.threshold}
         if self.trees is not None and self.tree_weight:
             for k, v in self.trees.contributions(scores).items():
                 out[k] = out.get(k, 0.0) + self.tree_weight * v
