@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--data", type=Path, default=None, help="cache each seed's inputs here")
     ap.add_argument("--out", type=Path, default=gate_net.WEIGHTS, help="where the weights go")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the same weights every run)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (seeded: the same weights each run; the committed: 2)"
+    )
     args = ap.parse_args(argv)
     train_seeds = [int(s) for s in args.train_seeds.split(",") if s.strip()]
     check_seeds = [int(s) for s in args.check_seeds.split(",") if s.strip()]

@@ -14,7 +14,7 @@ may rely on).
 
 Training and calibration (``benchmarks/gate_net_training.py --data /tmp/gate_net_data --epochs 20
 --threads 2``: 17 min of training on this 2-core VM, after ~15 min segmenting the 26 seeds, which
-``--data`` keeps; then ``benchmarks/gate_calibration.py
+``--data`` keeps; run again, it wrote the committed weights byte for byte; then ``benchmarks/gate_calibration.py
 --policy gate-v5 --seeds 11,12,13 --recall 0.98 --held-out --check-seeds 30,31,32,33,34,35,36,37``):
 the network is fitted on seeds 1-10 and 14-29 (15,531 subjects, 3,022 bad) and never sees 11-13 (its
 threshold), 30-37 (its check) or 0 (the report's). Its ranking alone, precision at recall 0.95 on the
