@@ -23,6 +23,7 @@ from hitl_review.ui.notes_view import NotesView, comments_text, flag_text, md_te
 from hitl_review.ui.queue import queue_rows
 from hitl_review.ui.session import ReviewerState
 from tests.test_ui_callbacks import updates, visible, waiting_job
+from tests.ui_fakes import opened, round1, snapshot
 
 NOW = datetime(2026, 5, 21, 10, 5, tzinfo=UTC)
 
@@ -278,7 +279,8 @@ def test_skip_with_nothing_else_waiting_closes_the_job(
 
 def test_a_colleagues_comment_and_flag_reach_the_open_page_without_a_redraw(api_server: Any, tmp_path: Path) -> None:
     """Notes change nothing of the job (no version): the follower tells them apart by their events, fetches
-    the notes and sets ``notes_key``, whose change shows them again (``on_show``); the canvas is left alone."""
+    the notes and sets ``notes_key`` (the notes' signature), whose change shows them again (``on_show``);
+    the canvas is left alone."""
     p = Page(api_server.url, tmp_path / "ui")
     assert (p.c.notes_key._id, "change") in p.triggers["on_show"]
     job = waiting_job(api_server.url, 64)
@@ -286,6 +288,7 @@ def test_a_colleagues_comment_and_flag_reach_the_open_page_without_a_redraw(api_
         rev2.comment(job, "an earlier comment")  # on the page from its opening: not announced again
     b = reviewer("rev1")
     p.cb.open_job(b, job)
+    opened = b.notes_signature()
 
     async def colleague_notes() -> list[dict[Any, Any]]:
         follower = p.cb.follow(b, None)  # type: ignore[arg-type]  # no gr.Request off a browser
@@ -307,10 +310,37 @@ def test_a_colleagues_comment_and_flag_reach_the_open_page_without_a_redraw(api_
 
     got = asyncio.run(colleague_notes())
     keys = [u[p.c.notes_key] for u in got if p.c.notes_key in u]
-    # One key per note arrived (the comment's fetch may already bring the flag); none for the earlier comment.
-    assert 1 <= len(set(keys)) == len(keys) <= 2 and all(k.startswith(f"{job}|") for k in keys)
+    # One new key per note arrived (the comment's fetch may already bring the flag); none for the earlier comment.
+    assert 1 <= len(set(keys)) == len(keys) <= 2 and opened not in keys and "" not in keys
+    assert keys[-1] == b.notes_signature()
     assert not any(p.c.annotator in u for u in got)  # the review on screen is not redrawn
     assert b.snapshot is not None and b.snapshot.flag is not None and b.snapshot.flag.by == "rev2"
     shown = p.call("on_show", b)
     assert "box 1 is the box, not the shoe" in shown[p.n.comments_md] and "an earlier comment" in shown[p.n.comments_md]
     assert "odd product: ask the lead" in shown[p.n.flag_md]
+
+
+def test_the_notes_signature_moves_with_what_the_notes_show_and_nothing_else() -> None:
+    """``notes_key`` carries ``ReviewerState.notes_signature``: the notes are drawn again (one event) when
+    a job opens or closes, its pause is answered, it ends, or a flag or comment arrives; a status line
+    moving on while the job is processed changes none of that, so it sets off nothing."""
+    st = opened(round1())
+    waiting = st.notes_signature()
+    assert waiting and waiting == opened(round1().model_copy(update={"version": 9})).notes_signature()
+    processing = snapshot(status="VALIDATING_MANUAL_BOXES", active=None, actions=[], version=4)
+    st.snapshot = processing
+    answered = st.notes_signature()
+    assert answered != waiting
+    st.snapshot = processing.model_copy(update={"status": "PROCESSING_APPROVED_SUBJECTS", "version": 5})
+    assert st.notes_signature() == answered  # the status line moved on, the notes did not
+    flag = JobFlag(by="rev2", reason="odd product", at="2026-05-21T10:01:00Z")
+    st.snapshot = processing.model_copy(update={"flag": flag})
+    flagged = st.notes_signature()
+    assert flagged not in (answered, waiting)
+    comment = JobComment(by="rev2", text="box 1", at="2026-05-21T10:02:00Z")
+    st.snapshot = processing.model_copy(update={"flag": flag, "comments": [comment]})
+    assert st.notes_signature() not in (flagged, answered)
+    st.snapshot = processing.model_copy(update={"status": "SUCCEEDED", "version": 8})
+    assert st.notes_signature() not in (answered, waiting)  # ended: the controls go
+    st.job_id = None
+    assert st.notes_signature() == ""  # no job open: the notes are hidden

@@ -18,9 +18,9 @@ import gradio as gr
 
 from hitl_review.statecore.trusted_proxy import TrustedProxies
 
-from . import gradio_skips
+from . import gradio_skips, progress_on
 from .assets import KEYS_JS, LOAD_DRAFT_JS, SAVE_DRAFT_JS, URL_JS, pick_js
-from .box_list_view import wire_box_list
+from .box_list_view import BoxListView, wire_box_list
 from .callbacks import Callbacks, show
 from .editor import labels_from_env
 from .images import ImageStore
@@ -62,17 +62,20 @@ def build_app(
         root = store_root or default_store_root()
         cb = ReviewerCallbacks(comps, api_url, ImageStore(root), labels)  # box stages and mask review
         cb.proxies = TrustedProxies(trusted_proxies)
-        wire(demo, comps, cb)
+        boxes = BoxListView(comps)  # the interactive box list
+        wire(demo, comps, cb, boxes)
         wire_mask(demo, comps, cb)
-        wire_box_list(demo, comps)  # the interactive box list
+        wire_box_list(demo, comps, boxes)
         wire_notes(demo, comps, cb)  # skip, flag for a lead, comments
         wire_zoom(comps.zoom, comps.session, comps.annotator, root / "zoom")  # the full-size view
+        progress_on.narrow(demo, comps.banner_md)  # the page tracks loading statuses on the banner only
     demo.queue(default_concurrency_limit=None)
     return demo
 
 
-def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
-    """Connect the handlers to the components' events (inside ``demo``'s context)."""
+def wire(demo: gr.Blocks, c: Components, cb: Callbacks, boxes: BoxListView) -> None:
+    """Connect the handlers to the components' events (inside ``demo``'s context); ``boxes`` is the box
+    list, which follows the canvas."""
     panel_outputs = c.panel_outputs()
     st = [c.session]
 
@@ -134,10 +137,18 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks) -> None:
     # preprocess=False: the annotator's raw value (boxes in canvas units with their scale) is read by
     # ui.annotator without decoding the image on every click.
     edit_outputs = [c.notes_md, c.label_target, c.undo_btn, c.redo_btn, c.draft_out]
+
+    def on_canvas(st: Any, value: Any, target: str | None, min_score: float | None) -> dict[Any, Any]:
+        """The canvas reported a value: the edit recorded and the box list drawn again, in one event (two
+        listeners were two round trips per value, each opening of a job included)."""
+        out = cb.on_annotator_change(st, value, target)
+        out.update(boxes.on_canvas(st, value, min_score))
+        return out
+
     c.annotator.change(
-        cb.on_annotator_change,
-        inputs=[c.session, c.annotator, c.label_target],
-        outputs=edit_outputs,
+        on_canvas,
+        inputs=[c.session, c.annotator, c.label_target, c.box_list.min_score],
+        outputs=[*edit_outputs, *c.box_list.outputs()],
         preprocess=False,
         show_progress="hidden",
     )

@@ -59,14 +59,14 @@ class BoxListView:
             return self._render(st, value, min_score)
 
 
-def wire_box_list(demo: gr.Blocks, c: Components) -> None:
-    """Connect the list (inside ``demo``'s context; after ``ui.app.wire``)."""
-    view, b = BoxListView(c), c.box_list
+def wire_box_list(demo: gr.Blocks, c: Components, view: BoxListView) -> None:
+    """Connect the list (inside ``demo``'s context; after ``ui.app.wire``, whose canvas listener draws the
+    list with each value the annotator reports, ``BoxListView.on_canvas``)."""
+    b = c.box_list
     inputs = [c.session, c.annotator, b.min_score]
     demo.load(None, js=BOX_LIST_JS)
     # preprocess=False: the annotator's raw value (ui.annotator reads it without decoding the image).
-    for listen in (c.annotator.change, b.min_score.change):
-        listen(view.on_canvas, inputs=inputs, outputs=b.outputs(), preprocess=False, show_progress="hidden")
+    b.min_score.change(view.on_canvas, inputs=inputs, outputs=b.outputs(), preprocess=False, show_progress="hidden")
     b.html.click(
         view.on_act,
         inputs=inputs,

@@ -88,9 +88,10 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
 
     # ------------------------------------------------------------------ rendering
 
-    def notes_arrived(self, key: str) -> Update:
+    def notes_arrived(self, st: ReviewerState) -> Update:
         """A note on the open job arrived (``ui.pump``): its notes are shown again (``ui.notes_wiring``)."""
-        return {self.c.notes_key: key}
+        with st.lock:
+            return {self.c.notes_key: st.notes_signature()}
 
     def view(
         self,
@@ -113,6 +114,7 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
             c.reapply_btn: gr.update(visible=st.offer is not None and panel is not None, value=c.reapply_btn.value),
             c.cancel_btn: gr.update(visible=snap is not None and not terminal, value=c.cancel_btn.value),
             c.current_job: st.job_id or "",
+            c.notes_key: st.notes_signature(),  # the notes are drawn again only when it changes
         }
         out.update(self.presence_update(st))
         if redraw or panel is None:  # an open confirmation, or full-size view, belongs to the view being replaced
@@ -431,7 +433,6 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         st.claimed = None  # an accepted submission ends the claim (docs/protocol.md § Claims)
         with st.lock:  # confirmed: the browser forgets the draft
             st.answered_view = (panel.job_id, st.follow_gen, draft_message(panel.job_id, panel.pause_token, None))
-        self.prefetcher.start(st, client)  # the job N opens next (ui.prefetch)
         return {self.c.banner_md: msg + " Press N for the next job.", self.c.review_error: ""}
 
     def after_submit(self, st: ReviewerState) -> Iterator[Update]:
@@ -440,7 +441,8 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         refusal or a 409 (their answer said it all, a 409's redraw has its own event), nor once another
         job is open. Sent as a follower's update is (``ui.pump.emission``): a job N opens meanwhile waits
         for it, so this view of the job left never lands over the next job's panel; and a last update
-        that changes nothing, since Gradio's completion message repeats the last one."""
+        that changes nothing, since Gradio's completion message repeats the last one. Then the next job is
+        prefetched."""
         with st.lock:
             due, st.answered_view = st.answered_view, None
         if due is not None:
@@ -451,6 +453,9 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
                         out = self.view(st, error="")
                     out[self.c.draft_out] = draft
                     yield self.within(out, self.submit_ids, "the panel's update after a submission")
+            # The job N opens next (ui.prefetch), fetched once the answer and this update are on their way, not
+            # on the cores that are sending and drawing them.
+            self.prefetcher.start(st, self.clients.get(st.token))
         yield {self.c.banner_md: gr.skip()}
 
     def within(self, out: Update, allowed: set[int], what: str) -> Update:

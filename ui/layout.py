@@ -87,7 +87,7 @@ class Components:
     draft_out: gr.Textbox  # unsent edits for the browser to keep (or forget)
     pause_key: gr.Textbox  # job and pause of a freshly drawn panel: the browser looks for a draft
     draft_in: gr.Textbox  # the draft the browser kept for that review
-    notes_key: gr.Textbox  # a colleague's flag or comment on the open job arrived: its notes are shown again
+    notes_key: gr.Textbox  # the open job's notes' signature: they are drawn again when it changes (ui.notes_wiring)
     redraw_key: gr.Textbox  # a submission's 409 asks for the panel to be drawn again (Callbacks.on_conflict_view)
     stage_filter: gr.Dropdown
     batch_filter: gr.Textbox
@@ -165,6 +165,7 @@ class Components:
             self.cancel_confirm.style,
             self.results_col.style,
             self.current_job,
+            self.notes_key,
             self.draft_out,
             self.zoom.panel.style,
             self.mask.col.style,

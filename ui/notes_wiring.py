@@ -14,12 +14,11 @@ def wire_notes(demo: gr.Blocks, c: Components, cb: Callbacks) -> NotesView:
     """Connect the notes' controls (inside ``demo``'s context, after ``ui.app.wire``)."""
     ns, n, st = NotesView(cb), c.notes, [c.session]
     shown = n.outputs()
-    # The open job's notes follow what the page shows: a job opened or closed, a panel drawn, its status, a
-    # colleague's flag or comment (the follower's ``notes_key``, ui.pump).
-    # One event for the four (an opened job changes several at once): runs that would overlap collapse
-    # into the last one instead of one run each.
-    shows = [c.current_job.change, c.pause_key.change, c.mask.key.change, c.status_md.change, c.notes_key.change]
-    gr.on(shows, ns.on_show, inputs=st, outputs=shown, show_progress="hidden", trigger_mode="always_last")
+    # The open job's notes are drawn again when what they show changes: every view of the job names
+    # ``notes_key``, its notes' signature (``ReviewerState.notes_signature``: a job opened or closed, a pause
+    # opened or answered, the job's end, a flag or comment, a colleague's too through the follower), so a
+    # status line moving on sets off no event. Runs that would overlap collapse into the last one.
+    c.notes_key.change(ns.on_show, inputs=st, outputs=shown, show_progress="hidden", trigger_mode="always_last")
     n.flagged_only.change(ns.on_flagged_only, inputs=[c.session, n.flagged_only], outputs=[c.queue_table, c.queue_note])
 
     # Skip, then the next job as "Open next job (N)" opens it: laid out, drawn, followed (ui.app.wire's then_draw).

@@ -106,7 +106,7 @@ class Renderer(Protocol):
         self, st: ReviewerState, *, redraw: bool, banner: str | None = None, error: str | None = None
     ) -> dict[Any, Any]: ...
 
-    def notes_arrived(self, key: str) -> dict[Any, Any]: ...
+    def notes_arrived(self, st: ReviewerState) -> dict[Any, Any]: ...
 
 
 def apply_and_render(
@@ -156,7 +156,7 @@ async def follow_job(
                         with emission(st, job_id, gen, stop) as ok:
                             if not ok:
                                 break
-                            yield render.notes_arrived(f"{job_id}|{item.id}")
+                            yield render.notes_arrived(st)
                     continue
                 if item.version <= st.version:
                     continue  # history the snapshot already shows

@@ -8,6 +8,8 @@ tested without a server (docs/protocol.md § Intervention, § Second round).
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -321,6 +323,24 @@ class ReviewerState:
             if banner is not None:
                 self.notice = banner
             return SnapshotChange(applied=True, redraw=True, banner=banner)
+
+    def notes_signature(self) -> str:
+        """What the open job's notes (``ui.notes_view``: its flag, comments and controls) are drawn from, as a
+        short key: the notes are drawn again when it changes (``ui.notes_wiring``), not on every view of the
+        job (a status line moving on is not a change of its notes). "" when no job is open."""
+        snap = self.snapshot
+        if not self.job_id or snap is None or snap.job_id != self.job_id:
+            return ""
+        live = not is_terminal(snap)
+        said = [
+            snap.job_id,
+            self.reviewer,
+            live,
+            live and snap.active_pause is not None,
+            snap.flag.model_dump(mode="json") if snap.flag is not None else None,
+            [c.model_dump(mode="json") for c in snap.comments],
+        ]
+        return hashlib.blake2b(json.dumps(said, sort_keys=True).encode(), digest_size=8).hexdigest()
 
     def submission_id(self) -> str:
         with self.lock:

@@ -1,0 +1,37 @@
+"""Every event of the reviewer page keeps its loading status on the banner only (``ui.progress_on``): the
+config the browser reads names the banner as each backend event's progress target, so Gradio's page never
+tracks (and copies, at every status change) the review panel's components."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from hitl_review.ui import progress_on
+from hitl_review.ui.app import build_app
+
+
+def test_the_page_tracks_every_events_progress_on_the_banner_alone() -> None:
+    demo = build_app("http://127.0.0.1:9", "tok")
+    banner = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "banner")
+    deps = demo.get_config_file()["dependencies"]
+    backend = [d for d in deps if d["backend_fn"]]
+    assert len(backend) > 50  # the page's handlers, not a handful
+    assert all(d["show_progress_on"] == [banner._id] for d in backend), [
+        d["id"] for d in backend if d["show_progress_on"] != [banner._id]
+    ]
+    # Outputs are unchanged: the panel's events still update the panel.
+    assert max(len(d["outputs"]) for d in backend) > 40
+
+
+def test_narrow_leaves_browser_only_steps_and_chosen_targets_alone() -> None:
+    with gr.Blocks() as demo:
+        a, b, c = gr.Markdown(), gr.Markdown(), gr.Markdown()
+        btn = gr.Button()
+        btn.click(lambda: ("x", "y"), outputs=[a, b])  # tracked on the banner after narrow
+        btn.click(None, js="() => 'z'", outputs=[b])  # the browser's own: Gradio keeps no status for it
+        btn.click(lambda: "w", outputs=[b], show_progress_on=[b])  # chosen: kept
+    assert progress_on.narrow(demo, c) == 1
+    first, js_only, chosen = demo.fns.values()
+    assert first.show_progress_on == [c]
+    assert js_only.show_progress_on is None
+    assert chosen.show_progress_on == [b]
