@@ -101,6 +101,7 @@ class Run:
     deadline: float
     slots: asyncio.Semaphore
     quorum: int = 1
+    api: Any = None  # the admin's API client (httpx.AsyncClient)
     polled: asyncio.Condition = field(default_factory=asyncio.Condition)
     polls_started: int = 0
     # per reviewer, the latest poll answered: its number, and whether a job waits for that reviewer
@@ -249,10 +250,36 @@ async def review(run: Run, page: Any, who: str) -> None:
         if got["kind"] == "miss":
             run.misses += 1
             after = run.polls_started
+            await held_unseen(run, page, who)
             continue
         prev = got["job"]
         run.opened.append({"reviewer": who, "pressed": pressed, **got})
         after = await answer(run, page, who, got)
+
+
+async def held_unseen(run: Run, page: Any, who: str) -> None:
+    """After a miss: a waiting job this reviewer's session holds a claim on while the page does not lay it
+    out is a stranded job (its claim renewed by the page's timer, N passing over it as the job on screen).
+    Recorded once per job in ``odd`` with what the page shows and every job its job line showed."""
+    r = await run.api.get("/api/v1/jobs", params={"status": "WAITING", "limit": 100})
+    held = [j["job_id"] for j in r.json().get("jobs", []) if (j.get("claim") or {}).get("reviewer") == who]
+    shown = await page.evaluate(SHOWN_JS)
+    for job in held:
+        if job == laid_out(shown) or any(o.get("job") == job and o["what"] == "held, not shown" for o in run.odd):
+            continue
+        seen = await page.evaluate("(j) => (window.__hitlJobShown || {})[j] || null", job)
+        banners = await page.evaluate("(window.__hitlBanners || []).slice(-6)")
+        log(f"{who}: holds {job} but its page lays out {laid_out(shown) or 'nothing'}: {shown}")
+        run.odd.append(
+            {
+                "what": "held, not shown",
+                "reviewer": who,
+                "job": job,
+                "page": shown,
+                "job_line_at": seen,
+                "banners": banners,
+            }
+        )
 
 
 async def answer(run: Run, page: Any, who: str, got: dict[str, Any]) -> int:
@@ -306,7 +333,7 @@ async def scenario(
     names = reviewer_names(n)
     # Jobs in flight: enough for every reviewer to have one to look at (a quorum job takes `quorum` of them).
     slots = asyncio.Semaphore(max(1, n // quorum))
-    run = Run(reviewers=n, jobs=jobs, deadline=time.monotonic() + timeout_s, slots=slots, quorum=quorum)
+    run = Run(reviewers=n, jobs=jobs, deadline=time.monotonic() + timeout_s, slots=slots, quorum=quorum, api=api)
     t0 = time.perf_counter()
     tasks = [asyncio.create_task(feed(run, api, images)), asyncio.create_task(poll(run, api, names))]
 

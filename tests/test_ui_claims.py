@@ -13,6 +13,7 @@ import gradio as gr
 
 from harness.tokens import TOKENS
 from hitl_review.client import HitlClient
+from hitl_review.ui import claims
 from hitl_review.ui.claims import claim_text
 from hitl_review.ui.panel import short_snapshot
 from hitl_review.ui.session import ReviewerState
@@ -90,3 +91,32 @@ def test_claim_presence_next_job_and_takeover(api_server: Any, tmp_path: Path) -
     assert b.claimed is None
     with HitlClient(api_server.url, TOKENS["admin"]) as admin:
         admin.cancel(job2)  # the server is shared by the session: leave no job waiting in others' queues
+
+
+def test_a_page_left_on_another_job_is_drawn_again_by_the_timer(api_server: Any, tmp_path: Path) -> None:
+    """The session holds (and the timer renews) a claim on the job it opened; a page whose last view names
+    another job (an update of the job left landed after the next job's panel) is drawn again once that
+    has lasted ``UNSEEN_REDRAW_S`` under the same opening, by the event a 409's redraw uses. An opening
+    whose update is on its way (a tick in between), or an emission or submission in flight, sets off
+    nothing."""
+    comps, cb = make_callbacks(api_server.url, tmp_path / "ui")
+    old, job = waiting_job(api_server.url, 43), waiting_job(api_server.url, 44)
+    st = ReviewerState(token=TOKENS["rev1"], signed_in=True)
+    cb.open_job(st, job)
+    assert comps.redraw_key not in cb.on_tick(st, job)  # the page shows it
+    assert comps.redraw_key not in cb.on_tick(st, old)  # first seen behind: the opening may be on its way
+    assert st.unseen is not None and st.unseen[0] == job
+    st.emitting = 1  # a follower's update in flight: not judged meanwhile
+    assert comps.redraw_key not in cb.on_tick(st, old) and st.unseen is None
+    st.emitting = 0
+    cb.on_tick(st, old)
+    assert st.unseen is not None
+    st.unseen = (st.unseen[0], st.unseen[1], st.unseen[2] - claims.UNSEEN_REDRAW_S)  # it has lasted
+    out = cb.on_tick(st, old)
+    assert out[comps.redraw_key].startswith(f"{job}|unseen|") and st.conflict_view == (True, None)
+    drawn = cb.on_conflict_view(st)  # the redraw event: the open job's panel, its canvas included
+    assert drawn[comps.current_job] == job and comps.annotator in drawn and visible(drawn[comps.review_col.style])
+    assert st.conflict_view is None and comps.redraw_key not in cb.on_tick(st, job)
+    cb.open_job(st, old)  # another opening: the time behind starts again
+    st.unseen = (job, st.follow_gen - 1, 0.0)
+    assert comps.redraw_key not in cb.on_tick(st, job) and st.unseen[:2] == (old, st.follow_gen)

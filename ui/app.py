@@ -120,8 +120,9 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks, boxes: BoxListView) -> N
         c.canvas_col.style,
         c.banner_md,
     ]
-    tick_outputs += [c.submit_btn, c.cut_btn, c.mask.submit_btn]
-    c.timer.tick(cb.on_tick, inputs=st, outputs=tick_outputs, show_progress="hidden")
+    tick_outputs += [c.submit_btn, c.cut_btn, c.mask.submit_btn, c.redraw_key]
+    # With the job the page shows (its last view's ``current_job``): a page left on another job is drawn again.
+    c.timer.tick(cb.on_tick, inputs=[c.session, c.current_job], outputs=tick_outputs, show_progress="hidden")
     c.current_job.change(None, inputs=[c.current_job], js=URL_JS)
 
     then_draw(c.queue_table.select(cb.on_queue_select, inputs=st, outputs=panel_outputs))

@@ -187,11 +187,12 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
             return {self.c.queue_note: gr.skip()}
         return self.queue_update(st)
 
-    def on_tick(self, st: ReviewerState, request: gr.Request | None = None) -> Update:
-        """The page's timer: renew the open job's claim (``ui.claims``), then refresh the queue."""
+    def on_tick(self, st: ReviewerState, page_job: str | None = None, request: gr.Request | None = None) -> Update:
+        """The page's timer: renew the open job's claim and check the page shows it (``ui.claims``), then
+        refresh the queue. ``page_job``: the job the page's last view named."""
         if not st.signed_in:
             return {self.c.queue_note: gr.skip()}
-        out = self.renew(st)
+        out = self.renew(st) | self.converge(st, page_job)
         self.remember_session(st, request)
         out.update(self.queue_update(st, quiet=True))
         return out
@@ -441,8 +442,7 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         refusal or a 409 (their answer said it all, a 409's redraw has its own event), nor once another
         job is open. Sent as a follower's update is (``ui.pump.emission``): a job N opens meanwhile waits
         for it, so this view of the job left never lands over the next job's panel; and a last update
-        that changes nothing, since Gradio's completion message repeats the last one. Then the next job is
-        prefetched."""
+        that changes nothing, since Gradio's completion message repeats the last one."""
         with st.lock:
             due, st.answered_view = st.answered_view, None
         if due is not None:

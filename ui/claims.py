@@ -25,6 +25,7 @@ from .queue import claim_left_s
 from .session import ReviewerState
 
 CLAIM_RENEW_S = 5.0  # well inside the server's claim TTL (60 s by default)
+UNSEEN_REDRAW_S = 3.0  # the page shows another job than the session's open one this long: drawn again
 NEXT_TRIES = 8  # "next job" asks again this often when others keep claiming first
 
 Update = dict[Any, Any]
@@ -57,6 +58,7 @@ class ClaimHandlers:
 
     c: Components
     clients: _Clients
+    redraws: int
     _session_claims: dict[str, tuple[str | None, str]]
     _claims_lock: threading.Lock
 
@@ -164,6 +166,30 @@ class ClaimHandlers:
             out = self.presence_update(st)
             out[self.c.banner_md] = st.notice
         return out
+
+    def converge(self, st: ReviewerState, page_job: str | None) -> Update:
+        """The timer's check that the page shows the job this session has open (``page_job``: the job the
+        page's last view named, ``current_job``). An update of the job left that lands after the next
+        job's panel would leave the page on the old one while the session holds, and the timer renews, a
+        claim on the new one: a job nobody else is offered and its reviewer does not see (the
+        four-reviewer benchmark stranded one this way, docs/benchmarks.md). When the page has shown
+        another job for ``UNSEEN_REDRAW_S`` under the same opening (an opening's own update is on its
+        way for far less), the panel is drawn again, by the event a 409's redraw uses."""
+        with st.lock:
+            job = st.job_id
+            if page_job is None or not job or page_job == job or st.emitting or st.sending:
+                st.unseen = None
+                return {}
+            now = time.monotonic()
+            if st.unseen is None or st.unseen[:2] != (job, st.follow_gen):
+                st.unseen = (job, st.follow_gen, now)
+                return {}
+            if now - st.unseen[2] < UNSEEN_REDRAW_S:
+                return {}
+            st.unseen = None
+            st.conflict_view = (True, None)  # drawn by ``on_conflict_view``, as a 409's redraw is
+            self.redraws += 1
+            return {self.c.redraw_key: f"{job}|unseen|{self.redraws}"}
 
     def on_take_over(self, st: ReviewerState) -> Update:
         """The "Take over" button: claim the open job with ``force`` (audited by the server)."""

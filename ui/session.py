@@ -143,6 +143,8 @@ class ReviewerState:
         # panel's update that follows the answer (Callbacks.after_submit).
         self.answered_view: tuple[str, int, str] | None = None
         self.followed_gen = -1  # the generation a follower already serves
+        # The page's timer saw it show another job than the open one: (job, open generation, since when).
+        self.unseen: tuple[str, int, float] | None = None
         self.lock = threading.RLock()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ReviewerState:
