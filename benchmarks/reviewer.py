@@ -56,13 +56,12 @@ from typing import Any
 import httpx
 import psutil
 
-from benchmarks.reviewer_figures import table
-from harness.bench import log, parse_at, pct
+from benchmarks.reviewer_figures import ADMIN, figures, table
+from harness.bench import log
 from harness.hitl_up import HitlUp
 from harness.reviewer_page import (
     ANSWERED_JS,
     BLUR_JS,
-    JOB_ID,
     MISS_TEXT,
     OPENED_JS,
     SHOWN_JS,
@@ -71,12 +70,10 @@ from harness.reviewer_page import (
     laid_out,
     shown_job,
 )
-from harness.sse import read_events
 from hitl_review.serve_app.samples import product_composite
 
 CHROMIUM = os.environ.get("HITL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
-ADMIN = "tok-bench-admin"
 POLL_S = 0.05  # the shared "is anything waiting?" poll
 MISS_WAIT_MS = 5_000  # an N press answered by the banner it already showed ("nothing waiting") changes nothing
 WAIT_MS = 60_000
@@ -301,18 +298,6 @@ async def answer(run: Run, page: Any, who: str, got: dict[str, Any]) -> int:
     return run.polls_started
 
 
-def pause_opened_at(api_url: str, job_id: str, pause: str) -> float | None:
-    """The ``at`` of the PAUSE_OPENED event that opened ``pause`` (from the job's event history)."""
-    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as c:
-        for ev in read_events(c, job_id, until="PAUSE_OPENED", timeout=httpx.Timeout(10, read=30)):
-            if (
-                ev["type"] == "PAUSE_OPENED"
-                and (ev.get("data") or {}).get("active_pause", {}).get("pause_token") == pause
-            ):
-                return parse_at(ev["at"])
-    return None
-
-
 async def cancel_waiting(api: httpx.AsyncClient) -> None:
     """Leave no job waiting for the next scenario."""
     r = await api.get("/api/v1/jobs", params={"status": "WAITING", "limit": 500})
@@ -353,79 +338,7 @@ async def scenario(
     if failures:
         raise RuntimeError(f"the scenario's feeder or poller failed: {failures[0]!r}") from failures[0]
     await cancel_waiting(api)
-    # The server's own word on every answer (docs/protocol.md § Audit): a page's banner can be replaced
-    # before it is read (the job's end right after the deciding answer), so refusals are counted here.
-    audits: dict[str, list[dict[str, Any]]] = {}
-    for job in {a["job"] for a in run.answers} | {m.group(0) for o in run.odd if (m := JOB_ID.search(o["job"]))}:
-        r = await api.get(f"/api/v1/jobs/{job}/audit")
-        r.raise_for_status()
-        audits[job] = r.json()["entries"]
-    refusals = [
-        f"{job} {e['actor']} {e['action']} {e['outcome']}"
-        for job, entries in audits.items()
-        for e in entries
-        if e["action"] in ("INTERVENE", "QUORUM_VOTE") and e["outcome"].startswith("REFUSED")
-    ]
-    for odd in run.odd:  # who did what to the job, from its audit trail
-        found = JOB_ID.search(odd["job"])
-        odd["audit"] = [
-            f"{e['at']} {e['actor']} {e['action']} v{e['base_version']} {e['outcome']}"
-            for e in audits.get(found.group(0) if found else "", [])
-        ]
-
-    pause_ms, press_ms, decided_ms, line_ms, draw_ms = [], [], [], [], []
-    opened_at: dict[tuple[str, str], float | None] = {}
-    for o in run.opened:
-        key = (o["job"], o["pause"])
-        if key not in opened_at:
-            opened_at[key] = await asyncio.to_thread(pause_opened_at, api_url, *key)
-        at = opened_at[key]
-        if at is not None:
-            pause_ms.append((o["t"] / 1000 - at) * 1000)
-        if o["pressed"] is not None:
-            press_ms.append((o["t"] / 1000 - o["pressed"]) * 1000)
-            line_ms.append(o["shown"] - o["pressed"] * 1000)  # the server's and Gradio's part
-            draw_ms.append(o["t"] - o["shown"])  # the browser's
-    for a in run.decided.values():
-        at = opened_at.get((a["job"], a["pause"]))
-        if at is not None and a["kind"] == "ok":
-            decided_ms.append((a["t"] / 1000 - at) * 1000)
-    submit_ms = [(a["t"] / 1000 - a["sent"]) * 1000 for a in run.answers]
-    kinds = {k: sum(a["kind"] == k for a in run.answers) for k in ("ok", "conflict", "refused")}
-    answered = len(run.answers)
-    return {
-        "reviewers": n,
-        "quorum": quorum,
-        "jobs_submitted": len(run.submitted),
-        "jobs_decided": len(run.decided),
-        "jobs_opened": len(run.opened),
-        "submissions": answered,
-        "wall_s": round(wall, 2),
-        "pause_to_interactive_p50_ms": round(pct(pause_ms, 0.5), 1),
-        "pause_to_interactive_p95_ms": round(pct(pause_ms, 0.95), 1),
-        "n_to_interactive_p50_ms": round(pct(press_ms, 0.5), 1),
-        "n_to_interactive_p95_ms": round(pct(press_ms, 0.95), 1),
-        "n_to_job_line_p50_ms": round(pct(line_ms, 0.5), 1),
-        "job_line_to_interactive_p50_ms": round(pct(draw_ms, 0.5), 1),
-        "submit_to_banner_p50_ms": round(pct(submit_ms, 0.5), 1),
-        "submit_to_banner_p95_ms": round(pct(submit_ms, 0.95), 1),
-        "pause_to_decided_p50_ms": round(pct(decided_ms, 0.5), 1),
-        "pause_to_decided_p95_ms": round(pct(decided_ms, 0.95), 1),
-        "confirmed": kinds["ok"],
-        "conflicts_409": len(refusals),  # the server's word (the audit), not the page's banner
-        "banner_not_confirmed": kinds["conflict"] + kinds["refused"],
-        "refused_other": kinds["refused"],
-        "share_409": round(len(refusals) / answered, 4) if answered else None,
-        "n_misses": run.misses,
-        "n_ended_on_open": run.ended_on_open,
-        "n_late_opens": run.late_opens,
-        "odd": run.odd,
-        "server_refusals": refusals,
-        "submissions_retried_429_503": run.retried,
-        "retry_answers": dict(run.retry_answers),
-        "other_answers": sorted({a["text"][:120] for a in run.answers if a["kind"] != "ok"}),
-        "timed_out": len(run.decided) < jobs,
-    }
+    return await figures(run, api, api_url, wall)
 
 
 async def sign_in(browser: Any, ui_url: str, name: str, tries: int = 3) -> Any:
