@@ -379,19 +379,24 @@ async def measure(up: HitlUp, args: argparse.Namespace, counts: list[int]) -> di
         browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             pages = [await sign_in(browser, up.ui_url or "", name) for name in reviewer_names(max(counts))]
-            if args.warmup:
-                log(f"warm-up: {args.warmup} job(s), 1 reviewer")
-                await scenario(pages[:1], api, up.api_url, args.warmup, images, args.timeout_s)
+            if args.warmup:  # every page opens its first jobs uncounted (a page's first opening is cold)
+                log(f"warm-up: {args.warmup} job(s) on each of {len(pages)} page(s), one page at a time")
+                for page in pages:
+                    await scenario([page], api, up.api_url, args.warmup, images, args.timeout_s)
             for n in counts:
                 log(f"{n} reviewer(s): {args.jobs} jobs, quorum {args.quorum}")
                 res = await scenario(pages[:n], api, up.api_url, args.jobs, images, args.timeout_s, args.quorum)
                 log(
-                    f"{n} reviewer(s): pause→interactive p50 {res['pause_to_interactive_p50_ms']} ms, "
+                    f"{n} reviewer(s): N→interactive p50 {res['n_to_interactive_p50_ms']} ms, "
+                    f"pause→interactive p50 {res['pause_to_interactive_p50_ms']} ms, "
                     f"submit→banner p50 {res['submit_to_banner_p50_ms']} ms, 409s {res['conflicts_409']}"
                 )
                 if res["retry_answers"]:
                     log(f"{n} reviewer(s): job submissions sent again after {res['retry_answers']}")
-                results[str(n)] = res
+                key, again = str(n), 2
+                while key in results:  # a count named twice (``--reviewers 4,4``): each scenario kept
+                    key, again = f"{n}#{again}", again + 1
+                results[key] = res
         finally:
             await browser.close()
     return results
@@ -403,7 +408,9 @@ def main() -> int:
     ap.add_argument(
         "--reviewers", default="1,4", help="comma-separated reviewer counts, one scenario each (default 1,4)"
     )
-    ap.add_argument("--warmup", type=int, default=1, help="uncounted jobs before the first scenario (default 1)")
+    ap.add_argument(
+        "--warmup", type=int, default=1, help="uncounted jobs each page opens before the first scenario (default 1)"
+    )
     ap.add_argument(
         "--quorum",
         type=int,

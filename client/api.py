@@ -19,7 +19,7 @@ from typing import Any, Generic, Self, TypeVar, cast
 
 import httpx
 
-from hitl_review.statecore.models import Claim, Event, JobList, JobResults, JobSnapshot, JobSummary
+from hitl_review.statecore.models import Claim, ClaimedJob, Event, JobList, JobResults, JobSnapshot, JobSummary
 
 from .account_calls import AccountCalls
 from .approve_calls import ApproveCalls
@@ -185,6 +185,10 @@ class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls, ApproveC
         panel is open); ``force`` takes over another reviewer's; ``snapshot``: a ``ClaimedJob`` with the
         job's snapshot. ``ConflictError`` with ``claim`` (``CLAIMED_BY_OTHER``) when another holds it."""
         return self._run(self._core.claim(job_id, force, snapshot))
+
+    def claim_next(self, exclude: Iterable[str] = ()) -> ClaimedJob | None:
+        """Claim the oldest waiting job nobody else claimed, but ``exclude``: a ``ClaimedJob``, None if none."""
+        return self._run(self._core.claim_next(exclude))
 
     def release(self, job_id: str) -> bool:
         """Release this reviewer's claim; False when there was none. Submitting or cancelling releases it too."""
@@ -390,6 +394,9 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
 
     async def claim(self, job_id: str, *, force: bool = False, snapshot: bool = False) -> Claim:
         return await self._run(self._core.claim(job_id, force, snapshot))
+
+    async def claim_next(self, exclude: Iterable[str] = ()) -> ClaimedJob | None:
+        return await self._run(self._core.claim_next(exclude))
 
     async def release(self, job_id: str) -> bool:
         return await self._run(self._core.release(job_id))

@@ -238,6 +238,14 @@ class ClientCore(CallCore):
         resp = yield from self.call("POST", job_path(job_id, "/claim"), params=params)
         return (ClaimedJob if snapshot else Claim).model_validate_json(resp.content)
 
+    def claim_next(self, exclude: Iterable[str]) -> Plan[ClaimedJob | None]:
+        """POST /claims/next: claim the oldest waiting job no other reviewer has claimed, other than
+        ``exclude``, with its snapshot (one round trip however many reviewers race); None when none
+        is left. A retry after a lost answer renews the claim taken (the caller's own claim does not
+        hide a job), so it does not take a second job."""
+        resp = yield from self.call("POST", f"{API}/claims/next", json={"exclude": list(exclude)})
+        return None if resp.status_code == 204 else ClaimedJob.model_validate_json(resp.content)
+
     def release(self, job_id: str) -> Plan[bool]:
         """DELETE /jobs/{id}/claim: True when the caller held a claim (idempotent)."""
         resp = yield from self.call("DELETE", job_path(job_id, "/claim"))

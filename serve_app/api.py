@@ -76,6 +76,7 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/interventions/?$"), ("reviewer",)),
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/cancel/?$"), ("reviewer",)),
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/claim/?$"), ("reviewer",)),
+    ("POST", re.compile(rf"^{API}/claims/next/?$"), ("reviewer",)),
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/subjects/[^/]+/preview/?$"), ("reviewer",)),
     ("DELETE", re.compile(rf"^{API}/jobs/[^/]+/claim/?$"), ("reviewer",)),
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/(flag|comments|skip)/?$"), ("reviewer",)),

@@ -28,7 +28,7 @@ from .annotator import (
     reapplied_value,
     subjects_from_annotator,
 )
-from .claims import NEXT_TRIES, ClaimHandlers
+from .claims import ClaimHandlers
 from .editing import EditorHandlers
 from .editor import ALL_STAGES, draft_message
 from .images import ImageStore
@@ -231,43 +231,29 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         return self.open_job(st, str(job_id))  # drawn in this one step, as N draws (ui.app.wire)
 
     def on_next(self, st: ReviewerState) -> Update:
-        """The oldest waiting job nobody else claimed (docs/protocol.md § Claims): claim it, then show it;
-        when another reviewer claimed it first, ask again."""
+        """The oldest waiting job nobody else claimed (docs/protocol.md § Claims): claimed with its snapshot
+        in one round trip (``POST /claims/next``: a job another reviewer took first is passed over by the
+        server, not asked for again from here), then shown."""
         if not st.signed_in:
             return {self.c.banner_md: gr.skip()}
-        client = self.clients.get(st.token)
-        exclude = [st.job_id] if st.job_id else []
-        for _ in range(NEXT_TRIES):
-            found = None
-            try:
-                found = client.next_job(exclude=exclude)
-                if found is None:
-                    st.prefetched = None  # whatever was fetched ahead is not waiting any more
-                    return {self.c.banner_md: "No other job is waiting for review."}
-                # Before the page shows the next job, the one left is free for others (none after a submission).
-                self.release_claim(st, keep=found.job_id)
-                # The claim and the job's fresh snapshot in one round trip (docs/protocol.md § Claims).
-                holder, snap = self.claim_fresh(st, found.job_id, snapshot=True)
-            except ApiError as exc:  # e.g. the pause was consumed in between: try the next one
-                if exc.status_code != 409:
-                    return {self.c.banner_md: error_text(exc)}
-                holder = None
-                exclude.append(found.job_id if found is not None else "")
-                continue
-            except Exception as exc:  # said in the banner
-                return {self.c.banner_md: error_text(exc)}
-            if holder is None:
-                # Drawn in this one step: the canvas' column stays mounted (ui.layout), so it has its size
-                # when shown; no second event (``after_open``) on the way to the panel.
-                try:
-                    out = self.open_job(st, found.job_id, claimed=True, snap=snap)
-                except Exception as exc:  # said in the banner and logged: an N that answers nothing looks dead
-                    log.exception("opening %s after N", found.job_id)
-                    return {self.c.banner_md: f"Could not open {found.job_id}: " + error_text(exc)}
-                self.prefetcher.start(st, client)  # the job N opens after this one (ui.prefetch)
-                return out
-            exclude.append(found.job_id)
-        return {self.c.banner_md: "Every other waiting job is being reviewed by someone else right now."}
+        try:
+            taken = self.claim_next(st)
+        except Exception as exc:  # said in the banner
+            return {self.c.banner_md: error_text(exc)}
+        if taken is None:
+            st.prefetched = None  # whatever was fetched ahead is not waiting any more
+            return {self.c.banner_md: "No other job is waiting for review."}
+        job_id = taken.snapshot.job_id
+        # Drawn in this one step: the canvas' column stays mounted (ui.layout), so it has its size when
+        # shown; no second event (``after_open``) on the way to the panel.
+        try:
+            out = self.open_job(st, job_id, claimed=True, snap=taken.snapshot)
+        except Exception as exc:  # said in the banner and logged: an N that answers nothing looks dead
+            log.exception("opening %s after N", job_id)
+            self.release_claim(st, keep=st.job_id)  # not left held for a minute when the page never showed it
+            return {self.c.banner_md: f"Could not open {job_id}: " + error_text(exc)}
+        self.prefetcher.start(st, self.clients.get(st.token))  # the job N opens after this one (ui.prefetch)
+        return out
 
     def on_load(self, st: ReviewerState, request: gr.Request) -> Update:
         out: Update = {}

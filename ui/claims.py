@@ -4,9 +4,9 @@ A mixin of ``ui.callbacks.Callbacks``. Opening a waiting job claims it; the page
 claim every ``CLAIM_RENEW_S`` while the panel is open; opening another job (or closing the tab)
 releases it. Another reviewer's live claim shows who and for how long, with a "Take over" button
 (``force``); a renewal refused with ``CLAIMED_BY_OTHER`` means someone took the job over: the page
-says so and turns Submit off (the unsent edits stay in the browser's draft). "Next job" asks for the
-oldest job nobody else claimed and claims it; a 409 there means another reviewer got it first, so
-it asks again.
+says so and turns Submit off (the unsent edits stay in the browser's draft). "Next job" claims the
+oldest job nobody else claimed in one request (``POST /claims/next``): the server passes over a job
+another reviewer got first.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from .session import ReviewerState
 
 CLAIM_RENEW_S = 5.0  # well inside the server's claim TTL (60 s by default)
 UNSEEN_REDRAW_S = 3.0  # the page shows another job than the session's open one this long: drawn again
-NEXT_TRIES = 8  # "next job" asks again this often when others keep claiming first
 
 Update = dict[Any, Any]
 
@@ -78,10 +77,26 @@ class ClaimHandlers:
             if exc.code == "CLAIMED_BY_OTHER" and exc.claim is not None:
                 return exc.claim, None
             raise
-        with st.lock:
-            st.reviewer, st.claimed, st.renewed_at = claim.reviewer, job_id, time.monotonic()
-            st.held_by, st.taken_over = None, False
+        self._hold(st, job_id, claim.reviewer)
         return None, claim.snapshot if isinstance(claim, ClaimedJob) else None
+
+    def claim_next(self, st: ReviewerState) -> ClaimedJob | None:
+        """N: claim the next job (other than the one on the page) with its snapshot, then release the claim
+        on the job left; None, and the claim on the page's job kept, when no other job is left to claim."""
+        left = st.claimed
+        taken = self.clients.get(st.token).claim_next(exclude=[st.job_id] if st.job_id else [])
+        if taken is None:
+            return None
+        job_id = taken.snapshot.job_id
+        self._hold(st, job_id, taken.reviewer)
+        if left and left != job_id:  # the job left is free for others (nothing is held after a submission)
+            self._release(st, left)
+        return taken
+
+    def _hold(self, st: ReviewerState, job_id: str, reviewer: str) -> None:
+        with st.lock:
+            st.reviewer, st.claimed, st.renewed_at = reviewer, job_id, time.monotonic()
+            st.held_by, st.taken_over = None, False
 
     def release_claim(self, st: ReviewerState, keep: str | None = None) -> None:
         """Release the claim this session holds, unless it is on ``keep`` (best effort: it expires anyway)."""
@@ -89,8 +104,11 @@ class ClaimHandlers:
         if not old or old == keep:
             return
         st.claimed = None
+        self._release(st, old)
+
+    def _release(self, st: ReviewerState, job_id: str) -> None:
         try:
-            self.clients.get(st.token).release(old)
+            self.clients.get(st.token).release(job_id)
         except Exception:  # not ours any more, or the server is away: the claim expires by itself
             pass
 
