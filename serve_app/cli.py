@@ -345,8 +345,7 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="MS",
-        help="simulated model latency added to each segmentation (one subject per SEGMENT_SUBJECT node, a "
-        "refinement from a reviewer's clicks, a live preview), for "
+        help="simulated model latency added to each segmentation (one subject per SEGMENT_SUBJECT node), for "
         "demos and autoscaling tests: review bursts queue on the Segmenter deployment (default 0)",
     )
     m.add_argument(

@@ -32,23 +32,6 @@ def test_segmenter_delay_from_the_command_line_to_the_backend(tmp_path):
     out = models.segmenter.segment(image, "sha", [{"box_id": "b1", "bbox": [14, 14, 50, 50]}])
     assert time.perf_counter() - t0 >= 0.15
     assert out[0]["box_id"] == "b1" and out[0]["mask"].shape == (64, 64)
-    # The prompted path (a refinement from clicks, the live preview) is as slow.
-    t0 = time.perf_counter()
-    [best, *_] = models.segmenter.segment_prompt(image, "sha", [14, 14, 50, 50], [{"x": 32, "y": 32, "positive": True}])
-    assert time.perf_counter() - t0 >= 0.15
-    assert best["mask"].shape == (64, 64) and best["mask"][32, 32]
-
-
-class _BoxesOnly:
-    name = "boxes-only"
-
-    def segment(self, image, image_sha, boxes):
-        return []
-
-
-def test_a_delayed_segmenter_offers_a_prompted_path_only_when_its_backend_has_one():
-    delayed = DelayedSegmenter(_BoxesOnly(), 10)  # type: ignore[arg-type]  # a backend without segment_prompt
-    assert getattr(delayed, "segment_prompt", None) is None  # the executor says "no prompted path", not a crash
 
 
 def test_no_segmenter_delay_by_default(tmp_path):

@@ -21,7 +21,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -195,8 +194,7 @@ class DelayedDetector:
 
 class DelayedSegmenter:
     """The same for segmentation (``--segmenter-delay-ms``): a slow segmenter makes review bursts
-    queue on the Segmenter deployment, so its autoscaling can be watched. The prompted path (a
-    refinement from a reviewer's clicks, the live preview) is delayed as much, when the backend has one."""
+    queue on the Segmenter deployment, so its autoscaling can be watched."""
 
     def __init__(self, inner: SegmenterBackend, delay_ms: float) -> None:
         self.inner = inner
@@ -210,14 +208,7 @@ class DelayedSegmenter:
     def __getattr__(self, item: str) -> Any:
         if item == "inner":  # not set yet (copy, unpickle): no recursion
             raise AttributeError(item)
-        found = getattr(self.inner, item)
-        if item == "segment_prompt":  # only when the backend has one: callers ask with getattr
-            return partial(self._delayed, found)
-        return found
-
-    def _delayed(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        time.sleep(self.delay_ms / 1000.0)
-        return call(*args, **kwargs)
+        return getattr(self.inner, item)
 
 
 # --------------------------------------------------------------------------- registry
