@@ -1,16 +1,21 @@
 """What a follower says after this reviewer's own submission, against a real API (the uvicorn harness, a
 real redis-server): the job's progress to its end, never the review again, never a blanked confirmation,
-and never "Another reviewer submitted first." about the submission itself (``ReviewerState.sending``)."""
+and never "Another reviewer submitted first." about the submission itself (``ReviewerState.sending``);
+its progress events gathered into a few reads of the job (``ui.pump.PROGRESS_EVENTS``)."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from harness.tokens import TOKENS
+from hitl_review.client import AsyncHitlClient
+from hitl_review.statecore.models import Event, JobSnapshot
+from hitl_review.ui.pump import PROGRESS_EVENTS, follow_job
 from hitl_review.ui.session import ReviewerState
 
 from .test_ui_callbacks import make_callbacks, updates, visible, waiting_job
@@ -45,3 +50,40 @@ def test_the_pages_follower_ends_on_an_update_that_changes_nothing(api_server: A
     nothing = {comps.banner_md: gr.skip()}
     assert got[0] == nothing and got[-1] == nothing
     assert st.emitting == 0  # every counted update was let go: the next opening does not wait
+
+
+class CountingClient(AsyncHitlClient):
+    """The real client, counting the follower's reads of the job: what gathering progress saves."""
+
+    gets = 0
+
+    async def get_job(self, job_id: str) -> JobSnapshot:
+        self.gets += 1
+        return await super().get_job(job_id)
+
+
+def test_a_burst_of_progress_is_read_in_a_few_gets_and_the_end_is_still_shown(api_server: Any, tmp_path: Path) -> None:
+    comps, cb = make_callbacks(api_server.url, tmp_path / "ui")
+    job = waiting_job(api_server.url, 67)
+    st = ReviewerState(token=TOKENS["rev1"], signed_in=True)
+    opened = cb.open_job(st, job)
+    assert cb.on_submit(st, opened[comps.annotator])[comps.banner_md].startswith("Submitted")
+    shown = st.version
+
+    async def follow() -> tuple[list[dict[Any, Any]], int, list[Event]]:
+        client = CountingClient(api_server.url, TOKENS["rev1"])
+        try:
+            follower = follow_job(st, job, st.follow_gen, client, cb, threading.Event())
+            got = await updates(follower, until=lambda u: False, timeout=60)
+            return got, client.gets, [e async for e in client.events(job)]
+        finally:
+            await client.aclose()
+
+    got, gets, events = asyncio.run(follow())
+    assert any("ended" in str(u.get(comps.banner_md, "")) for u in got), got  # the end is shown
+    progress = [e for e in events if e.version > shown and e.type in PROGRESS_EVENTS]
+    others = [e for e in events if e.version > shown and e.type not in PROGRESS_EVENTS]
+    assert len(progress) >= 4, [e.type for e in events]  # two subjects cut: nodes started, segmented, gated
+    # One read per event that is not progress at most, and progress read in batches, not one GET each.
+    assert 1 <= gets < len(progress) + len(others), (gets, [e.type for e in progress], [e.type for e in others])
+    assert gets <= len(others) + len(progress) // 2, (gets, [e.type for e in progress], [e.type for e in others])
