@@ -360,3 +360,22 @@ def test_the_queue_filters_by_batch_and_stage() -> None:
     assert [r[0] for r in queue_rows(jobs, batch="spring")] == ["job_1", "job_4"]
     assert [r[0] for r in queue_rows(jobs, batch="spring", stage="WAITING_BOX_BATCH_REVISION")] == ["job_4"]
     assert queue_rows(jobs, batch="winter") == []
+
+
+def test_a_label_that_overtakes_the_drawing_s_report_keeps_the_label(tmp_path: Path) -> None:
+    """A number key pressed right after drawing: the label's event can run before the canvas's report of
+    the drawing (CI, stop 35: a reload then restored the box without its label). The label handler saw
+    the drawn box in the canvas value it was sent, so the drawing's report arriving afterwards is stale:
+    it neither takes the label away from the notes nor writes an unlabelled draft over the labelled one."""
+    comps, cb, st = editor(tmp_path)
+    base = as_raw(cb.view(st, redraw=True)[comps.annotator], scale=0.5)
+    raw = {**base, "boxes": [drawn(300, 200, 350, 260, scale=0.5), *base["boxes"]]}
+    pick = json.dumps({"label": 2, "box": drawn(300, 200, 350, 260, scale=0.5)})
+    out = cb.on_pick_label(st, raw, pick)  # before the canvas reported the drawing
+    assert json.loads(out[comps.draft_out])["draft"]["added"][0]["label"] == "bag"
+    assert cb.on_annotator_change(st, raw, None) == {comps.notes_md: gr.skip()}  # the drawing's late report
+    assert st.history_for(shown(st.panel)).current.added[0][1] == "bag"
+    # the label's own echo changes nothing; undo takes the label away first, then the drawn box
+    assert comps.draft_out not in cb.on_annotator_change(st, as_raw(out[comps.annotator]), None)
+    assert labels_of(cb.on_undo(st)[comps.annotator])[0] == ""
+    assert len(cb.on_undo(st)[comps.annotator]["boxes"]) == 3

@@ -169,10 +169,16 @@ class EditorHandlers:
             new_value, relabels, err = apply_label(panel, value, st.relabels, target, label, image)
             if err or new_value is None:
                 return {self.c.review_error: err or NO_SELECTION}
-            st.relabels = relabels
-            return self._after_label(st, panel, new_value)
+            before, st.relabels = st.relabels, relabels
+            return self._after_label(st, panel, value, new_value, before)
 
-    def _after_label(self, st: ReviewerState, panel: Panel, new_value: Any) -> Update:
+    def _after_label(
+        self, st: ReviewerState, panel: Panel, value: Any, new_value: Any, before: dict[str, str]
+    ) -> Update:
+        # The canvas state this label was applied to is recorded first: the label's event can overtake
+        # the canvas's own report of that state (a number key pressed right after drawing), which then
+        # arrives as an older state and is ignored instead of taking the label away (draft included).
+        st.canvas_changed(panel, edits_between(panel, read_annotator(panel, value), before))
         edits = edits_between(panel, read_annotator(panel, new_value), st.relabels)
         st.shown_by_app(panel, edits)
         out: Update = {self.c.annotator: new_value, self.c.review_error: "", self.c.label_text: ""}
@@ -190,10 +196,10 @@ class EditorHandlers:
             new_value, relabels, err = apply_label(panel, value, st.relabels, target, text, image)
             if err or new_value is None or panel is None:
                 return {self.c.review_error: err}
-            st.relabels = relabels
+            before, st.relabels = st.relabels, relabels
             if panel is not st.panel:
                 return {self.c.annotator: new_value, self.c.label_text: "", self.c.review_error: ""}
-            return self._after_label(st, panel, new_value)
+            return self._after_label(st, panel, value, new_value, before)
 
     def on_restore_draft(self, st: ReviewerState, raw: str | None) -> Update:
         """The browser's kept edits for the review just drawn: put back where their boxes still exist."""
