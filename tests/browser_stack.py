@@ -43,10 +43,14 @@ def ui_up(
 
 # The `hitl up`s that several modules share (a module names one in SHARED_UI): its options and environment.
 # The box stages only (the mask review has its own module), the label set the editor's buttons show;
-# "signed-in" with the reviewers' identities of harness.tokens, so each page signs in.
+# "signed-in" with the reviewers' identities of harness.tokens, so each page signs in, and an authenticating
+# proxy trusted on 127.0.0.1 (a page sends its X-Forwarded-User only where a test gives it one).
 SHARED_STACKS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "box-stages": (("--quality-gate", "off"), {"HITL_LABELS": "shoe,bag,shirt"}),
-    "signed-in": (("--quality-gate", "off"), {"HITL_TOKENS": TOKENS_SPEC, "HITL_LABELS": "shoe,bag,shirt"}),
+    "signed-in": (
+        ("--quality-gate", "off", "--trusted-proxy", "127.0.0.1"),
+        {"HITL_TOKENS": TOKENS_SPEC, "HITL_LABELS": "shoe,bag,shirt"},
+    ),
 }
 _running: dict[str, HitlUp] = {}  # started by a group's first module, stopped after its last (``stop_shared``)
 TERMINAL = frozenset({"SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED", "EMPTY_SELECTION", "CANCELLED", "TIMED_OUT"})

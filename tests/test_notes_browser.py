@@ -38,7 +38,7 @@ from .browser_util import (
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
 
 
-SHARED_UI = "signed-in"  # one `hitl up` with the review coordination's module (tests/browser_stack.py)
+SHARED_UI = "signed-in"  # one `hitl up` with the review coordination's and the accounts' modules
 
 
 class Stack:

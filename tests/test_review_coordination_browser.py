@@ -49,7 +49,7 @@ GHOST_RIGHT = [430.0, 10.0, 620.0, 60.0]
 RENEWAL_WAIT_MS = 20_000  # the page renews every 5 s (ui.claims.CLAIM_RENEW_S) on a 2 s tick
 
 
-SHARED_UI = "signed-in"  # one `hitl up` with the notes' module (tests/browser_stack.py)
+SHARED_UI = "signed-in"  # one `hitl up` with the notes' and the accounts' modules (tests/browser_stack.py)
 
 
 class Stack:

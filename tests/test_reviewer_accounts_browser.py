@@ -1,6 +1,7 @@
 """Reviewer accounts in a real browser: headless Debian Chromium driven by Playwright against ONE real
 `hitl up` (embedded Redis, local Ray, Ray Serve, the Gradio UI) started with the test identities
-(HITL_TOKENS) and ``--trusted-proxy 127.0.0.1`` (README § Reviewer accounts).
+(HITL_TOKENS) and ``--trusted-proxy 127.0.0.1`` (README § Reviewer accounts), the "signed-in" one the
+notes' and the review coordination's modules share (tests/browser_stack.py).
 
 1. a reviewer added while it runs (the admin route) signs in on the page with a name and the token, sees
    the queue, is still signed in after a reload (the browser kept the sign-in), signs out (the form is
@@ -20,14 +21,16 @@ from typing import Any
 import pytest
 
 from harness.hitl_up import HitlUp
-from harness.tokens import TOKENS, TOKENS_SPEC
+from harness.tokens import TOKENS
 from hitl_review.serve_app.cli import main as hitl
 from hitl_review.serve_app.samples import product_composite
 
-from .browser_stack import page_maker, ui_up
+from .browser_stack import page_maker, shared_ui_up
 from .browser_util import WAIT_MS, Api, Reviewer
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
+
+SHARED_UI = "signed-in"  # one `hitl up` with the notes' and the review coordination's modules
 
 
 class Stack:
@@ -40,8 +43,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    folder = tmp_path_factory.mktemp("hitl-accounts")
-    with ui_up(request, folder, "--trusted-proxy", "127.0.0.1", env={"HITL_TOKENS": TOKENS_SPEC}) as up:
+    with shared_ui_up(request, tmp_path_factory, SHARED_UI) as up:
         s = Stack(up)
         try:
             s.job = s.api.submit(product_composite(21, 640, 480, n=2)[0])
