@@ -35,3 +35,19 @@ def test_narrow_leaves_browser_only_steps_and_chosen_targets_alone() -> None:
     assert first.show_progress_on == [c]
     assert js_only.show_progress_on is None
     assert chosen.show_progress_on == [b]
+
+
+def test_the_events_a_reviewer_waits_on_answer_over_plain_http() -> None:
+    """Submit, "Cut nothing", N and Skip are answered on their HTTP request (``queue=False``): no queue
+    join and no event stream to open again before the answer (docs/benchmarks.md, stops 31 and 36);
+    the follower after N and Skip stays on the queue (it streams)."""
+    demo = build_app("http://127.0.0.1:9", "tok")
+    ids = {getattr(b, "elem_id", None): b._id for b in demo.blocks.values()}
+    deps = demo.get_config_file()["dependencies"]
+
+    def first_backend_event(elem_id: str) -> dict:
+        return next(d for d in deps if d["backend_fn"] and (ids[elem_id], "click") in d["targets"])
+
+    for elem_id in ("submit-btn", "next-job-btn", "skip-btn"):
+        assert first_backend_event(elem_id)["queue"] is False, elem_id
+    assert any(d["backend_fn"] and d["queue"] is not False and d["types"]["generator"] for d in deps)

@@ -126,8 +126,9 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks, boxes: BoxListView) -> N
     c.current_job.change(None, inputs=[c.current_job], js=URL_JS)
 
     then_draw(c.queue_table.select(cb.on_queue_select, inputs=st, outputs=panel_outputs))
-    # N draws the panel in its own step (``Callbacks.on_next``); its follower comes next.
-    then_follow(c.next_btn.click(cb.on_next, inputs=st, outputs=panel_outputs, show_progress="hidden"))
+    # N draws the panel in its own step (``Callbacks.on_next``); its follower comes next. Over plain HTTP
+    # as Submit: no queue join, no event stream to open again before the answer can come.
+    then_follow(c.next_btn.click(cb.on_next, inputs=st, outputs=panel_outputs, show_progress="hidden", queue=False))
     then_draw(c.takeover_btn.click(cb.on_take_over, inputs=st, outputs=panel_outputs))
     login_outputs = [*panel_outputs, *cb.restore_outputs(), c.queue_table, c.queue_note]
     login_inputs = [c.session, c.login_name, c.login_token]

@@ -21,9 +21,10 @@ def wire_notes(demo: gr.Blocks, c: Components, cb: Callbacks) -> NotesView:
     c.notes_key.change(ns.on_show, inputs=st, outputs=shown, show_progress="hidden", trigger_mode="always_last")
     n.flagged_only.change(ns.on_flagged_only, inputs=[c.session, n.flagged_only], outputs=[c.queue_table, c.queue_note])
 
-    # Skip, then the next job as "Open next job (N)" opens it: laid out, drawn, followed (ui.app.wire's then_draw).
+    # Skip, then the next job as "Open next job (N)" opens it: laid out, drawn, followed (ui.app.wire's then_draw);
+    # over plain HTTP as N.
     panel = c.panel_outputs()
-    skipped = n.skip_btn.click(ns.on_skip, inputs=st, outputs=[*panel, n.error_md])
+    skipped = n.skip_btn.click(ns.on_skip, inputs=st, outputs=[*panel, n.error_md], queue=False)
     drawn = skipped.then(cb.after_open, inputs=st, outputs=panel, show_progress="hidden")
     drawn.then(cb.follow_on_page, inputs=st, outputs=panel, show_progress="hidden")
 
