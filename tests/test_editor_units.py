@@ -196,23 +196,23 @@ def test_label_buttons_undo_redo_and_reset_without_a_server(tmp_path: Path) -> N
     assert "no longer on the image" in err[comps.review_error]
 
     # undo: the relabel goes, then the label of the drawn box, then the box; redo brings them back
-    out = cb.on_undo(st)
+    out = cb.on_undo(st, as_raw(out[comps.annotator]))
     assert labels_of(out[comps.annotator])[2].startswith("#2 sock") and st.relabels == {}
-    out = cb.on_undo(st)
+    out = cb.on_undo(st, as_raw(out[comps.annotator]))
     assert labels_of(out[comps.annotator])[0] == ""
-    out = cb.on_undo(st)
+    out = cb.on_undo(st, as_raw(out[comps.annotator]))
     assert len(out[comps.annotator]["boxes"]) == 3 and out[comps.undo_btn]["interactive"] is False
     assert json.loads(out[comps.draft_out])["draft"] is None  # nothing left to keep
-    assert comps.annotator not in cb.on_undo(st)  # nothing more to undo
-    out = cb.on_redo(st)
-    out = cb.on_redo(st)
+    assert comps.annotator not in cb.on_undo(st, as_raw(out[comps.annotator]))  # nothing more to undo
+    out = cb.on_redo(st, as_raw(out[comps.annotator]))
+    out = cb.on_redo(st, as_raw(out[comps.annotator]))
     assert labels_of(out[comps.annotator])[0] == "new: bag" and out[comps.redo_btn]["interactive"] is True
 
     # reset to the model's boxes, and that too can be undone
-    out = cb.on_reset(st)
+    out = cb.on_reset(st, as_raw(out[comps.annotator]))
     assert out[comps.annotator]["boxes"] == offered and st.relabels == {}
     assert json.loads(out[comps.draft_out])["draft"] is None
-    out = cb.on_undo(st)
+    out = cb.on_undo(st, as_raw(out[comps.annotator]))
     assert labels_of(out[comps.annotator])[0] == "new: bag"
 
 
@@ -377,5 +377,25 @@ def test_a_label_that_overtakes_the_drawing_s_report_keeps_the_label(tmp_path: P
     assert st.history_for(shown(st.panel)).current.added[0][1] == "bag"
     # the label's own echo changes nothing; undo takes the label away first, then the drawn box
     assert comps.draft_out not in cb.on_annotator_change(st, as_raw(out[comps.annotator]), None)
-    assert labels_of(cb.on_undo(st)[comps.annotator])[0] == ""
-    assert len(cb.on_undo(st)[comps.annotator]["boxes"]) == 3
+    out = cb.on_undo(st, as_raw(out[comps.annotator]))
+    assert labels_of(out[comps.annotator])[0] == ""
+    assert len(cb.on_undo(st, as_raw(out[comps.annotator]))[comps.annotator]["boxes"]) == 3
+
+
+def test_undo_pressed_before_the_canvas_reported_the_drawing_undoes_the_drawing(tmp_path: Path) -> None:
+    """Ctrl+Z right after drawing: Undo's event carries the canvas as it is, so it undoes the drawing the
+    app had not heard of yet (it used to undo the edit before it: two edits gone, the canvas and the
+    history apart), and the drawing's report, arriving afterwards, is stale."""
+    comps, cb, st = editor(tmp_path)
+    out = cb.view(st, redraw=True)
+    base = as_raw(out[comps.annotator], scale=0.5)
+    one_gone = {**base, "boxes": base["boxes"][1:]}
+    out = cb.on_annotator_change(st, one_gone, None)  # deleted a box: reported
+    assert "deleted 1" in out[comps.notes_md]
+    drew = {**one_gone, "boxes": [drawn(300, 200, 350, 260, scale=0.5), *one_gone["boxes"]]}
+    out = cb.on_undo(st, drew)  # before the canvas reported the drawing
+    assert len(out[comps.annotator]["boxes"]) == len(one_gone["boxes"])  # the drawing undone, the deletion kept
+    assert "deleted 1" in out[comps.notes_md] and "drew" not in out[comps.notes_md]
+    assert cb.on_annotator_change(st, drew, None) == {comps.notes_md: gr.skip()}  # its late report
+    out = cb.on_redo(st, as_raw(out[comps.annotator]))
+    assert len(out[comps.annotator]["boxes"]) == len(drew["boxes"])  # redo brings the drawing back

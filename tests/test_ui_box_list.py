@@ -239,7 +239,7 @@ def test_the_list_follows_the_canvas_and_hide_lock_go_through_the_app(tmp_path: 
     assert "moved 1" in out[comps.notes_md] and out[comps.undo_btn]["interactive"] is True
     assert json.loads(out[comps.draft_out])["draft"]["moved"] == {"box_1": [11.0, 20.0, 111.0, 120.0]}
     assert "moved" in view.on_canvas(st, moved, 0.45)[comps.box_list.html]
-    out = cb.on_undo(st)
+    out = cb.on_undo(st, moved)
     assert out[comps.annotator]["boxes"][0]["xmin"] == 10.0 and json.loads(out[comps.draft_out])["draft"] is None
 
     # the next round starts with nothing hidden or locked

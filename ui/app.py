@@ -190,8 +190,16 @@ def wire_editor(c: Components, cb: Callbacks, outputs: list[Any]) -> None:
         btn.click(None, js=pick_js(n), outputs=[c.pick_in], queue=False, trigger_mode="multiple").then(
             cb.on_pick_label, inputs=[c.session, c.annotator, c.pick_in], outputs=outputs, preprocess=False
         )
+    # With the canvas' value: the state each acts on is the one on screen (``EditorHandlers.seen``).
     for btn, fn in ((c.undo_btn, cb.on_undo), (c.redo_btn, cb.on_redo), (c.reset_btn, cb.on_reset)):
-        btn.click(fn, inputs=[c.session], outputs=outputs, show_progress="hidden", trigger_mode="multiple")
+        btn.click(
+            fn,
+            inputs=[c.session, c.annotator],
+            outputs=outputs,
+            show_progress="hidden",
+            trigger_mode="multiple",
+            preprocess=False,
+        )
     c.draft_out.change(None, inputs=[c.draft_out], js=SAVE_DRAFT_JS, queue=False)
     # A drawn review's kept draft: the app hears of it only when there is one (``draft_in`` changes; the
     # page's answer names the drawing, so a draft found again is a change too), not on every drawing.

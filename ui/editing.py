@@ -90,10 +90,11 @@ class EditorHandlers:
             out[c.draft_out] = draft_message(panel.job_id, panel.pause_token, hist.current)
         return out
 
-    def show_edits(self, st: ReviewerState, panel: Panel, edits: Edits) -> Update:
-        """Put ``edits`` (over ``panel``) on the canvas; the caller holds ``st.lock``."""
+    def show_edits(self, st: ReviewerState, panel: Panel, edits: Edits, replaced: Edits | None = None) -> Update:
+        """Put ``edits`` (over ``panel``) on the canvas in place of ``replaced`` (``ReviewerState.shown_by_app``);
+        the caller holds ``st.lock``."""
         value, st.relabels = reapplied_value(panel, edits, self.store.for_panel(st, panel))
-        st.shown_by_app(panel, edits)
+        st.shown_by_app(panel, edits, replaced)
         out = {self.c.annotator: value, self.c.review_error: ""}
         out.update(self.editor_view(st, panel, value, changed=True))
         out[self.c.label_target] = gr.update(choices=label_choices(panel, read_annotator(panel, value), st.relabels))
@@ -123,28 +124,42 @@ class EditorHandlers:
             out.update(self.editor_view(st, panel, value, changed=changed))
             return out
 
-    def on_undo(self, st: ReviewerState) -> Update:
+    def seen(self, st: ReviewerState, panel: Panel, value: Any, relabels: dict[str, str] | None = None) -> None:
+        """Record the canvas state ``value`` an event was sent with (``relabels``: the labels it was drawn
+        with, default the current ones) before the event acts on it. A label key or Undo pressed right after
+        drawing can overtake the canvas's own report of the drawing; the report, arriving afterwards, is then
+        an older state and ignored, instead of taking the label away or undoing the wrong step."""
+        if value and st.panel_for(value) is panel:
+            drawn = read_annotator(panel, value)
+            st.canvas_changed(panel, edits_between(panel, drawn, st.relabels if relabels is None else relabels))
+
+    def on_undo(self, st: ReviewerState, value: Any) -> Update:
+        return self._travel(st, value, back=True)
+
+    def on_redo(self, st: ReviewerState, value: Any) -> Update:
+        return self._travel(st, value, back=False)
+
+    def _travel(self, st: ReviewerState, value: Any, *, back: bool) -> Update:
+        """Undo (``back``) or redo from the canvas state ``value`` the event was sent with."""
+        btn = self.c.undo_btn if back else self.c.redo_btn
         with st.lock:
             panel = self._open_panel(st)
-            edits = st.history_for(panel).undo() if panel is not None else None
-            if panel is None or edits is None:
-                return {self.c.undo_btn: gr.update(interactive=False, value=self.c.undo_btn.value)}
-            return self.show_edits(st, panel, edits)
+            if panel is not None:
+                self.seen(st, panel, value)  # a drawing not yet reported: undone first, nothing left to redo
+                hist = st.history_for(panel)
+                was = hist.current
+                edits = hist.undo() if back else hist.redo()
+                if edits is not None:
+                    return self.show_edits(st, panel, edits, replaced=was)
+            return {btn: gr.update(interactive=False, value=btn.value)}
 
-    def on_redo(self, st: ReviewerState) -> Update:
-        with st.lock:
-            panel = self._open_panel(st)
-            edits = st.history_for(panel).redo() if panel is not None else None
-            if panel is None or edits is None:
-                return {self.c.redo_btn: gr.update(interactive=False, value=self.c.redo_btn.value)}
-            return self.show_edits(st, panel, edits)
-
-    def on_reset(self, st: ReviewerState) -> Update:
-        """Back to the boxes the model (or the previous round) offered; undoable."""
+    def on_reset(self, st: ReviewerState, value: Any) -> Update:
+        """Back to the boxes the model (or the previous round) offered; undoable (to what was on the canvas)."""
         with st.lock:
             panel = self._open_panel(st)
             if panel is None:
                 return {self.c.review_error: gr.skip()}
+            self.seen(st, panel, value)
             return self.show_edits(st, panel, Edits())
 
     def on_pick_label(self, st: ReviewerState, value: Any, pick: str | None) -> Update:
@@ -175,10 +190,7 @@ class EditorHandlers:
     def _after_label(
         self, st: ReviewerState, panel: Panel, value: Any, new_value: Any, before: dict[str, str]
     ) -> Update:
-        # The canvas state this label was applied to is recorded first: the label's event can overtake
-        # the canvas's own report of that state (a number key pressed right after drawing), which then
-        # arrives as an older state and is ignored instead of taking the label away (draft included).
-        st.canvas_changed(panel, edits_between(panel, read_annotator(panel, value), before))
+        self.seen(st, panel, value, before)  # the state the label was applied to (a drawing not yet reported)
         edits = edits_between(panel, read_annotator(panel, new_value), st.relabels)
         st.shown_by_app(panel, edits)
         out: Update = {self.c.annotator: new_value, self.c.review_error: "", self.c.label_text: ""}

@@ -194,11 +194,13 @@ class ReviewerState:
         self.history = EditHistory(panel.pause_token)
         self.server_set = [Edits()]
 
-    def shown_by_app(self, panel: Panel, edits: Edits) -> EditHistory:
-        """The app put ``edits`` on the canvas (undo, redo, reset, a label, a restored draft)."""
+    def shown_by_app(self, panel: Panel, edits: Edits, replaced: Edits | None = None) -> EditHistory:
+        """The app put ``edits`` on the canvas (undo, redo, reset, a label, a restored draft) in place of
+        ``replaced`` (default: the history's current state; undo and redo have moved it already)."""
         hist = self.history_for(panel)
+        was = hist.current if replaced is None else replaced
         # What the canvas showed until now can still echo back (a click sent before this arrived).
-        self.server_set = [*self.server_set[-8:], copy_edits(hist.current), copy_edits(edits)]
+        self.server_set = [*self.server_set[-8:], copy_edits(was), copy_edits(edits)]
         hist.record(edits)
         return hist
 
