@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 JOB_ID = re.compile(r"job_[0-9A-Za-z]+")
-MISS_TEXT = re.compile(r"No other job is waiting")  # N found nothing to open
+MISS_TEXT = re.compile(r"No other job is (waiting|free)")  # N found nothing to open (ui.queue.nothing_to_open_text)
 
 # Counts the banner's DOM changes, so a wait can tell a fresh answer from the one already shown.
 # Every text the banner showed, in order, with when (a banner can be replaced before a poll reads it:
@@ -34,7 +34,7 @@ OPENED_JS = """([prev, mark]) => {
   const MD = ' [data-testid="markdown"]';  // the text only: not the progress line Gradio lays over it
   const text = (sel) => { const el = document.querySelector(sel + MD); return el ? el.innerText.trim() : ''; };
   const banner = text('#banner');
-  if (window.__hitlBannerN > mark && /No other job is waiting/.test(banner)) {
+  if (window.__hitlBannerN > mark && /No other job is (waiting|free)/.test(banner)) {
     return { kind: 'miss' };
   }
   const job = text('#job-id').match(/job_[0-9A-Za-z]+/);

@@ -120,3 +120,37 @@ def test_a_page_left_on_another_job_is_drawn_again_by_the_timer(api_server: Any,
     cb.open_job(st, old)  # another opening: the time behind starts again
     st.unseen = (job, st.follow_gen - 1, 0.0)
     assert comps.redraw_key not in cb.on_tick(st, job) and st.unseen[:2] == (old, st.follow_gen)
+    with HitlClient(api_server.url, TOKENS["admin"]) as admin:
+        for j in (old, job):  # the server is shared by the session: leave no job waiting
+            admin.cancel(j)
+
+
+def test_n_with_every_other_waiting_job_held_says_by_whom(api_server: Any, tmp_path: Path) -> None:
+    """N when no job is free: the banner tells "every other one is being reviewed by someone else" (and by
+    whom) from "none is waiting", and the page keeps its own job and claim."""
+    comps, cb = make_callbacks(api_server.url, tmp_path / "ui")
+    with HitlClient(api_server.url, TOKENS["admin"]) as admin:  # jobs an earlier test left waiting: not ours
+        for left in admin.list_jobs(status="WAITING", limit=200).jobs:
+            admin.cancel(left.job_id)
+    job1, job2 = waiting_job(api_server.url, 45), waiting_job(api_server.url, 46)
+    a = ReviewerState(token=TOKENS["rev1"], signed_in=True)
+    b = ReviewerState(token=TOKENS["rev2"], signed_in=True)
+    try:
+        cb.open_job(a, job1)
+        cb.open_job(b, job2)
+        out = cb.on_next(b)
+        assert out[comps.banner_md] == "No other job is free: the other waiting job is being reviewed by rev1."
+        assert b.job_id == job2 and b.claimed == job2
+        with HitlClient(api_server.url, TOKENS["rev1"]) as rev1:
+            rev1.release(job1)
+        a.claimed = None
+        out = cb.on_next(b)  # job1 is free now: N opens it
+        assert b.job_id == job1 and b.claimed == job1 and comps.annotator in out
+        with HitlClient(api_server.url, TOKENS["admin"]) as admin:
+            admin.cancel(job2)
+        assert cb.on_next(b)[comps.banner_md] == "No other job is waiting for review."
+    finally:
+        with HitlClient(api_server.url, TOKENS["admin"]) as admin:
+            for job in (job1, job2):
+                if admin.get_job(job).status != "CANCELLED":
+                    admin.cancel(job)

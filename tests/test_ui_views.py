@@ -25,7 +25,15 @@ from hitl_review.ui.panel import (
     backends_text,
     panel_image_name,
 )
-from hitl_review.ui.queue import claim_left_s, format_age, next_job_id, presence_text, queue_rows
+from hitl_review.ui.queue import (
+    NOTHING_WAITING,
+    claim_left_s,
+    format_age,
+    next_job_id,
+    nothing_to_open_text,
+    presence_text,
+    queue_rows,
+)
 from hitl_review.ui.results import results_view
 from tests.ui_fakes import (
     IMAGE,
@@ -93,6 +101,30 @@ def test_queue_rows_say_who_is_reviewing() -> None:
     assert queue_rows(jobs, now, me="rev1")[0][-1] == "you are reviewing"
     assert claim_left_s(live, now) == 30 and claim_left_s(over, now) == 0 and claim_left_s(None, now) == 0
     assert presence_text(live, "rev2", now) == "rev1 is reviewing"
+
+
+def test_n_finding_nothing_says_whether_the_others_are_being_reviewed() -> None:
+    now = datetime(2026, 5, 21, 10, 0, 30, tzinfo=UTC)
+
+    def held(job: str, who: str, until: str = "2026-05-21T10:01:00Z") -> JobSummary:
+        return summary(job, "2026-05-21T09:00:00Z").model_copy(
+            update={"claim": ClaimView(reviewer=who, expires_at=until)}
+        )
+
+    mine = held("job_a", "rev1")  # on rev1's screen
+    assert nothing_to_open_text([], "rev1", None, now=now) == NOTHING_WAITING
+    assert nothing_to_open_text([mine], "rev1", "job_a", now=now) == NOTHING_WAITING
+    one = nothing_to_open_text([mine, held("job_b", "rev2")], "rev1", "job_a", now=now)
+    assert one == "No other job is free: the other waiting job is being reviewed by rev2."
+    three = [mine, held("job_b", "rev3"), held("job_c", "rev2"), held("job_d", "rev2")]
+    assert nothing_to_open_text(three, "rev1", "job_a", now=now).endswith(
+        "the 3 other waiting jobs are being reviewed by rev2, rev3."
+    )
+    assert "the 3+ other waiting jobs" in nothing_to_open_text(three, "rev1", "job_a", more=True, now=now)
+    # an expired claim holds nothing (N would have taken it): the plain answer
+    assert (
+        nothing_to_open_text([held("job_b", "rev2", "2026-05-21T10:00:00Z")], "rev1", None, now=now) == NOTHING_WAITING
+    )
 
 
 # --------------------------------------------------------------------------- results

@@ -242,7 +242,7 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
             return {self.c.banner_md: error_text(exc)}
         if taken is None:
             st.prefetched = None  # whatever was fetched ahead is not waiting any more
-            return {self.c.banner_md: "No other job is waiting for review."}
+            return {self.c.banner_md: self.nothing_to_open(st)}
         job_id = taken.snapshot.job_id
         # Drawn in this one step: the canvas' column stays mounted (ui.layout), so it has its size when
         # shown; no second event (``after_open``) on the way to the panel.

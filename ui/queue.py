@@ -79,6 +79,29 @@ def queue_rows(
     return rows
 
 
+NOTHING_WAITING = "No other job is waiting for review."
+
+
+def nothing_to_open_text(
+    jobs: Iterable[JobSummary], me: str | None, on_screen: str | None, more: bool = False, now: datetime | None = None
+) -> str:
+    """What N says when no job was left to claim, from the waiting jobs ``jobs`` (one page of them; ``more``:
+    there are others): every other one being reviewed by someone else (and by whom), or none waiting.
+    ``me``: this reviewer; ``on_screen``: the job the page shows."""
+    held = [
+        j
+        for j in waiting_jobs(jobs)
+        if j.job_id != on_screen and j.claim is not None and claim_left_s(j.claim, now) > 0 and j.claim.reviewer != me
+    ]
+    if not held:
+        return NOTHING_WAITING
+    names = ", ".join(sorted({j.claim.reviewer for j in held if j.claim is not None}))
+    if len(held) == 1 and not more:
+        return f"No other job is free: the other waiting job is being reviewed by {names}."
+    count = f"{len(held)}+" if more else str(len(held))
+    return f"No other job is free: the {count} other waiting jobs are being reviewed by {names}."
+
+
 def next_job_id(jobs: Iterable[JobSummary], exclude: Iterable[str | None] = ()) -> str | None:
     skip = set(exclude)
     return next((j.job_id for j in waiting_jobs(jobs) if j.job_id not in skip), None)

@@ -17,7 +17,7 @@ from hitl_review.statecore.models import JobSummary
 
 from .images import ImageStore
 from .layout import Components
-from .queue import TABLE_HEADERS, queue_rows, thumb_cell, waiting_jobs
+from .queue import NOTHING_WAITING, TABLE_HEADERS, nothing_to_open_text, queue_rows, thumb_cell, waiting_jobs
 from .session import ReviewerState
 
 QUEUE_MAX_ROWS = 200
@@ -61,6 +61,15 @@ class QueueHandlers:
             if not cursor:
                 break
         return jobs
+
+    def nothing_to_open(self, st: ReviewerState) -> str:
+        """N's banner when no job was left to claim (``ui.queue.nothing_to_open_text``): one more read of the
+        queue, on a miss only, says whether the others are all being reviewed by someone else."""
+        try:
+            page = self.clients.get(st.token).list_jobs(status="WAITING", limit=50)
+        except Exception:  # the plain answer is still true
+            return NOTHING_WAITING
+        return nothing_to_open_text(page.jobs, st.reviewer, st.job_id, more=page.next_cursor is not None)
 
     def queue_update(self, st: ReviewerState, *, quiet: bool = False) -> Update:
         """The queue table and its note. ``quiet`` (the timer's poll): the table is left as the page shows
