@@ -34,6 +34,7 @@ from hitl_review.ui.layout import Components, layout
 from hitl_review.ui.queue import queue_rows
 from hitl_review.ui.server import quiet_asset_prints
 from hitl_review.ui.session import ReviewerState
+from tests.test_ui_callbacks import visible
 from tests.ui_fakes import IMAGE, H, W, as_raw, drawn, opened, round1, round2, shown
 
 LABELS = ("shoe", "bag", "shirt")
@@ -399,3 +400,28 @@ def test_undo_pressed_before_the_canvas_reported_the_drawing_undoes_the_drawing(
     assert cb.on_annotator_change(st, drew, None) == {comps.notes_md: gr.skip()}  # its late report
     out = cb.on_redo(st, as_raw(out[comps.annotator]))
     assert len(out[comps.annotator]["boxes"]) == len(drew["boxes"])  # redo brings the drawing back
+
+
+def test_a_round_the_follower_opened_while_the_closing_update_was_on_its_way_is_shown_again(tmp_path: Path) -> None:
+    """After an accepted submission the event that follows its answer closes the review; when the follower
+    opens the next round meanwhile, its panel can reach the page before that closing update and be hidden by
+    it (CI, stop 36: round 2 never showed to the winner of two racing reviewers). The event then sends the
+    panel as it is now, once more; with nothing opened meanwhile it sends nothing more."""
+    comps, cb, st = editor(tmp_path)
+    cb.view(st, redraw=True)
+    st.answered_view = ("job_1", st.follow_gen, draft_message("job_1", "pause_1", None))
+    st.record_success("pause_1", "VALIDATING_MANUAL_BOXES", 4, "VALIDATE_MANUAL_BOX_LIST", 2, 1, 0)
+    updates = cb.after_submit(st)
+    assert not visible(next(updates)[comps.review_col.style])  # the review closed
+    st.apply_snapshot(round2())  # the follower: the round-2 pause opened
+    again = next(updates)
+    assert visible(again[comps.review_col.style]) and "round 2" in again[comps.stage_md].lower()
+    assert {id(k) for k in again} <= {id(o) for o in comps.submit_outputs()}
+    assert list(updates) == [{comps.banner_md: gr.skip()}]
+
+    comps, cb, st = editor(tmp_path / "quiet")
+    cb.view(st, redraw=True)
+    st.answered_view = ("job_1", st.follow_gen, draft_message("job_1", "pause_1", None))
+    st.record_success("pause_1", "VALIDATING_MANUAL_BOXES", 4, "VALIDATE_MANUAL_BOX_LIST", 2, 1, 0)
+    closed, last = cb.after_submit(st)
+    assert not visible(closed[comps.review_col.style]) and last == {comps.banner_md: gr.skip()}

@@ -33,7 +33,7 @@ from .editing import EditorHandlers
 from .editor import ALL_STAGES, draft_message
 from .images import ImageStore
 from .layout import Components
-from .panel import annotator_value, backends_text, is_terminal, status_text
+from .panel import Panel, annotator_value, backends_text, is_terminal, status_text
 from .prefetch import Prefetcher, take
 from .pump import Followers, emission, follow_job
 from .queue import TABLE_HEADERS
@@ -433,11 +433,20 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
             due, st.answered_view = st.answered_view, None
         if due is not None:
             job_id, gen, draft = due
+            shown: Panel | None = None
             with emission(st, job_id, gen, threading.Event()) as ok:
                 if ok:
                     with st.lock:
-                        out = self.view(st, error="")
+                        out, shown = self.view(st, error=""), st.panel
                     out[self.c.draft_out] = draft
+                    yield self.within(out, self.submit_ids, "the panel's update after a submission")
+            # A round the follower opened while that update was on its way: the follower's panel may have
+            # reached the page first, and that update (the review closed) over it. The panel as it is now.
+            with emission(st, job_id, gen, threading.Event()) as ok:
+                with st.lock:
+                    reopened = ok and st.panel is not None and st.panel is not shown
+                    out = self.view(st, error="") if reopened else {}
+                if out:
                     yield self.within(out, self.submit_ids, "the panel's update after a submission")
             # The job N opens next (ui.prefetch), fetched once the answer and this update are on their way, not
             # on the cores that are sending and drawing them.
