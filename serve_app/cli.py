@@ -292,22 +292,24 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
     m.add_argument(
         "--detector",
         default="classical",
-        choices=["classical", "sam-auto", "torchvision"],
+        choices=["classical", "sam-auto", "torchvision", "null"],
         help="what proposes boxes: classical (OpenCV, no weights), sam-auto (Segment Anything's "
-        "automatic masks, needs --sam-checkpoint) or torchvision (needs --detector-weights); "
-        "default classical",
+        "automatic masks, needs --sam-checkpoint), torchvision (needs --detector-weights) or null "
+        "(two fixed boxes, no compute: measures the control plane); default classical",
     )
     m.add_argument(
         "--segmenter",
         default="classical",
-        choices=["classical", "sam"],
-        help="what cuts out approved boxes: classical (GrabCut) or sam (needs --sam-checkpoint); default classical",
+        choices=["classical", "sam", "null"],
+        help="what cuts out approved boxes: classical (GrabCut), sam (needs --sam-checkpoint) or null "
+        "(the box is the mask, no compute); default classical",
     )
     m.add_argument(
         "--validator",
         default=None,
-        choices=["classical", "sam"],
-        help="what scores hand-drawn boxes (default: sam with --segmenter sam, else classical)",
+        choices=["classical", "sam", "null"],
+        help="what scores hand-drawn boxes (default: the segmenter's with --segmenter sam or null, else "
+        "classical; null passes every box on the image)",
     )
     m.add_argument(
         "--sam-checkpoint",

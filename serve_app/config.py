@@ -47,7 +47,7 @@ class Settings(BaseModel):
     artifacts_root: str | None = None
 
     detector: str = "classical"
-    validator: str | None = None  # default: follows the segmenter (sam -> sam, else classical)
+    validator: str | None = None  # default: follows the segmenter (sam -> sam, null -> null, else classical)
     segmenter: str = "classical"
     sam_checkpoint: str | None = None
     sam_model_type: str = "vit_b"
@@ -134,7 +134,7 @@ class Settings(BaseModel):
     def validator_backend(self) -> str:
         if self.validator:
             return self.validator
-        return "sam" if self.segmenter == "sam" else "classical"
+        return self.segmenter if self.segmenter in ("sam", "null") else "classical"
 
     @property
     def loopback(self) -> bool:
