@@ -395,12 +395,14 @@ def plan_cancel(state: JobState, who: str, now: str) -> Plan:
         plan.meta["active_pause"] = ""
         plan.meta["pause_token"] = ""
     node = state.current_node
-    if node is not None and node.status in ("QUEUED", "RUNNING"):
-        # The node's work is abandoned: say so, rather than leave it QUEUED/RUNNING for ever.
+    if node is not None and node.status in ("QUEUED", "RETRY_WAIT", "RUNNING"):
+        # The node's work is abandoned: say so, rather than leave it live for ever (finish() takes
+        # it out of the indices; a dispatcher runs only a QUEUED or RETRY_WAIT node).
         plan.meta["current_node"] = dump_node(node.model_copy(update={"status": "CANCELLED"}))
     for nid, n in state.subject_nodes.items():  # the subjects' nodes too (their index members go: _lib.lua)
         if n.status in ("QUEUED", "RETRY_WAIT", "RUNNING"):
             plan.meta[keys.node_field(nid)] = dump_node(n.model_copy(update={"status": "CANCELLED"}))
+    subjects.cancel(plan, state)  # and the subjects still live: CANCELLED
     plan.events.append(("JOB_CANCELLED", {"by": who, "from": state.status.value}))
     finish(plan, None)
     return plan

@@ -37,13 +37,17 @@ def gate_mode(state: JobState) -> str:
     return str(state.policy.get("quality_gate") or "off")
 
 
+NO_VERDICT = "the quality gate gave no verdict on this mask (it failed, timed out or did not run): a person decides"
+
+
 def needs_review(mode: str, r: SubjectResult) -> bool:
-    """Whether a segmented subject waits for a person under ``mode``."""
+    """Whether a segmented subject waits for a person under ``mode``. ``review-failing`` fails
+    closed: a mask the gate did not pass, a ``FAIL`` or no verdict at all, is one nobody vouched for."""
     if r.status != "SUCCEEDED" or not r.mask_url:
         return False
     if mode == "review-all":
         return True
-    return mode == "review-failing" and r.quality is not None and r.quality.verdict == "FAIL"
+    return mode == "review-failing" and (r.quality is None or r.quality.verdict != "PASS")
 
 
 def open_if_needed(
@@ -64,7 +68,13 @@ def open_if_needed(
     move(plan, state, S.WAITING_MASK_REVIEW)
     subjects = [
         SubjectToReview(
-            box_id=r.box_id, label=r.label, bbox=r.bbox, mask_url=r.mask_url, cutout_url=r.cutout_url, quality=r.quality
+            box_id=r.box_id,
+            label=r.label,
+            bbox=r.bbox,
+            mask_url=r.mask_url,
+            cutout_url=r.cutout_url,
+            quality=r.quality,
+            reason=NO_VERDICT if r.quality is None else None,
         )
         for r in listed
     ]

@@ -82,6 +82,7 @@ class SubjectToReview(BaseModel):
     mask_url: str | None = None
     cutout_url: str | None = None
     quality: QualityVerdict | None = None
+    reason: str | None = None  # why it waits for a person when no verdict says so (the gate gave none)
 
 
 # The workflow definition of every pause recorded before pauses named theirs (docs/protocol.md § Pause).
@@ -385,8 +386,11 @@ class SubjectResult(BaseModel):
     label: str | None = None
     # QUEUED: its SEGMENT_SUBJECT node waits in the outbox; SEGMENTING: the node runs (it segments, gates
     # and refines the mask: statecore.subjects); WAITING_REVIEW: in a mask review; REFINING: a reviewer's
-    # points are being segmented; SUCCEEDED: cut (SPEC §13's CUT).
-    status: Literal["QUEUED", "SEGMENTING", "SUCCEEDED", "FAILED", "REJECTED", "WAITING_REVIEW", "REFINING"]
+    # points are being segmented; SUCCEEDED: cut (SPEC §13's CUT); CANCELLED: the job was cancelled
+    # while it was QUEUED, SEGMENTING, WAITING_REVIEW or REFINING (a finished job's subjects are finished).
+    status: Literal[
+        "QUEUED", "SEGMENTING", "SUCCEEDED", "FAILED", "REJECTED", "WAITING_REVIEW", "REFINING", "CANCELLED"
+    ]
     attempts: int = 0  # starts of this subject's SEGMENT_SUBJECT nodes (a retry counts again)
     reason: str | None = None
     mask_url: str | None = None

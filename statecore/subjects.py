@@ -34,7 +34,9 @@ from .states import JobStatus, NodeType
 
 S = JobStatus
 PENDING = frozenset({"QUEUED", "SEGMENTING", "REFINING"})  # a subject whose node is still to run (or running)
+LIVE = PENDING | {"WAITING_REVIEW"}  # not finished: a finished job has none (SPEC §13)
 NO_RESULT = "segmenter returned no result for this box"
+CANCELLED_REASON = "the job was cancelled before this subject was decided"
 
 
 def queued(box: Box) -> SubjectResult:
@@ -191,3 +193,15 @@ def go_on(plan: Plan, state: JobState, results: list[SubjectResult], now: str, n
     plan.meta["results"] = dump(results)
     move(plan, state, S.FINALIZING_RESULTS)
     enqueue(plan, command(state.job_id, NodeType.FINALIZE_RESULTS, now, FinalizeInput()), now_ms)
+
+
+def cancel(plan: Plan, state: JobState) -> None:
+    """A cancel's part: every subject still live (to cut, being cut or retried, refined, in a mask
+    review) is ``CANCELLED`` in the cancel's own write, so a finished job's subjects are all
+    finished. Its mask, if any, ships no more (nobody vouched for it); a decided subject keeps its
+    result."""
+    if not any(r.status in LIVE for r in state.results):
+        return
+    gone = {"status": "CANCELLED", "reason": CANCELLED_REASON, "mask_url": None, "cutout_url": None}
+    results = [r.model_copy(update={**gone, "decided_by": None}) if r.status in LIVE else r for r in state.results]
+    plan.meta["results"] = dump(results)
