@@ -32,6 +32,7 @@ from hitl_review.statecore.nodes import (
     INVALID_NODE_INPUT,
     INVALID_NODE_OUTPUT,
     MODEL_NODES,
+    NAME_THIS_BOX,
     UNSUPPORTED_NODE_TYPE,
     DetectInput,
     Detection,
@@ -50,6 +51,7 @@ from hitl_review.statecore.nodes import (
 from hitl_review.statecore.states import NodeType
 
 from .backends.base import DetectorBackend, Role, SegmenterBackend, ValidatorBackend, make_backend
+from .backends.naming import NAMING_THRESHOLD, BoxNamer
 from .quality.gate import judge, score_mask
 from .quality.subject import QualityGate
 
@@ -271,14 +273,45 @@ def validate_boxes(
     img, sha = _image_of(inp, artifacts, image)
     answers = validator.validate(img, sha, _backend_boxes(inp.items_to_validate))
     verdicts = {v.box_id: v for v in (Verdict.model_validate(r) for r in answers)}
+    unlabelled = [b for b in inp.items_to_validate if not (b.label or "").strip()]
+    names = _names(validator, img, sha, unlabelled) if unlabelled and inp.round <= 1 else {}
+    unnamed = {b.box_id for b in unlabelled}
     for b in inp.items_to_validate:
-        out.results.append(
-            verdicts.get(b.box_id)
-            or Verdict(
-                box_id=b.box_id, passed=False, score=0.0, reason="the validator returned no verdict for this box"
-            )
+        v = verdicts.get(b.box_id) or Verdict(
+            box_id=b.box_id, passed=False, score=0.0, reason="the validator returned no verdict for this box"
         )
+        out.results.append(_named(v, validator, inp.round, names.get(b.box_id)) if b.box_id in unnamed else v)
     return out
+
+
+def _names(validator: Any, img: np.ndarray, sha: str, boxes: list[NodeBox]) -> dict[str, tuple[str | None, float]]:
+    """The validator backend's name for each unlabelled box: ``{box_id: (label, confidence)}``; empty
+    when the backend cannot name boxes (``naming.BoxNamer``)."""
+    if not isinstance(validator, BoxNamer):
+        return {}
+    answers = validator.name_boxes(img, sha, _backend_boxes(boxes))
+    return {str(a["box_id"]): (a.get("label") or None, float(a.get("score") or 0.0)) for a in answers}
+
+
+def _named(v: Verdict, validator: Any, round_: int, name: tuple[str | None, float] | None) -> Verdict:
+    """The verdict of a box sent without a label (docs/protocol.md § Second round): in round 1 the
+    backend's name when it is sure enough (recorded with its confidence and source), else "name this
+    box"; in round 2 the reviewer names it, and a box still unlabelled fails with that reason."""
+    threshold = float(getattr(validator, "naming_threshold", NAMING_THRESHOLD))
+    label, confidence = name or (None, 0.0)
+    if round_ <= 1 and label and confidence >= threshold:
+        named = {"label": label, "label_score": round(confidence, 4), "label_source": validator.name}
+        return v.model_copy(update=named)
+    if round_ > 1:
+        why = "round 2 takes the reviewer's label"
+    elif not isinstance(validator, BoxNamer):
+        why = f"the {validator.name} validator cannot name boxes"
+    elif label:
+        why = f"the {validator.name} validator's best guess, {label!r}, is {confidence:.2f} sure (< {threshold:.2f})"
+    else:
+        why = f"the {validator.name} validator found nothing it could name"
+    reason = f"{NAME_THIS_BOX}: {why}" + (f"; {v.reason}" if v.reason else "")
+    return v.model_copy(update={"passed": False, "reason": reason})
 
 
 def process_boxes(

@@ -158,11 +158,22 @@ class DetectOutput(_Wire):
     backend: str = ""
 
 
+# The reason a manual box without a label goes back to the reviewer (round 1) or is rejected (round 2):
+# docs/protocol.md § Second round. A reason may go on after it (": " and why).
+NAME_THIS_BOX = "name this box"
+
+
 class Verdict(_Wire):
+    """One manual box's verdict. ``label``: the validator's name for a box sent without one (None:
+    not named), ``label_score`` how sure its backend is, ``label_source`` which backend named it."""
+
     box_id: str
     passed: Flag
     score: Number | None = None
     reason: str | None = None
+    label: str | None = None
+    label_score: Number | None = None
+    label_source: str | None = None
 
 
 class ValidateOutput(_Wire):

@@ -17,12 +17,14 @@ from .ids import new_id
 from .jobstate import JobState
 from .models import Box, CurrentNode, NodeReport, SubjectResult, Validation
 from .nodes import (
+    NAME_THIS_BOX,
     DetectOutput,
     FinalizeInput,
     FinalizeOutput,
     NodeOutput,
     ProcessOutput,
     ValidateOutput,
+    Verdict,
     check_answers,
     parse_output,
 )
@@ -286,9 +288,9 @@ def _clip(bbox: tuple[float, ...], width: int, height: int) -> tuple[float, floa
 def _on_validate(plan: Plan, state: JobState, output: ValidateOutput, now: str, now_ms: int, workflow: str) -> None:
     verdicts: dict[str, Validation] = {}
     for r in output.results:
-        verdicts[r.box_id] = Validation(
-            status="PASSED" if r.passed else "NEEDS_REVISION", score=r.score, reason=r.reason
-        )
+        verdicts[r.box_id], label = _verdict_of(r, boxes.get(r.box_id), output.backend)
+        if label:
+            names[r.box_id] = {"label": label}
     round_ = state.round
     decision = decide_round(round_, list(verdicts.values()))
     if round_ >= 2:
@@ -297,9 +299,30 @@ def _on_validate(plan: Plan, state: JobState, output: ValidateOutput, now: str, 
             k: (v if v.status == "PASSED" else v.model_copy(update={"status": "REJECTED"})) for k, v in verdicts.items()
         }
     box_list = [
-        b.model_copy(update={"validation": verdicts[b.box_id]}) if b.box_id in verdicts else b for b in state.box_list
+        b.model_copy(update={"validation": verdicts[b.box_id], **names.get(b.box_id, {})})
+        if b.box_id in verdicts
+        else b
+        for b in state.box_list
+def _verdict_of(r: Verdict, box: Box | None, backend: str) -> tuple[Validation, str | None]:
+    """A verdict as the box keeps it, and the label the validator gave a manual box sent without one.
+    Such a box it did not name is never PASSED, whatever it said of the geometry (an executor of an
+    earlier build, a backend that cannot name): it goes back to the reviewer with ``NAME_THIS_BOX``."""
+    v = Validation(status="PASSED" if r.passed else "NEEDS_REVISION", score=r.score, reason=r.reason)
+    if box is None or box.source != "manual" or (box.label or "").strip():
+        return v, None
+    label = (r.label or "").strip()
+    if label:
+        return v.model_copy(update={"label_source": r.label_source or backend, "label_score": r.label_score}), label
+    if not (v.reason or "").startswith(NAME_THIS_BOX):
+        why = f"{NAME_THIS_BOX}: the validator gave it no label" + (f"; {v.reason}" if v.reason else "")
+        v = v.model_copy(update={"status": "NEEDS_REVISION", "reason": why})
+    return v, None
+
+
     ]
+    boxes = {b.box_id: b for b in state.box_list}
     plan.meta["box_list"] = dump(box_list)
+    names: dict[str, dict[str, str]] = {}  # box_id -> {"label": the validator's name} (unlabelled boxes)
     approved = approved_of(box_list)
     plan.meta["approved_box_list"] = dump(approved)
     plan.meta["round_decision"] = decision.value

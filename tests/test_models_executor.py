@@ -93,11 +93,45 @@ def test_validate_manual_boxes(models, store, image_ref):
     )
     assert out["backend"] == "classical" and out["threshold"] == 0.5 and out["policy_version"]
     res = {r["box_id"]: r for r in out["results"]}
-    assert set(res["box_obj"]) == {"box_id", "passed", "score", "reason"}
+    assert set(res["box_obj"]) == {"box_id", "passed", "score", "reason", "label", "label_score", "label_source"}
     assert res["box_obj"]["passed"] is True and res["box_obj"]["reason"] is None
-    assert res["box_empty"]["passed"] is False and res["box_empty"]["reason"]
+    # Sent without a label: named by the classical backend (its one name), with its confidence and source.
+    assert res["box_obj"]["label"] == "object" and res["box_obj"]["label_source"] == "classical"
+    assert 0.5 <= res["box_obj"]["label_score"] <= 1.0
+    assert res["box_empty"]["passed"] is False and res["box_empty"]["label"] is None
+    assert res["box_empty"]["reason"].startswith("name this box: ")
     empty = run_node("VALIDATE_MANUAL_BOX_LIST", {"image": image_ref, "items_to_validate": []}, models, store)
     assert empty["results"] == []
+
+
+def test_validate_names_only_unlabelled_boxes_and_only_in_round_one(models, store, image_ref):
+    labelled = {**box("box_shoe", [30, 90, 210, 230]), "label": "shoe"}
+    unlabelled = box("box_obj", [30, 90, 210, 230])
+    inp = {"image": image_ref, "round": 1, "items_to_validate": [labelled, unlabelled]}
+    res = {r["box_id"]: r for r in run_node("VALIDATE_MANUAL_BOX_LIST", inp, models, store)["results"]}
+    assert res["box_shoe"]["passed"] is True and res["box_shoe"]["label"] is None  # the reviewer's label stands
+    assert res["box_obj"]["passed"] is True and res["box_obj"]["label"] == "object"
+    # A validator that is never sure enough sends the box back, saying what it guessed.
+    strict = Models(
+        validator=build_models(
+            {
+                "validator": {"name": "classical"},
+                "deployments": {"BoxValidator": {"options": {"naming_threshold": 1.0}}},
+            },
+            ("validator",),
+        ).validator
+    )
+    res = run_node(
+        "VALIDATE_MANUAL_BOX_LIST", {**inp, "items_to_validate": [box("box_loose", [0, 0, 240, 300])]}, strict, store
+    )["results"]
+    assert res[0]["passed"] is False and res[0]["label"] is None
+    assert res[0]["reason"].startswith("name this box: the classical validator's best guess, 'object', is 0.")
+    # Round 2: the reviewer names boxes; one still unlabelled fails with the reason, whatever its geometry.
+    res = run_node("VALIDATE_MANUAL_BOX_LIST", {**inp, "round": 2}, models, store)["results"]
+    by_id = {r["box_id"]: r for r in res}
+    assert by_id["box_shoe"]["passed"] is True
+    assert by_id["box_obj"]["passed"] is False and by_id["box_obj"]["label"] is None
+    assert by_id["box_obj"]["reason"] == "name this box: round 2 takes the reviewer's label"
 
 
 def test_process_approved_boxes_writes_masks_and_cutouts(models, store, image_ref):

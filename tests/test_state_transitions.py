@@ -204,6 +204,11 @@ def test_diff_new_ids_for_every_manual_box():
     ids = [b.box_id for b in d.box_list]
     assert len(set(ids)) == 2 and all(i.startswith("box_") and i not in {b.box_id for b in PANEL} for i in ids)
     assert d.kept == [] and d.deleted == [b.box_id for b in PANEL]
+    # Unlabelled manual boxes are not approved as sent: they go to the validator to be named first
+    # (docs/protocol.md § Second round), their target_policy SEGMENT when none was given.
+    assert all(b.label is None and b.validation is None and b.target_policy == "SEGMENT" for b in d.box_list)
+    assert decide.approved_of(d.box_list) == []
+    assert next_hop(d.box_list) == NextHop.VALIDATE_MANUAL_BOX_LIST
 
 
 def test_diff_empty_selection_deletes_all():

@@ -30,6 +30,7 @@ from .background import BoxEvidence, fit_background, noise_threshold, resize_max
 from .base import box_problem, check_image, int_box, invalid_result, register
 from .grabcut_points import prompted_candidates
 from .grabcut_steps import crop_around, run_grabcut
+from .naming import NAMING_THRESHOLD, best_match, check_threshold
 from .postprocess import clean_mask, feather
 from .prompts import check_prompt
 
@@ -227,7 +228,12 @@ class ClassicalValidator:
     policy_version = "classical-ring-contrast-v1"
 
     def __init__(
-        self, threshold: float = 0.5, work_size: int = 512, margin_frac: float = 0.15, clutter_threshold: float = 25.0
+        self,
+        threshold: float = 0.5,
+        work_size: int = 512,
+        margin_frac: float = 0.15,
+        clutter_threshold: float = 25.0,
+        naming_threshold: float = NAMING_THRESHOLD,
     ) -> None:
         if not 0.0 <= float(threshold) <= 1.0:
             raise ValueError("threshold must lie in [0, 1]")
@@ -235,6 +241,28 @@ class ClassicalValidator:
         self.threshold = float(threshold)
         self.work_size = int(work_size)
         self.margin_frac = float(margin_frac)
+        self.naming_threshold = check_threshold(naming_threshold)
+        self.proposer = ClassicalDetector(min_score=0.0, max_detections=5, clutter_threshold=clutter_threshold)
+
+    def name_boxes(self, image: np.ndarray, image_sha: str, boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The weight-free backends know one name, the detector's label ("object"): they cannot tell a
+        shoe from a bag. A box is named when the classical detector, run on the box and a margin around
+        it (half the box's size each side), proposes that box itself; the confidence is the proposal's
+        score (contrast x shape x size, in [0, 1]: a score, not a calibrated probability) scaled down
+        when it matches the box poorly (``naming.best_match``). A box over plain background, or one
+        that cuts a subject, stays unnamed; so does most of a busy scene."""
+        oh, ow = check_image(image).shape[:2]
+        out = []
+        for b in boxes:
+            label, score = None, 0.0
+            if box_problem(b.get("bbox"), ow, oh) is None:
+                x1, y1, x2, y2 = int_box(b["bbox"], ow, oh)
+                mx, my = max(4, (x2 - x1) // 2), max(4, (y2 - y1) // 2)
+                cx1, cy1, cx2, cy2 = max(0, x1 - mx), max(0, y1 - my), min(ow, x2 + mx), min(oh, y2 + my)
+                proposals = self.proposer.detect(image[cy1:cy2, cx1:cx2], image_sha)
+                label, score = best_match(proposals, [x1 - cx1, y1 - cy1, x2 - cx1, y2 - cy1])
+            out.append({"box_id": b["box_id"], "label": label, "score": round(score, 4)})
+        return out
 
     def score_box(
         self, lab: np.ndarray, box: tuple[int, int, int, int], global_fg: np.ndarray | None = None
