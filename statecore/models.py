@@ -35,18 +35,18 @@ class Strict(BaseModel):
 
 
 class Validation(BaseModel):
-    status: Literal["PASSED", "NEEDS_REVISION", "REJECTED"]
-    score: float | None = None
-    reason: str | None = None
     """The validator's verdict on a manual box. A box sent without a label and named by the validator
     carries who named it (``label_source``, the backend) and how sure it was (``label_score``);
     both are null for a box the reviewer labelled (docs/protocol.md § Second round)."""
 
+    status: Literal["PASSED", "NEEDS_REVISION", "REJECTED"]
+    score: float | None = None
+    reason: str | None = None
+    label_source: str | None = None
+    label_score: float | None = None
 
 
 class Box(BaseModel):
-    label_source: str | None = None
-    label_score: float | None = None
     box_id: str
     bbox: BBox
     label: str | None = None

@@ -285,24 +285,6 @@ def _clip(bbox: tuple[float, ...], width: int, height: int) -> tuple[float, floa
     return (round(x1, 2), round(y1, 2), round(x2, 2), round(y2, 2))
 
 
-def _on_validate(plan: Plan, state: JobState, output: ValidateOutput, now: str, now_ms: int, workflow: str) -> None:
-    verdicts: dict[str, Validation] = {}
-    for r in output.results:
-        verdicts[r.box_id], label = _verdict_of(r, boxes.get(r.box_id), output.backend)
-        if label:
-            names[r.box_id] = {"label": label}
-    round_ = state.round
-    decision = decide_round(round_, list(verdicts.values()))
-    if round_ >= 2:
-        # The second round decides: problem boxes are rejected with their reason.
-        verdicts = {
-            k: (v if v.status == "PASSED" else v.model_copy(update={"status": "REJECTED"})) for k, v in verdicts.items()
-        }
-    box_list = [
-        b.model_copy(update={"validation": verdicts[b.box_id], **names.get(b.box_id, {})})
-        if b.box_id in verdicts
-        else b
-        for b in state.box_list
 def _verdict_of(r: Verdict, box: Box | None, backend: str) -> tuple[Validation, str | None]:
     """A verdict as the box keeps it, and the label the validator gave a manual box sent without one.
     Such a box it did not name is never PASSED, whatever it said of the geometry (an executor of an
@@ -319,10 +301,28 @@ def _verdict_of(r: Verdict, box: Box | None, backend: str) -> tuple[Validation, 
     return v, None
 
 
-    ]
+def _on_validate(plan: Plan, state: JobState, output: ValidateOutput, now: str, now_ms: int, workflow: str) -> None:
     boxes = {b.box_id: b for b in state.box_list}
-    plan.meta["box_list"] = dump(box_list)
+    verdicts: dict[str, Validation] = {}
     names: dict[str, dict[str, str]] = {}  # box_id -> {"label": the validator's name} (unlabelled boxes)
+    for r in output.results:
+        verdicts[r.box_id], label = _verdict_of(r, boxes.get(r.box_id), output.backend)
+        if label:
+            names[r.box_id] = {"label": label}
+    round_ = state.round
+    decision = decide_round(round_, list(verdicts.values()))
+    if round_ >= 2:
+        # The second round decides: problem boxes are rejected with their reason.
+        verdicts = {
+            k: (v if v.status == "PASSED" else v.model_copy(update={"status": "REJECTED"})) for k, v in verdicts.items()
+        }
+    box_list = [
+        b.model_copy(update={"validation": verdicts[b.box_id], **names.get(b.box_id, {})})
+        if b.box_id in verdicts
+        else b
+        for b in state.box_list
+    ]
+    plan.meta["box_list"] = dump(box_list)
     approved = approved_of(box_list)
     plan.meta["approved_box_list"] = dump(approved)
     plan.meta["round_decision"] = decision.value
