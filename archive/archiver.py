@@ -83,7 +83,7 @@ async def read_job(store: Store, job_id: str) -> JobRecord:
     events = await store.events_after(job_id, 0)
     log = await audit.read(store.r, job_id)
     recorded: dict[str, str] = await store.r.hgetall(keys.job(job_id).idem)
-    quorum = int(state.policy.get("review_quorum") or 1)
+    quorum, policy = int(state.policy.get("review_quorum") or 1), state.policy.get("quorum_policy") or "all"
     return JobRecord(
         job_id=job_id,
         version=state.version,
@@ -94,7 +94,7 @@ async def read_job(store: Store, job_id: str) -> JobRecord:
         pauses=[p.model_dump(mode="json") for p in pauses],
         events=events,
         audit=[{k: e.get(k) for k in AUDIT_FIELDS} for e in (log or {}).get("entries", [])],
-        create_hash=create_fingerprint(state.image.sha256, quorum) if state.idem_key else None,
+        create_hash=create_fingerprint(state.image.sha256, quorum, policy) if state.idem_key else None,
         interventions=recorded or None,
     )
 

@@ -296,6 +296,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         request: Request,
         idempotency_key: str | None = Header(default=None, max_length=200),
         review_quorum: int = Query(default=1, ge=1, le=10, description="distinct reviewers each pause needs"),
+        quorum_policy: str = Query(default="all", pattern="^(all|majority|any)$", description="what decides a pause"),
     ) -> Response:
         s, admission, who = rt().settings, rt().admission, identity(request).name
         if admission is not None and not idempotency_key:
@@ -305,12 +306,12 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
             check_image, upload.data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels, filename=upload.filename
         )
         if idempotency_key:  # a replay is answered before admission control, also once Redis forgot it
-            args = (rt().archive, admission, who, idempotency_key, checked.sha256, review_quorum)
+            args = (rt().archive, admission, who, idempotency_key, checked.sha256, review_quorum, quorum_policy)
             if (replay := await archived_writes.keyed_creation(rt().store, *args)) is not None:
                 return replayable(replay)
         name = await asyncio.to_thread(rt().artifacts.put, "image", checked.data, checked.ext)
         ref = ImageRef(sha256=checked.sha256, width=checked.width, height=checked.height, url=ArtifactStore.url(name))
-        reply = await rt().store.create_job(who, ref, idempotency_key or None, review_quorum)
+        reply = await rt().store.create_job(who, ref, idempotency_key or None, review_quorum, quorum_policy)
         if not reply.replayed:
             metrics.JOBS_CREATED.inc()
             log.info(

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hitl.archive")
 
-CONFLICT = "this Idempotency-Key was already used for a different image or review_quorum"
+CONFLICT = "this Idempotency-Key was already used for a different image, review_quorum or quorum_policy"
 
 
 async def _read(archive: Archive | None, fn: Any, *args: Any) -> Any:
@@ -61,6 +61,7 @@ async def keyed_creation(
     idem_key: str,
     image_sha256: str,
     review_quorum: int,
+    quorum_policy: str = "all",
 ) -> Reply | None:
     """A creation under ``idem_key``, before anything is stored: the archive's replay (a Reply), its
     409, or None to go on and create. Redis's record, while it lasts, is left to the creation's own
@@ -71,7 +72,7 @@ async def keyed_creation(
 
         found: ArchivedCreation | None = await _read(archive, reads.creation, submitter, idem_key)
         if found is not None:
-            if found.fingerprint != decide.create_fingerprint(image_sha256, review_quorum):
+            if found.fingerprint != decide.create_fingerprint(image_sha256, review_quorum, quorum_policy):
                 raise errors.IdempotencyConflict(CONFLICT, job_id=found.job_id, snapshot=found.snapshot)
             return Reply(202, decide.create_response(found.job_id), True, found.job_id)
         if admission is not None:

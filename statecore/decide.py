@@ -86,14 +86,17 @@ class NextHop(StrEnum):
 # --------------------------------------------------------------------------- create
 
 
-def create_fingerprint(image_sha256: str, review_quorum: int = 1) -> str:
+def create_fingerprint(image_sha256: str, review_quorum: int = 1, quorum_policy: str = "all") -> str:
     """What a creation's replay is compared on (docs/protocol.md § Routes, Creating a job): the
-    image, and the review quorum asked for, so the same ``Idempotency-Key`` with another quorum is
-    a conflict, not a replay of a job that waits for a different number of reviewers. A one-reviewer
-    creation is its image's sha256 alone: the records written before the quorum counted compare as
-    they did. Redis keeps it in the key's record; the archive keeps it with the job, to answer a
-    replay once Redis has forgotten the job."""
-    return image_sha256 if review_quorum <= 1 else f"{image_sha256}:q{review_quorum}"
+    image, and the review quorum and its policy asked for, so the same ``Idempotency-Key`` with
+    another quorum or policy is a conflict, not a replay of a job that waits for other reviewers. A
+    one-reviewer creation is its image's sha256 alone, and an ``all`` quorum's has no policy part:
+    the records written before the quorum (or its policy) counted compare as they did. Redis keeps
+    it in the key's record; the archive keeps it with the job, to answer a replay once Redis has
+    forgotten the job."""
+    if review_quorum <= 1:
+        return image_sha256
+    return f"{image_sha256}:q{review_quorum}" + ("" if quorum_policy == "all" else f":{quorum_policy}")
 
 
 def create_response(job_id: str) -> str:
@@ -111,13 +114,17 @@ def plan_create(
     now_ms: int,
     review_quorum: int = 1,
     quality_gate: str = "off",
+    quorum_policy: str = "all",
 ) -> tuple[Plan, NodeCommand]:
     """A new job: CREATED then at once DETECTING with DETECT_SUBJECTS in the outbox (version 1).
-    ``review_quorum`` ≥ 2: each pause needs that many reviewers (docs/protocol.md § Quorum).
-    ``quality_gate``: which masks wait for a person (statecore.mask_review), fixed for the job's life."""
+    ``review_quorum`` ≥ 2: each pause needs that many reviewers, decided by ``quorum_policy``
+    (docs/protocol.md § Quorum). ``quality_gate``: which masks wait for a person
+    (statecore.mask_review). Both are fixed for the job's life."""
     policy: dict[str, Any] = {"workflow": WORKFLOW_VERSION, "auto_approve": None}
     if review_quorum > 1:
         policy["review_quorum"] = review_quorum
+        if quorum_policy != "all":  # all, the default, left out: the policy of every quorum job before
+            policy["quorum_policy"] = quorum_policy
     if quality_gate != "off":  # off, the default, left out: the policy of every job created before
         policy["quality_gate"] = quality_gate
     plan = Plan(expect_version=0, status=S.DETECTING)

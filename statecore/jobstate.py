@@ -29,6 +29,15 @@ from .models import (
 )
 from .states import JobStatus
 
+
+def needed_of(invited: int, policy: str) -> int:
+    """Compatible submissions that decide a pause of ``invited`` reviewers under ``policy``
+    (docs/protocol.md § Quorum): all of them, more than half (⌈(N+1)/2⌉), or the first."""
+    if policy == "any":
+        return 1
+    return invited // 2 + 1 if policy == "majority" else invited
+
+
 # Stored fields are validated straight from their JSON by pydantic-core (one pass, no dicts in
 # between): the same models and checks as ``Box(**json.loads(raw))``, at a fraction of the cost
 # on the hot path of every state change (a consume reads the whole meta first).
@@ -146,14 +155,19 @@ class JobState:
 
     def quorum_view(self) -> QuorumView | None:
         """The active pause's quorum (docs/protocol.md § Quorum); None for jobs without one."""
-        needed = int(self.policy.get("review_quorum") or 1)
-        if needed < 2:
+        invited = int(self.policy.get("review_quorum") or 1)
+        if invited < 2:
             return None
+        policy = self.policy.get("quorum_policy") or "all"
         p = self.active_pause
-        if p is not None and p.reconciliation:
-            needed = 1
+        needed = 1 if p is not None and p.reconciliation else needed_of(invited, policy)
         votes = orjson.loads(self.votes) if self.votes else {}
-        return QuorumView(needed=needed, votes=[QuorumVote(reviewer=r, at=v["at"]) for r, v in sorted(votes.items())])
+        return QuorumView(
+            needed=needed,
+            invited=invited,
+            policy=policy,
+            votes=[QuorumVote(reviewer=r, at=v["at"]) for r, v in sorted(votes.items())],
+        )
 
     def summary(self) -> JobSummary:
         p = self.active_pause
@@ -169,6 +183,7 @@ class JobState:
             pause_created_at=p.created_at if p else None,
             batch=batch_of(self.idem_key),
             review_quorum=int(self.policy.get("review_quorum") or 1),
+            quorum_policy=self.policy.get("quorum_policy") or "all",
         )
 
 

@@ -12,6 +12,9 @@ from .states import JobStatus, NodeType
 
 BBox = tuple[float, float, float, float]
 PauseStage = Literal["WAITING_USER_SELECTION", "WAITING_BOX_BATCH_REVISION", "WAITING_MASK_REVIEW"]
+# How a quorum job's invited reviewers decide a pause (docs/protocol.md § Quorum, statecore.quorum).
+QuorumPolicy = Literal["all", "majority", "any"]
+QUORUM_POLICIES: tuple[str, ...] = ("all", "majority", "any")
 PENDING_ACTIONS_WAITING = ["SUBMIT_BOX_LIST", "DRAW_MANUAL_BOX"]
 PENDING_ACTIONS_MASK_REVIEW = ["DECIDE_SUBJECT_MASKS"]
 
@@ -176,9 +179,12 @@ class QuorumVote(BaseModel):
 
 
 class QuorumView(BaseModel):
-    """How far the active pause's quorum has got: ``needed`` distinct reviewers, the votes so far."""
+    """How far the active pause's quorum has got: ``needed`` compatible submissions of the
+    ``invited`` reviewers under ``policy``, the votes so far."""
 
     needed: int
+    invited: int | None = None  # the job's review_quorum (None in snapshots archived before the policy)
+    policy: QuorumPolicy = "all"
     votes: list[QuorumVote] = Field(default_factory=list)
 
 
@@ -219,6 +225,8 @@ class QuorumProgress(BaseModel):
     received: int
     reviewers: list[str]
     outcome: Literal["VOTE_RECORDED", "QUORUM_REACHED", "QUORUM_DISAGREED"]
+    invited: int | None = None  # the job's review_quorum (None in answers recorded before the policy)
+    policy: QuorumPolicy = "all"
 
 
 class JobSummary(BaseModel):
@@ -234,6 +242,7 @@ class JobSummary(BaseModel):
     claim: ClaimView | None = None
     batch: str | None = None  # `hitl submit --batch NAME` (its Idempotency-Key is <batch>:<sha256>)
     review_quorum: int = 1  # distinct reviewers each pause needs (docs/protocol.md § Quorum)
+    quorum_policy: QuorumPolicy = "all"  # how their submissions decide (docs/protocol.md § Quorum)
     flag: JobFlag | None = None  # flagged for a lead (docs/protocol.md § Flags, skips and comments)
 
 

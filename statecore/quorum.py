@@ -10,6 +10,12 @@ consume the pause with the deciding list, as a single reviewer's would; lists th
 supersede the pause with a **reconciliation pause** at the same stage over the same boxes, which
 carries the lists side by side and is decided by one reviewer. The store hands the verdict to
 consume_pause.lua, which applies it only while the votes are still those it was computed from.
+
+The job's ``quorum_policy`` says what decides (docs/protocol.md § Quorum): ``all`` (the above),
+``majority`` (⌈(N+1)/2⌉ compatible submissions of the N invited: a submission whose list agrees with
+that many votes, its own included, consumes the pause with its list; a reconciliation pause opens
+as soon as no such group can form any more), ``any`` (the first submission decides, as one
+reviewer's: a pause of one).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .ids import canonical_json
-from .jobstate import JobState
+from .jobstate import JobState, needed_of
 from .models import InterventionRequest, InterventionResponse, QuorumProgress, Subject
 from .plan import Plan, dump, open_pause
 
@@ -32,13 +38,22 @@ IOU_AGREE = 0.9
 MAX_QUORUM = 10
 
 
+def invited_of(state: JobState) -> int:
+    """How many distinct reviewers the job invites to each pause (its ``review_quorum``)."""
+    return int(state.policy.get("review_quorum") or 1)
+
+
+def policy_of(state: JobState) -> str:
+    return str(state.policy.get("quorum_policy") or "all")
+
+
 def quorum_of(state: JobState) -> int:
-    """How many distinct reviewers the active pause needs: the job's quorum, 1 for a
-    reconciliation pause (its lists were already compared)."""
+    """How many compatible submissions decide the active pause: the job's quorum under its policy,
+    1 for a reconciliation pause (its lists were already compared) and under ``any``."""
     pause = state.active_pause
     if pause is not None and pause.reconciliation:
         return 1
-    return int(state.policy.get("review_quorum") or 1)
+    return needed_of(invited_of(state), policy_of(state))
 
 
 def votes_of(meta_votes: str) -> dict[str, dict[str, Any]]:
@@ -96,6 +111,22 @@ def disagreement(lists: Sequence[Sequence[dict[str, Any]]]) -> str | None:
                 return f"a box drawn by hand at {list(s['bbox'])} has no counterpart (IoU < {IOU_AGREE})"
             free.remove(match)
     return None
+
+
+def agreeing(votes: dict[str, dict[str, Any]], reviewer: str) -> list[str]:
+    """The voters whose list agrees with ``reviewer``'s (``reviewer`` included), sorted."""
+    mine = votes[reviewer]["subjects"]
+    return sorted(r for r, v in votes.items() if r == reviewer or disagreement([mine, v["subjects"]]) is None)
+
+
+def majority_can_form(votes: dict[str, dict[str, Any]], invited: int, needed: int) -> bool:
+    """Whether ``needed`` compatible submissions can still gather: some vote's group (the votes that
+    agree with it, itself included) plus every invited reviewer yet to vote reaches ``needed``. Once
+    all ``invited`` have voted without a decision, it cannot."""
+    remaining = invited - len(votes)
+    if remaining <= 0:
+        return False
+    return max(len(agreeing(votes, r)) for r in votes) + remaining >= needed
 
 
 def subjects_json(subjects: Sequence[Subject]) -> list[dict[str, Any]]:
@@ -163,34 +194,71 @@ class QuorumStep:
     response: InterventionResponse
 
 
+def verdict(
+    votes: dict[str, dict[str, Any]], reviewer: str, invited: int, needed: int, policy: str
+) -> tuple[str, list[str], str]:
+    """What ``reviewer``'s vote makes of the votes: VOTE while more are needed, REACHED with the
+    reviewers whose lists decide, or DISAGREED with why."""
+    reviewers = sorted(votes)
+    lists = [votes[r]["subjects"] for r in reviewers]
+    if policy == "majority":
+        group = agreeing(votes, reviewer)
+        if len(group) >= needed:
+            return "REACHED", group, ""
+        if majority_can_form(votes, invited, needed):
+            return "VOTE", [], ""
+        detail = disagreement(lists)
+        why = f"no {needed} of the {invited} invited reviewers can agree" + (f": {detail}" if detail else "")
+        return "DISAGREED", [], why
+    if len(votes) < needed:
+        return "VOTE", [], ""
+    differs = disagreement(lists)
+    return ("REACHED", reviewers, "") if differs is None else ("DISAGREED", [], differs)
+
+
 def step(
     state: JobState, req: InterventionRequest, reviewer: str, ip: InterventionPlan, now: str, now_ms: int, workflow: str
 ) -> QuorumStep | None:
-    """None when the pause needs one reviewer, or when the submission will be refused anyway (the
-    script's gates, a 400): the normal path answers. Else the vote or the decision."""
+    """None when the pause needs one submission (one reviewer, a reconciliation, ``any``), or when the
+    submission will be refused anyway (the script's gates, a 400): the normal path answers. Else the
+    vote or the decision."""
     needed = quorum_of(state)
     if needed < 2 or ip.plan is None or ip.response is None or ip.invalid is not None:
         return None
     votes = record_vote(votes_of(state.votes), req, reviewer, now)
     reviewers = sorted(votes)
-    if len(votes) < needed:
-        progress = QuorumProgress(needed=needed, received=len(votes), reviewers=reviewers, outcome="VOTE_RECORDED")
+    invited, policy = invited_of(state), policy_of(state)
+    outcome, group, why = verdict(votes, reviewer, invited, needed, policy)
+
+    def progress(what: str, who: list[str]) -> QuorumProgress:
+        return QuorumProgress(
+            needed=needed, received=len(votes), reviewers=who, outcome=what, invited=invited, policy=policy
+        )
+
+    if outcome == "VOTE":
         resp = ip.response.model_copy(
-            update={"status": state.status, "version": state.version, "next_node_type": None, "quorum": progress}
+            update={
+                "status": state.status,
+                "version": state.version,
+                "next_node_type": None,
+                "quorum": progress("VOTE_RECORDED", reviewers),
+            }
         )
         event = {"intervention_id": req.intervention_id, "reviewer": reviewer, "received": len(votes), "needed": needed}
         return QuorumStep("VOTE", state.votes, canonical_json(votes), canonical_json(event), "QUORUM_VOTE", None, resp)
-    why = disagreement([votes[r]["subjects"] for r in reviewers])
-    if why is None:
+    if outcome == "REACHED":
         plan = ip.plan
         plan.meta["votes"] = None
-        plan.events.append(("QUORUM_REACHED", {"reviewers": reviewers, "needed": needed}))
-        progress = QuorumProgress(needed=needed, received=len(votes), reviewers=reviewers, outcome="QUORUM_REACHED")
-        resp = ip.response.model_copy(update={"quorum": progress})
+        plan.events.append(("QUORUM_REACHED", {"reviewers": group, "needed": needed, "policy": policy}))
+        resp = ip.response.model_copy(update={"quorum": progress("QUORUM_REACHED", group)})
         return QuorumStep("DECIDE", state.votes, "", "", "INTERVENE", plan, resp)
     plan = plan_reconciliation(state, votes, why, now, now_ms, workflow)
-    progress = QuorumProgress(needed=needed, received=len(votes), reviewers=reviewers, outcome="QUORUM_DISAGREED")
     resp = ip.response.model_copy(
-        update={"status": state.status, "version": state.version + 1, "next_node_type": None, "quorum": progress}
+        update={
+            "status": state.status,
+            "version": state.version + 1,
+            "next_node_type": None,
+            "quorum": progress("QUORUM_DISAGREED", reviewers),
+        }
     )
     return QuorumStep("DECIDE", state.votes, "", "", "QUORUM_DISAGREED", plan, resp)

@@ -27,6 +27,7 @@ from .ids import canonical_json, now_iso, payload_hash
 from .lifecycle import LifecycleMixin
 from .mask_review import GATE_MODES
 from .models import (
+    QUORUM_POLICIES,
     ClaimView,
     ImageRef,
     InterventionRequest,
@@ -235,10 +236,18 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
     # ------------------------------------------------------------------ create
 
     async def create_job(
-        self, submitter: str, image: ImageRef, idem_key: str | None = None, review_quorum: int = 1
+        self,
+        submitter: str,
+        image: ImageRef,
+        idem_key: str | None = None,
+        review_quorum: int = 1,
+        quorum_policy: str = "all",
     ) -> Reply:
         """Create a job (DETECTING, version 1, DETECT_SUBJECTS queued), idempotently per submitter+key;
-        ``review_quorum`` ≥ 2: each pause needs that many reviewers (statecore.quorum)."""
+        ``review_quorum`` ≥ 2: each pause needs that many reviewers, decided by ``quorum_policy``
+        (statecore.quorum)."""
+        if quorum_policy not in QUORUM_POLICIES:
+            raise errors.InvalidRequest(f"quorum_policy must be one of {', '.join(QUORUM_POLICIES)}")
         partition = keys.create_idem_partition(submitter, idem_key) if idem_key else None
         for _ in range(STALE_RETRIES):
             job_id = keys.new_job_id(partition)
@@ -246,10 +255,10 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
             now = now_iso()
             now_ms = int(time.time() * 1000)
             plan, _cmd = decide.plan_create(
-                job_id, submitter, image, idem_key, now, now_ms, review_quorum, self.config.quality_gate
+                job_id, submitter, image, idem_key, now, now_ms, review_quorum, self.config.quality_gate, quorum_policy
             )
             body = decide.create_response(job_id)
-            fingerprint = decide.create_fingerprint(image.sha256, review_quorum)  # what a replay must match
+            fingerprint = decide.create_fingerprint(image.sha256, review_quorum, quorum_policy)  # a replay must match
             ks = jk.for_script() + ([keys.create_idem(submitter, idem_key)] if idem_key else [])
             res = await self._scripts["create_job"](
                 keys=ks,
@@ -265,7 +274,7 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
                 existing = res[1]
                 snap = self._snapshot_dict(await self._meta(existing))
                 raise errors.IdempotencyConflict(
-                    "this Idempotency-Key was already used for a different image or review_quorum",
+                    "this Idempotency-Key was already used for a different image, review_quorum or quorum_policy",
                     job_id=existing,
                     snapshot=snap,
                 )

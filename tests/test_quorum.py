@@ -140,7 +140,7 @@ def test_quorum_over_http(api_server: Any) -> None:
         assert r.status_code == 202, r.text
         job_id = r.json()["job_id"]
         snap = wait_status(c, job_id, {"WAITING_USER_SELECTION"})
-        assert snap["quorum"] == {"needed": 2, "votes": []}
+        assert snap["quorum"] == {"needed": 2, "invited": 2, "policy": "all", "votes": []}
         body = {
             "intervention_id": "iv_http_1",
             "base_version": snap["version"],

@@ -232,7 +232,7 @@ def test_conflicting_submission_rebases_the_reviewers_edits(
 def test_a_quorum_of_two_needs_both_reviewers(stack: Stack, reviewer: Callable[[str, str | None], Reviewer]) -> None:
     snap = stack.waiting(55, review_quorum=2)
     job, token = snap["job_id"], snap["active_pause"]["pause_token"]
-    assert snap["quorum"] == {"needed": 2, "votes": []}
+    assert snap["quorum"] == {"needed": 2, "invited": 2, "policy": "all", "votes": []}
     rev1 = reviewer("rev1", job)
     rev1.wait_panel(ROUND1_TEXT, token)
     rev1.expect_text("#stage-text", "Needs 2 reviewers whose boxes agree — 0 of 2 submitted")

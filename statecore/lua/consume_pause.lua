@@ -38,6 +38,14 @@ end
 local m = redis.call('HMGET', K_META, 'status', 'version', 'pause_token')
 if not m[1] then return {'JOB_NOT_FOUND'} end
 if m[1] == 'CANCELLED' then return refused('JOB_CANCELLED') end
+-- An `any` quorum job (docs/protocol.md § Quorum): a submission on the pause another reviewer's consumed
+-- is PAUSE_NOT_ACTIVE, before its (by then stale) base_version is compared.
+if m[3] ~= ARGV[8] then
+  local policy, gone = redis.call('HGET', K_META, 'policy'), redis.call('HGET', K_PAUSES, ARGV[8])
+  if gone and policy and cjson.decode(policy).quorum_policy == 'any' and cjson.decode(gone).status == 'CONSUMED' then
+    return refused('PAUSE_NOT_ACTIVE')
+  end
+end
 if m[2] ~= BASE then return refused('VERSION_CONFLICT') end
 if not m[3] or m[3] == '' then return refused('PAUSE_NOT_ACTIVE') end
 if m[3] ~= ARGV[8] then return refused('PAUSE_TOKEN_MISMATCH') end
