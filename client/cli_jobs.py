@@ -82,7 +82,8 @@ def print_snapshot(snap: JobSnapshot, console: Console) -> None:
             review.add_column(col)
         for s in snap.active_pause.subjects_to_review:
             q = s.quality
-            review.add_row(s.box_id, s.label or "-", q.verdict if q else "-", "; ".join(q.reasons) if q else "")
+            why = "; ".join(q.reasons) if q else (s.reason or "")
+            review.add_row(s.box_id, s.label or "-", q.verdict if q else "-", why)
         console.print(review)
     if snap.box_list or snap.approved_box_list:
         approved = {b.box_id for b in snap.approved_box_list}

@@ -370,8 +370,8 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         choices=("review-failing", "review-all", "off"),
         default=None,
         help="which cut-outs wait for a person in WAITING_MASK_REVIEW: review-failing (those the gate still "
-        "fails after their refinements; the default), review-all (every mask), off (the gate only records "
-        "its verdict). Recorded in each job when it is created",
+        "fails after their refinements, or gave no verdict on; the default), review-all (every mask), off (the "
+        "gate only records its verdict). Recorded in each job when it is created",
     )
 
 
