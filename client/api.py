@@ -162,10 +162,13 @@ class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls, ApproveC
         idempotency_key: str | None = None,
         filename: str | None = None,
         review_quorum: int = 1,
+        quorum_policy: str = "all",
     ) -> SubmitResult:
         """POST /jobs. With ``idempotency_key`` a rerun returns the original job (``replayed``);
-        ``review_quorum`` ≥ 2: each pause needs that many distinct reviewers to agree."""
-        return self._run(self._core.submit(read_image(image, filename), idempotency_key, review_quorum))
+        ``review_quorum`` ≥ 2: each pause needs that many distinct reviewers, of whom all, a
+        majority or any one decide (``quorum_policy``; docs/protocol.md § Quorum)."""
+        data = read_image(image, filename)
+        return self._run(self._core.submit(data, idempotency_key, review_quorum, quorum_policy))
 
     def get_job(self, job_id: str) -> JobSnapshot:
         return self._run(self._core.get_job(job_id))
@@ -376,10 +379,11 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
         idempotency_key: str | None = None,
         filename: str | None = None,
         review_quorum: int = 1,
+        quorum_policy: str = "all",
     ) -> SubmitResult:
         """See ``HitlClient.submit``; a file is read in a worker thread."""
         data = await asyncio.to_thread(read_image, image, filename)
-        return await self._run(self._core.submit(data, idempotency_key, review_quorum))
+        return await self._run(self._core.submit(data, idempotency_key, review_quorum, quorum_policy))
 
     async def get_job(self, job_id: str) -> JobSnapshot:
         return await self._run(self._core.get_job(job_id))

@@ -138,6 +138,7 @@ def run_batch(
     progress: bool = True,
     console: Console | None = None,
     review_quorum: int = 1,
+    quorum_policy: str = "all",
 ) -> BatchSummary:
     """Submit every image under ``inputs`` once; with ``wait`` follow each job to its end and, with
     ``out``, download its masks and cut-outs to ``<out>/<file-stem>/`` (``out`` is never walked).
@@ -174,7 +175,13 @@ def run_batch(
         rec = Manifest.lookup(prior, o.path, key)
         action = resume_action(rec, wait=wait, out_dir=o.out_dir)
         if action is Action.SUBMIT:
-            res = client.submit(data, idempotency_key=key, filename=o.path.name, review_quorum=review_quorum)
+            res = client.submit(
+                data,
+                idempotency_key=key,
+                filename=o.path.name,
+                review_quorum=review_quorum,
+                quorum_policy=quorum_policy,
+            )
             tracker.update(o, job_id=res.job_id, status=str(res.status), replayed=res.replayed, error=None)
             book.append(o.record(batch))
         else:

@@ -36,6 +36,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 batch=args.batch,
                 concurrency=args.concurrency,
                 review_quorum=args.quorum,
+                quorum_policy=args.quorum_policy,
                 wait=args.wait,
                 out=args.out,
                 manifest=manifest,

@@ -157,6 +157,13 @@ def add_client_commands(subparsers: Any) -> Any:
         "reconciliation review showing their lists side by side (default: 1, at most 10)",
     )
     p.add_argument(
+        "--quorum-policy",
+        choices=("all", "majority", "any"),
+        default="all",
+        help="with --quorum N: all N must agree (default), a majority of them (more than half), or "
+        "the first submission decides",
+    )
+    p.add_argument(
         "--wait",
         action="store_true",
         help="follow every job to its end (through its event stream) before exiting; jobs that wait "

@@ -103,15 +103,22 @@ class ClientCore(CallCore):
     # ------------------------------------------------------------------ jobs
 
     def submit(
-        self, image: tuple[bytes, str, str], idempotency_key: str | None, review_quorum: int = 1
+        self,
+        image: tuple[bytes, str, str],
+        idempotency_key: str | None,
+        review_quorum: int = 1,
+        quorum_policy: str = "all",
     ) -> Plan[SubmitResult]:
         """POST /jobs with ``image`` as ``read_image`` gives it; ``review_quorum`` ≥ 2: each pause
-        needs that many distinct reviewers (docs/protocol.md § Quorum)."""
+        needs that many distinct reviewers, decided by ``quorum_policy`` (all, majority or any;
+        docs/protocol.md § Quorum)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         # Without a key a second send could create a second job: retry only what never left.
         mode = RetryMode.IDEMPOTENT if idempotency_key else RetryMode.CONNECT_ONLY
         data, name, ctype = image
-        params = {"review_quorum": review_quorum} if review_quorum > 1 else None
+        params: dict[str, Any] | None = {"review_quorum": review_quorum} if review_quorum > 1 else None
+        if params is not None and quorum_policy != "all":
+            params["quorum_policy"] = quorum_policy
         resp = yield from self.call(
             "POST", f"{API}/jobs", mode=mode, headers=headers, params=params, files={"image": (name, data, ctype)}
         )

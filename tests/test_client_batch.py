@@ -230,16 +230,24 @@ class FakeClient:
         self.calls: list[tuple[str, str]] = []
         self.jobs: dict[str, str] = {}  # idempotency key -> job id, like the server's record
         self.quorums: list[int] = []  # review_quorum of each submit
+        self.policies: list[str] = []  # quorum_policy of each submit
 
     def _log(self, *call: str) -> None:
         with self.lock:
             self.calls.append(call)
 
     def submit(
-        self, data: bytes, *, idempotency_key: str | None = None, filename: str | None = None, review_quorum: int = 1
+        self,
+        data: bytes,
+        *,
+        idempotency_key: str | None = None,
+        filename: str | None = None,
+        review_quorum: int = 1,
+        quorum_policy: str = "all",
     ):
         self._log("submit", filename or "")
         self.quorums.append(review_quorum)
+        self.policies.append(quorum_policy)
         if self.auth_fail:
             raise AuthError(401, "UNAUTHORIZED", "unknown token")
         if filename in self.reject:
@@ -389,3 +397,7 @@ def test_run_batch_passes_the_review_quorum_with_every_file(tmp_path: Path, phot
     fake = FakeClient()
     s = run_batch(fake, [photos], manifest=tmp_path / "m.jsonl", progress=False, review_quorum=3)
     assert s.exit_code == 0 and fake.quorums == [3] * 6  # hitl submit --quorum 3
+    assert fake.policies == ["all"] * 6
+    again = FakeClient()
+    s = run_batch(again, [photos], manifest=tmp_path / "m2.jsonl", progress=False, review_quorum=3, quorum_policy="any")
+    assert s.exit_code == 0 and again.policies == ["any"] * 6  # hitl submit --quorum 3 --quorum-policy any

@@ -13,14 +13,17 @@ import pytest
 import pytest_asyncio
 
 from harness.executor import report
-from harness.tokens import auth
+from harness.tokens import TOKENS, auth
+from hitl_review.client import AsyncHitlClient
+from hitl_review.serve_app import cli
 from hitl_review.statecore import errors
 from hitl_review.statecore.models import InterventionRequest
 from hitl_review.statecore.states import JobStatus as S
 from hitl_review.statecore.store import Store, StoreConfig
+from hitl_review.ui.quorum import quorum_line, vote_banner
 
 from .api_util import blank_with_product
-from .asgi_util import asgi_client
+from .asgi_util import BASE_URL, asgi_client, asgi_transport
 from .helpers import THREE_BOXES, iv, keep
 from .test_quorum import nudged
 
@@ -209,3 +212,30 @@ async def test_majority_and_any_over_http(api: Any, store: Store) -> None:
     late = await api.post(url, json=body(snap, "iv_h4"), headers=auth("rev2"))
     assert late.status_code == 409 and late.json()["code"] == "PAUSE_NOT_ACTIVE"
     assert late.json()["snapshot"]["status"] == "PROCESSING_APPROVED_SUBJECTS"
+
+
+async def test_the_client_and_hitl_submit_carry_the_policy(store: Store, redis_server: Any, tmp_path: Any) -> None:
+    args = cli.build_parser().parse_args(["submit", "a.png", "--quorum", "3", "--quorum-policy", "majority"])
+    assert (args.quorum, args.quorum_policy) == (3, "majority")
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["submit", "a.png", "--quorum-policy", "most"])
+    async with asgi_transport(redis_server.url, tmp_path) as transport:
+        client = AsyncHitlClient(BASE_URL, TOKENS["sub1"], transport=transport)
+        try:
+            made = await client.submit(blank_with_product(7), filename="a.png", review_quorum=3, quorum_policy="any")
+            q = (await client.get_job(made.job_id)).quorum
+            assert q is not None and (q.needed, q.invited, q.policy) == (1, 3, "any")
+        finally:
+            await client.aclose()
+
+
+async def test_the_reviewer_page_words_the_policy(store: Store, image: Any) -> None:
+    maj = await policy_job(store, image, 3, "majority")
+    line = quorum_line(await store.snapshot(maj))
+    assert line == "Needs **2 of 3 reviewers** (a majority) whose boxes agree — 0 of 3 submitted."
+    st = await store.get(maj)
+    vote = json.loads((await store.intervene(maj, iv(st, keep(st, 0), iid="iv_u1"), "rev1")).body)
+    banner = vote_banner(vote) or ""
+    assert banner.startswith("Your boxes are recorded — 1 of 3 reviewers") and "once 2 agree" in banner
+    first = await policy_job(store, image, 3, "any")
+    assert quorum_line(await store.snapshot(first)).startswith("Any of the **3 invited reviewers** decides")

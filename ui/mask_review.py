@@ -454,8 +454,8 @@ def submitted_text(
     said = ", ".join(f"{counts.get(k, 0)} {w}" for k, w in (("ACCEPT", "accepted"), ("REJECT", "rejected")))
     said += f", {counts.get('REFINE', 0)} to refine"
     if quorum and quorum.get("outcome") == "VOTE_RECORDED":  # docs/protocol.md § Quorum
-        got, needed = quorum.get("received"), quorum.get("needed")
-        return f"Decisions recorded — {said}: {got} of {needed} reviewers. The job moves on once theirs agree."
+        got, of = quorum.get("received"), quorum.get("invited") or quorum.get("needed")  # all N, or a majority's N
+        return f"Decisions recorded — {said}: {got} of {of} reviewers. The job moves on once theirs agree."
     nxt = NEXT_WORDS.get(next_node_type or "", "nothing more: the job has ended")
     return f"Decisions submitted — {said}. The job is now {status}; next: {nxt}."
 

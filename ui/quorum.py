@@ -21,8 +21,16 @@ def quorum_line(snap: JobSnapshot | None) -> str:
         names = ", ".join(sorted(pause.reconciliation))
         return f"**The reviewers disagreed** ({names}): your submission decides the boxes. Their lists are below."
     q = snap.quorum
+    invited = q.invited or q.needed
+    if q.policy == "any":
+        return f"Any of the **{invited} invited reviewers** decides: the first submission moves the job on."
     done = [v.reviewer for v in q.votes]
     who = f" ({', '.join(done)})" if done else ""
+    if q.policy == "majority":
+        return (
+            f"Needs **{q.needed} of {invited} reviewers** (a majority) whose boxes agree — "
+            f"{len(done)} of {invited} submitted{who}."
+        )
     return f"Needs **{q.needed} reviewers** whose boxes agree — {len(done)} of {q.needed} submitted{who}."
 
 
@@ -32,12 +40,17 @@ def vote_banner(answer: dict[str, Any]) -> str | None:
     if not q:
         return None
     if q["outcome"] == "VOTE_RECORDED":
+        if q.get("policy") == "majority":
+            return (
+                f"Your boxes are recorded — {q['received']} of {q.get('invited')} reviewers. The job waits for "
+                f"the others; it moves on once {q['needed']} agree."
+            )
         return (
             f"Your boxes are recorded — {q['received']} of {q['needed']} reviewers. The job waits for "
             "the others; it moves on once their boxes agree with yours."
         )
     if q["outcome"] == "QUORUM_REACHED":
-        return f"{q['needed']} reviewers agreed ({', '.join(q['reviewers'])}): the job moves on."
+        return f"{len(q['reviewers'])} reviewers agreed ({', '.join(q['reviewers'])}): the job moves on."
     return (
         f"The {q['received']} reviewers' boxes disagree ({', '.join(q['reviewers'])}): the job is offered again "
         "with every list side by side, for one reviewer to decide."
