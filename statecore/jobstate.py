@@ -73,6 +73,10 @@ class JobState:
     votes: str = ""  # the active pause's quorum votes as stored (statecore.quorum), compared by the script
     # The live SEGMENT_SUBJECT nodes by node id, one per subject being cut (statecore.subjects).
     subject_nodes: dict[str, CurrentNode] = field(default_factory=dict)
+    # The auto-approve policy that approved the box list (``policy:<name>@<hash>``), and, on a job a
+    # person reviews, what the policy thought (JSON; the control plane's alone: statecore.auto_plan).
+    decided_by: str | None = None
+    auto_review: str = ""
 
     def live_node(self, nid: str) -> CurrentNode | None:
         """The node ``nid`` if it is one of the job's nodes: its current node (which stays current,
@@ -117,6 +121,8 @@ class JobState:
             node_input=j("node_input"),
             refine_prompts=j("refine_prompts", {}),
             votes=get("votes", ""),
+            decided_by=get("decided_by") or None,
+            auto_review=get("auto_review", ""),
             subject_nodes={
                 k[len(SUBJECT_NODE_FIELD) :]: CurrentNode.model_validate_json(v)
                 for k, v in meta.items()
@@ -151,6 +157,7 @@ class JobState:
             empty_selection=self.empty_selection,
             subjects=self.results,
             quorum=self.quorum_view(),
+            decided_by=self.decided_by,
         )
 
     def quorum_view(self) -> QuorumView | None:

@@ -30,6 +30,12 @@ STORE_ID = f"{PREFIX}:store-id"
 ACCOUNTS_TAG = f"{PREFIX}:{{accounts}}"
 REVIEWERS = f"{ACCOUNTS_TAG}:reviewers"
 REVIEWERS_LOG = f"{ACCOUNTS_TAG}:reviewers:log"
+# The box auto-approve policy's live mode, seen by every replica (statecore.auto_store): one HASH
+# (``ref``, ``mode``, ``configured``, ``reason``, ``at``, ``dropped_at``) and a STREAM of its changes
+# (started, dropped to shadow by the live check, set by an operator); one hash tag, one slot.
+POLICY_TAG = f"{PREFIX}:{{policy}}"
+BOX_POLICY = f"{POLICY_TAG}:box"
+BOX_POLICY_LOG = f"{POLICY_TAG}:box:log"
 
 
 def partition_of(job_id: str) -> int:

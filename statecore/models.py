@@ -209,6 +209,9 @@ class JobSnapshot(BaseModel):
     empty_selection: bool = False
     claim: ClaimView | None = None
     quorum: QuorumView | None = None  # jobs created with review_quorum >= 2 (docs/protocol.md § Quorum)
+    # The auto-approve policy that approved the detector's list (``policy:<name>@<hash>``; docs/protocol.md
+    # § Auto-approval); None when a person decided it.
+    decided_by: str | None = None
     # Each approved subject's status so far (docs/protocol.md § Cut-out quality): empty until the
     # segmentation reports; WAITING_REVIEW / REFINING during a mask review; as /results once ended.
     subjects: list[SubjectResult] = Field(default_factory=list)

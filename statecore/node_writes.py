@@ -13,8 +13,7 @@ import logging
 import random
 from typing import Any
 
-from . import decide, errors, keys
-from .audit import Intent
+from . import auto_plan, auto_store, decide, errors, keys
 from .ids import now_iso
 from .models import NodeCommand, NodeReport
 
@@ -166,6 +165,7 @@ class NodeWritesMixin:
             live = node is not None and meta.get("terminal") != "1"
             status = node.status if node is not None else ""
             plan_json = ""
+            by_policy: tuple[str, str] = ("", "")  # an auto-approval's (policy, snapshot id): its audit entry
             if kind == "started":
                 if live and status == "RUNNING":
                     return "BUSY"
@@ -197,13 +197,17 @@ class NodeWritesMixin:
                 )
             elif live and status in ("QUEUED", "RETRY_WAIT", "RUNNING"):
                 assert report is not None
-                plan_json = decide.plan_report(
-                    state, report, now, now_ms, workflow=self.config.workflow_version
-                ).to_json(now, self.config.archive)
+                detected = report.node_type == "DETECT_SUBJECTS" and report.outcome == "SUCCEEDED"
+                auto = await auto_store.ask(self) if detected else None  # the box policy's say, if any
+                planned = decide.plan_report(
+                    state, report, now, now_ms, workflow=self.config.workflow_version, auto=auto
+                )
+                plan_json = planned.to_json(now, self.config.archive)
+                by_policy = auto_plan.audit_of(planned)
             by_inspector = lease is not None
             res = await self._scripts["apply_report"](
                 keys=self._keys(state, jk),
-                args=self._args(job_id, now, actor, Intent(node=f"{node_type}:{nid}" if node_type else nid))
+                args=self._args(job_id, now, actor)
                 + [
                     nid,
                     str(state.version),
@@ -214,6 +218,7 @@ class NodeWritesMixin:
                     lease or "",
                     action,
                     recheck,
+                    *by_policy,
                 ],
             )
             if res[0] == "STALE":

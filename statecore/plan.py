@@ -101,9 +101,10 @@ def dump_node(node: CurrentNode) -> str:
     return canonical_json(node.model_dump(mode="json", exclude_none=True, exclude={"heartbeat_at"}))
 
 
-def move(plan: Plan, state: JobState, target: JobStatus) -> None:
-    """Check the move against the table, record it and its STATUS_CHANGED event."""
-    new = transition(state.status, target, job_id=state.job_id)
+def move(plan: Plan, state: JobState, target: JobStatus, by_policy: str | None = None) -> None:
+    """Check the move against the table, record it and its STATUS_CHANGED event; ``by_policy``: the
+    auto-approve policy taking its edge (statecore.auto_plan)."""
+    new = transition(state.status, target, job_id=state.job_id, by_policy=by_policy)
     if new != state.status:
         plan.events.append(("STATUS_CHANGED", {"from": state.status.value, "to": new.value}))
     plan.status = new

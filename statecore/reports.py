@@ -11,7 +11,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from . import mask_review, subject_nodes, subjects
+from . import auto_plan, autoapprove, mask_review, subject_nodes, subjects
 from .errors import NodeExecutionError
 from .ids import new_id
 from .jobstate import JobState
@@ -189,8 +189,10 @@ def plan_report(
     now_ms: int,
     artifact_url: Callable[[str], str] = lambda n: f"/api/v1/artifacts/{n}",
     workflow: str = WORKFLOW_VERSION,
+    auto: autoapprove.Ask | None = None,
 ) -> Plan:
-    """Apply one node's result. The caller has checked the node is live.
+    """Apply one node's result. The caller has checked the node is live. ``auto``: the box policy
+    that has a say on a detection (statecore.auto_plan), with the store's draw for its spot check.
 
     A SUCCEEDED report whose output does not parse, or does not answer what the node was asked
     (``nodes.check_answers``), fails the node at once with ``INVALID_NODE_OUTPUT``: the same output
@@ -240,7 +242,7 @@ def plan_report(
         return plan
     plan.events.append(("NODE_COMPLETED", ev))
     if isinstance(output, DetectOutput):
-        _on_detect(plan, state, output, now, now_ms, workflow)
+        _on_detect(plan, state, output, now, now_ms, workflow, auto)
     elif isinstance(output, ValidateOutput):
         _on_validate(plan, state, output, now, now_ms, workflow)
     elif isinstance(output, ProcessOutput) and node.node_type == NodeType.SEGMENT_SUBJECT:
@@ -252,7 +254,15 @@ def plan_report(
     return plan
 
 
-def _on_detect(plan: Plan, state: JobState, output: DetectOutput, now: str, now_ms: int, workflow: str) -> None:
+def _on_detect(
+    plan: Plan,
+    state: JobState,
+    output: DetectOutput,
+    now: str,
+    now_ms: int,
+    workflow: str,
+    auto: autoapprove.Ask | None = None,
+) -> None:
     boxes = []
     for d in output.boxes:
         bbox = _clip(d.bbox, state.image.width, state.image.height)
@@ -271,6 +281,11 @@ def _on_detect(plan: Plan, state: JobState, output: DetectOutput, now: str, now_
         )
     plan.meta["box_list"] = dump(boxes)
     plan.meta["detector"] = output.backend
+    if auto is not None:  # the box policy's say: its edge, or what it thought kept for the comparison
+        w, h = state.image.width, state.image.height
+        decision = autoapprove.decide(auto, [b.model_dump(mode="json") for b in boxes], w, h)
+        if auto_plan.on_detection(plan, state, boxes, decision, now, now_ms):
+            return
     move(plan, state, S.WAITING_USER_SELECTION)
     # Always a pause, even with zero boxes: the reviewer may draw what the model missed.
     open_pause(plan, state, "WAITING_USER_SELECTION", 1, boxes, [], now, now_ms, workflow)

@@ -4,6 +4,7 @@ Pure: no I/O."""
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 from .errors import IllegalTransition, JobCancelled
@@ -94,6 +95,12 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
 }
 
 
+# Edges only an explicit, versioned auto-approve policy takes (SPEC §2): ``transition`` refuses them
+# unless ``by_policy`` names one (``policy:<name>@<hash>``, statecore.autoapprove).
+POLICY_EDGES: frozenset[tuple[JobStatus, JobStatus]] = frozenset({(S.DETECTING, S.PROCESSING_APPROVED_SUBJECTS)})
+_POLICY_REF = re.compile(r"^policy:[A-Za-z0-9_.-]{1,64}@[0-9a-f]{16}$")
+
+
 def is_terminal(status: JobStatus | str) -> bool:
     return JobStatus(status) in TERMINAL
 
@@ -102,11 +109,14 @@ def is_waiting(status: JobStatus | str) -> bool:
     return JobStatus(status) in WAITING
 
 
-def transition(current: JobStatus | str, target: JobStatus | str, *, job_id: str | None = None) -> JobStatus:
+def transition(
+    current: JobStatus | str, target: JobStatus | str, *, job_id: str | None = None, by_policy: str | None = None
+) -> JobStatus:
     """Return the state after moving ``current`` to ``target``.
 
     Same-state is a no-op success (a replayed report). A cancelled job never
-    moves again; any other move outside the table raises ``IllegalTransition``.
+    moves again; any other move outside the table raises ``IllegalTransition``, and so does a
+    ``POLICY_EDGES`` move without ``by_policy`` naming the policy that decided it.
     """
     cur, tgt = JobStatus(current), JobStatus(target)
     if cur == tgt:
@@ -115,4 +125,8 @@ def transition(current: JobStatus | str, target: JobStatus | str, *, job_id: str
         raise JobCancelled(job_id=job_id, message=f"job is cancelled; refusing move to {tgt}")
     if tgt not in TRANSITIONS[cur]:
         raise IllegalTransition(job_id=job_id, message=f"illegal transition {cur} -> {tgt}")
+    if (cur, tgt) in POLICY_EDGES and not (by_policy and _POLICY_REF.match(by_policy)):
+        raise IllegalTransition(
+            job_id=job_id, message=f"{cur} -> {tgt} is taken only by a loaded auto-approve policy in on mode"
+        )
     return tgt

@@ -19,8 +19,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from . import counters, decide, durable, errors, gates, keys, listing, quorum, rebase, scripts
-from .audit import AuditMixin, Intent, actor_arg
+from . import auto_plan, auto_store, counters, decide, durable, errors, gates, keys, listing, quorum, rebase, scripts
+from .audit import AuditMixin
 from .claims import ClaimsMixin
 from .history import HistoryMixin
 from .ids import canonical_json, now_iso, payload_hash
@@ -65,6 +65,9 @@ class StoreConfig:
     # or off (the gate only records); recorded in each job's policy when it is created. hitl up
     # passes its --quality-gate (review-failing by default).
     quality_gate: str = "off"
+    # The box auto-approve policy, its configured mode and spot-check share (statecore.auto_store,
+    # docs/learning.md): hitl up's --auto-approve, --auto-approve-policy, --spot-check. None: off.
+    auto_approve: auto_store.AutoApproveConfig | None = None
 
     def __post_init__(self) -> None:
         if self.quality_gate not in GATE_MODES:
@@ -159,10 +162,10 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
 
     # ------------------------------------------------------------------ helpers
 
-    def _args(self, job_id: str, now: str, actor: str, intent: Intent | None = None) -> list[Any]:
+    def _args(self, job_id: str, now: str, actor: str) -> list[Any]:
         """The ARGV every state-changing script starts with (lua/_lib.lua); ``actor``: who the
-        action's audit entry names, ``intent``: what else it records (docs/protocol.md § Audit)."""
-        return [job_id, now, self.config.retention_s, actor_arg(actor, intent)]
+        action's audit entry names (docs/protocol.md § Audit)."""
+        return [job_id, now, self.config.retention_s, actor]
 
     @staticmethod
     def _keys(state: decide.JobState | None, jk: keys.JobKeys) -> list[str]:
@@ -283,15 +286,10 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
 
     # ------------------------------------------------------------------ intervene
 
-    async def intervene(
-        self, job_id: str, req: InterventionRequest, reviewer: str, *, role: str = "", proxy_user: str = ""
-    ) -> Reply:
+    async def intervene(self, job_id: str, req: InterventionRequest, reviewer: str) -> Reply:
         """Consume the active pause exactly once (docs/protocol.md § Intervention, checks 2–8, and
-        § Snapshot echo and the fifth gate after check 7). Every 409 carries ``rebase``. ``role`` and
-        ``proxy_user`` (the token's role, the user a trusted proxy named): what the audit entry
-        records with the intervention's id and payload hash (docs/protocol.md § Audit)."""
+        § Snapshot echo and the fifth gate after check 7). Every 409 carries ``rebase``."""
         phash = payload_hash(req.hashed_body(), reviewer)
-        intent = Intent(role=role, proxy_user=proxy_user, intervention_id=req.intervention_id, payload_hash=phash)
         jk = keys.job(job_id)
         for _ in range(STALE_RETRIES):
             state = await self.get(job_id)  # 404 before any state is touched
@@ -317,10 +315,11 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
             q = None if gate else quorum.step(state, req, reviewer, ip, now, now_ms, self.config.workflow_version)
             if q is not None:  # a pause that needs several reviewers (docs/protocol.md § Quorum)
                 ip = decide.InterventionPlan(q.plan, q.response, None)
+            reviewed = None if gate else auto_plan.on_reviewed(ip.plan, state)  # against the box policy
             resp = ip.response.model_dump_json() if ip.response else ""
             res = await self._scripts["consume_pause"](
                 keys=self._keys(state, jk),
-                args=self._args(job_id, now, reviewer, intent)
+                args=self._args(job_id, now, reviewer)
                 + [
                     req.intervention_id,
                     phash,
@@ -336,6 +335,7 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
                 ],
             )
             if res[0] == "OK":
+                await auto_store.after_review(self, job_id, reviewed)  # the live check: drop to shadow?
                 return Reply(200, resp, False, job_id)
             if res[0] == "REPLAY":
                 return Reply(200, res[1], True, job_id)
@@ -351,12 +351,7 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
 
     # ------------------------------------------------------------------ cancel
 
-    async def cancel(
-        self, job_id: str, who: str, *, role: str = "", reason: str = "", proxy_user: str = ""
-    ) -> JobSnapshot:
-        """End the job CANCELLED (idempotent). ``role``, ``proxy_user`` and ``reason`` (why, as the
-        operator gave it: ``hitl cancel --reason``): what the CANCEL audit entry records besides who."""
-        intent = Intent(role=role, proxy_user=proxy_user, reason=reason)
+    async def cancel(self, job_id: str, who: str) -> JobSnapshot:
         jk = keys.job(job_id)
         # A job cutting its subjects changes with every one of their nodes' starts and answers: a cancel
         # racing them retries as their reports do (spread out, as many times).
@@ -368,7 +363,7 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
             done = state.status == JobStatus.CANCELLED or is_terminal(state.status)
             plan = "" if done else decide.plan_cancel(state, who, now).to_json(now, self.config.archive)
             res = await self._scripts["cancel"](
-                keys=self._keys(state, jk), args=self._args(job_id, now, who, intent) + [str(state.version), plan]
+                keys=self._keys(state, jk), args=self._args(job_id, now, who) + [str(state.version), plan]
             )
             if res[0] in ("OK", "ALREADY"):
                 return await self.snapshot(job_id)

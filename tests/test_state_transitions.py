@@ -14,7 +14,16 @@ from hitl_review.statecore import decide
 from hitl_review.statecore.decide import NextHop, RoundDecision, decide_round, diff_subjects, next_hop
 from hitl_review.statecore.errors import IllegalTransition, InvalidRequest, JobCancelled
 from hitl_review.statecore.models import Box, Subject, Validation
-from hitl_review.statecore.states import TERMINAL, TRANSITIONS, WAITING, JobStatus, is_terminal, is_waiting, transition
+from hitl_review.statecore.states import (
+    POLICY_EDGES,
+    TERMINAL,
+    TRANSITIONS,
+    WAITING,
+    JobStatus,
+    is_terminal,
+    is_waiting,
+    transition,
+)
 
 S = JobStatus
 ALL = list(JobStatus)
@@ -76,8 +85,10 @@ def test_table_matches_spec():
 @pytest.mark.parametrize("pair", ALLOWED, ids=_id)
 def test_allowed(pair):
     cur, tgt = pair
-    assert transition(cur, tgt, job_id="job_x") == tgt
-    assert transition(cur.value, tgt.value) == tgt  # the string form read from Redis
+    # The policy edge is taken only by a named auto-approve policy (tests/test_auto_approve.py).
+    by = "policy:box@0123456789abcdef" if pair in POLICY_EDGES else None
+    assert transition(cur, tgt, job_id="job_x", by_policy=by) == tgt
+    assert transition(cur.value, tgt.value, by_policy=by) == tgt  # the string form read from Redis
 
 
 @pytest.mark.parametrize("pair", DISALLOWED, ids=_id)

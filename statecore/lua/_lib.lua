@@ -21,21 +21,11 @@ local K_QUEUED, K_HEARTBEATS, K_LEASE = KEYS[11], KEYS[12], KEYS[13]
 local K_COUNTS, K_FINISHED, K_CLAIM = KEYS[14], KEYS[15], KEYS[16]
 local K_AUDIT, K_ARCHIVE, K_ARCHIVE_WAITING, K_CREATE = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
 local JOB_ID, NOW, RETENTION, ACTOR = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
--- ARGV[4] may carry, after a NUL, the audit entry's intent fields as a JSON object (statecore.audit.actor_arg):
--- role, proxy_user, intervention_id, payload_hash, node, reason. ACTOR is the name alone.
-local INTENT = nil
-do
-  local name, fields = string.match(ARGV[4] or '', '^(.*)%z({.*})$')
-  if name then ACTOR, INTENT = name, cjson.decode(fields) end
-end
-local INTENT_FIELDS = {'role', 'proxy_user', 'intervention_id', 'payload_hash', 'node', 'reason'}
 
--- Audit (docs/protocol.md § Audit). An entry's hashed fields, in statecore.audit.HASHED order:
--- seq, at, actor, action, base_version, snapshot_id, outcome, prev_hash; `hash` is SHA-1 (the
--- one digest Redis's Lua has) over them, each written as <length>:<text> ('-' for none), so no two
--- entries share a hashed text, followed, when the action carries any, by the INTENT fields in
--- statecore.audit.INTENT order (an entry without them hashes as it did before they existed).
--- `prev_hash` is read here from the head kept in
+-- Audit (docs/protocol.md § Audit). An entry's fields, in statecore.audit.FIELDS order:
+-- seq, at, actor, action, base_version, snapshot_id, outcome, prev_hash, hash. `hash` is SHA-1 (the
+-- one digest Redis's Lua has) over the other eight fields, each written as <length>:<text> ('-'
+-- for none), so no two entries share a hashed text. `prev_hash` is read here from the head kept in
 -- the meta (audit_head, audit_seq), inside the script that commits the action: an append can only
 -- extend the current head, the chain cannot fork. statecore.audit.verify recomputes it, so both
 -- write the same bytes: <length> counts bytes (Lua's #; Python counts the UTF-8 encoding), and every
@@ -84,24 +74,13 @@ local function audit(action, outcome, base_version, snapshot_id)
   local seq = (tonumber(head[2]) or 0) + 1
   local bv = base_version or ''
   local sid = snapshot_id or ''
-  local text = canon(seq) .. canon(NOW) .. canon(ACTOR) .. canon(action) .. canon(bv) ..
-    canon(sid) .. canon(outcome) .. canon(prev)
-  local intent = nil
-  if INTENT then
-    for _, f in ipairs(INTENT_FIELDS) do
-      if canon(INTENT[f]) ~= '-' then intent = INTENT break end
-    end
-  end
-  if intent then
-    for _, f in ipairs(INTENT_FIELDS) do text = text .. canon(intent[f]) end
-  end
-  local hash = redis.sha1hex(text)
+  local hash = redis.sha1hex(canon(seq) .. canon(NOW) .. canon(ACTOR) .. canon(action) .. canon(bv) ..
+    canon(sid) .. canon(outcome) .. canon(prev))
   -- Stored compact (statecore.audit.STORED): no prev_hash (the hash of the entry before it: the
-  -- reader fills it in), base_version and snapshot_id left out when none, then the intent object.
+  -- reader fills it in), base_version and snapshot_id last and left out when none.
   local stored = {seq, NOW, ACTOR, action, outcome, hash}
-  if bv ~= '' or sid ~= '' or intent then stored[7] = version_value(bv) end
-  if sid ~= '' or intent then stored[8] = sid ~= '' and sid or cjson.null end
-  if intent then stored[9] = intent end
+  if bv ~= '' or sid ~= '' then stored[7] = version_value(bv) end
+  if sid ~= '' then stored[8] = sid end
   redis.call('RPUSH', K_AUDIT, cjson.encode(stored))
   redis.call('HSET', K_META, 'audit_head', hash, 'audit_seq', seq)
   local ttl = redis.call('PTTL', K_META)
@@ -264,6 +243,20 @@ local function count_status(old, new, created_ms)
   end
 end
 
+-- The box auto-approve policy's decisions and the reviews of them (statecore.auto_plan), per policy:
+-- fields '<policy:name@hash>:<counter>' (and '_fa' / '_agree' / '_would' when the event says so), read
+-- back by statecore.auto_store (the live spot-check false-accept rate, the shadow agreement).
+local POLICY_COUNTED = {AUTO_APPROVED = 'auto', POLICY_SHADOW_DECISION = 'shadow', POLICY_SPOT_CHECKED = 'spot',
+  POLICY_SHADOW_COMPARED = 'shadow_reviewed', POLICY_REVIEW_COMPARED = 'reviewed'}
+local function count_policy(counter, data)
+  local d = cjson.decode(data)
+  local base = tostring(d.policy) .. ':' .. counter
+  redis.call('HINCRBY', K_COUNTS, base, 1)
+  if d.false_accept == true then redis.call('HINCRBY', K_COUNTS, base .. '_fa', 1) end
+  if d.agreed == true then redis.call('HINCRBY', K_COUNTS, base .. '_agree', 1) end
+  if d.would_approve == true then redis.call('HINCRBY', K_COUNTS, base .. '_would', 1) end
+end
+
 -- Node attempts: every NODE_STARTED, those with attempt > 1 (retries), and applied results.
 local function count_event(etype, data)
   if etype == 'NODE_STARTED' then
@@ -273,6 +266,8 @@ local function count_event(etype, data)
     end
   elseif etype == 'NODE_COMPLETED' then
     redis.call('HINCRBY', K_COUNTS, 'node_results', 1)
+  elseif POLICY_COUNTED[etype] then
+    count_policy(POLICY_COUNTED[etype], data)
   end
 end
 

@@ -17,6 +17,9 @@
 --         'lapse:<ms>'    the node's heartbeat is still older than <ms> (it did not beat or start since)
 --         'deadline:<ms>' the node's deadline passed more than <ms> ago
 --         otherwise {'ALIVE'}: the verdict was read from an index that has moved on since
+-- ARGV[14] the auto-approve policy whose decision this plan carries ('' = none: statecore.auto_plan):
+--         its own entry follows the report's in this same step, actor policy:<name>@<hash>, action
+--         AUTO_APPROVE, with the version it decided on and ARGV[15], the snapshot id of the list it approved
 -- Returns {'OK', version} | {'DUPLICATE'} | {'IGNORED', reason} | {'JOB_NOT_FOUND'} | {'STALE'} | {'FENCED'}
 --         | {'ALIVE'}
 if redis.call('EXISTS', K_META) == 0 then return {'JOB_NOT_FOUND'} end
@@ -60,5 +63,10 @@ if check then
 end
 if final then redis.call('SADD', K_REPORTS, mark) end
 local version = apply_plan(ARGV[7])
-audit(ACTION, 'APPLIED:' .. redis.call('HGET', K_META, 'status'))
+local applied = 'APPLIED:' .. redis.call('HGET', K_META, 'status')
+audit(ACTION, applied)
+if (ARGV[14] or '') ~= '' then
+  ACTOR = ARGV[14]
+  audit('AUTO_APPROVE', applied, ARGV[6], ARGV[15])
+end
 return {'OK', version}

@@ -1,0 +1,50 @@
+"""A hand-made box policy for the auto-approval tests: it approves a detection whose lowest score is
+high (the logistic weight is on ``score_min`` alone, the calibration the identity)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+
+from hitl_review.statecore import autoapprove as aa
+from hitl_review.statecore.auto_store import AutoApproveConfig
+
+SURE_BOXES = [
+    {"bbox": [10, 10, 100, 120], "label": "shoe", "score": 0.97},
+    {"bbox": [200, 40, 320, 200], "label": "shoe", "score": 0.95},
+]
+
+
+def policy_doc(approved: int = 1000, false_accepts: int = 0, max_false_accept: float = 0.005) -> dict[str, Any]:
+    names = aa.feature_names([])
+    coef = [0.0] * len(names)
+    coef[names.index("score_min")] = 20.0
+    return aa.sealed(
+        {
+            "format": aa.FORMAT,
+            "kind": "box",
+            "name": "box-test",
+            "promise": {"max_false_accept": max_false_accept, "confidence": 0.95},
+            "threshold": 0.9,
+            "evidence": {"heldout_approved": approved, "heldout_false_accepts": false_accepts, "heldout_jobs": 3000},
+            "model": {
+                "labels": [],
+                "features": names,
+                "mean": [0.0] * len(names),
+                "scale": [1.0] * len(names),
+                "coef": coef,
+                "intercept": -15.0,
+                "isotonic": {"x": [0.0, 1.0], "y": [0.0, 1.0]},
+            },
+        }
+    )
+
+
+def policy(**kw: Any) -> aa.BoxPolicy:
+    return aa.load(orjson.dumps(policy_doc(**kw)), "on")
+
+
+def config(mode: str = "on", spot_check: float = 0.0, seed: int = 7) -> AutoApproveConfig:
+    return AutoApproveConfig(policy=policy(), mode=mode, spot_check=spot_check, rng=random.Random(seed))
