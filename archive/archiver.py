@@ -93,7 +93,10 @@ async def read_job(store: Store, job_id: str) -> JobRecord:
         results=results.model_dump(mode="json"),
         pauses=[p.model_dump(mode="json") for p in pauses],
         events=events,
-        audit=[{k: e.get(k) for k in AUDIT_FIELDS} for e in (log or {}).get("entries", [])],
+        audit=[
+            {**{k: e.get(k) for k in AUDIT_FIELDS}, "intent": audit.intent_of(e)}
+            for e in (log or {}).get("entries", [])
+        ],
         create_hash=create_fingerprint(state.image.sha256, quorum, policy) if state.idem_key else None,
         interventions=recorded or None,
     )

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
+from hitl_review.statecore import audit as statecore_audit
 from hitl_review.statecore.models import Event, JobResults, JobSnapshot, Pause
 
 from .db import Archive
@@ -137,7 +138,7 @@ def audit(archive: Archive, job_id: str) -> dict[str, Any] | None:
         if job is None:
             return None
         rows = s.scalars(select(AuditEntry).where(AuditEntry.job_id == job_id).order_by(AuditEntry.seq))
-        entries = [{k: getattr(r, k) for k in AUDIT_FIELDS} for r in rows]
+        entries = [statecore_audit.shown({k: getattr(r, k) for k in AUDIT_FIELDS}, r.intent) for r in rows]
         head_seq = job.audit_seq
     # head_seq: how many entries the copy held (the verifier's check that none were removed at the end)
     head = entries[-1]["hash"] if entries else None

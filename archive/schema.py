@@ -96,6 +96,9 @@ class AuditEntry(Base):
     outcome: Mapped[str] = mapped_column(String(120))
     prev_hash: Mapped[str | None] = mapped_column(String(128))
     hash: Mapped[str] = mapped_column(String(128))
+    # statecore.audit.INTENT fields the entry sets (role, proxy_user, intervention_id, payload_hash,
+    # node, reason); NULL when none (0006)
+    intent: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class ArtifactRef(Base):
@@ -143,4 +146,5 @@ class ReviewerAccount(Base):
     added_by: Mapped[str] = mapped_column(String(200))
 
 
+# An entry's columns (statecore.audit.LEGACY); the rest of what it shows is in its ``intent``.
 AUDIT_FIELDS = ("seq", "at", "actor", "action", "base_version", "snapshot_id", "outcome", "prev_hash", "hash")

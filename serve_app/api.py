@@ -45,7 +45,7 @@ from .audit_routes import add_audit_routes
 from .auth import Authenticator, Identity
 from .claim_routes import add_claim_routes
 from .config import Settings
-from .note_routes import add_note_routes
+from .note_routes import CancelRequest, add_note_routes
 from .preview_routes import Previewer, add_preview_route
 from .recovery import Recovery
 from .request_log import RequestLog, log_intervention
@@ -361,9 +361,10 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         responses={400: {}, 404: {}, 409: {"description": INTERVENTION_409}},
     )
     async def intervene(request: Request, job_id: str, body: InterventionRequest) -> Response:
-        t0, who = time.perf_counter(), identity(request).name
+        t0, ident = time.perf_counter(), identity(request)
+        who = ident.name
         try:
-            reply = await archived_writes.intervene(rt().store, rt().archive, job_id, body, who)
+            reply = await archived_writes.intervene(rt().store, rt().archive, job_id, body, who, **ident.audited())
         except errors.HitlError as e:
             metrics.INTERVENTIONS.labels(e.code).inc()
             log_intervention(job_id, who, e.code, t0, body.intervention_id)
@@ -374,10 +375,11 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         return replayable(reply)
 
     @app.post(f"{API}/jobs/{{job_id}}/cancel", response_model=JobSnapshot, responses={404: {}, 409: {}})
-    async def cancel(request: Request, job_id: str) -> JobSnapshot:
-        snap = await archived_writes.cancel(rt().store, rt().archive, job_id, identity(request).name)
+    async def cancel(request: Request, job_id: str, body: CancelRequest | None = None) -> JobSnapshot:
+        ident, why = identity(request), (body.reason if body else None) or ""  # the reason: in the audit entry
+        snap = await archived_writes.cancel(rt().store, rt().archive, job_id, ident.name, **ident.audited(), reason=why)
         await acknowledged(job_id)
-        log.info("job cancelled job=%s by=%s", job_id, identity(request).name)
+        log.info("job cancelled job=%s by=%s reason=%r", job_id, ident.name, why)
         return snap
 
     add_claim_routes(app, lambda: rt().store)

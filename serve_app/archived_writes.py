@@ -107,13 +107,23 @@ def rebase_from_history(history: list[Any], base_version: int, snapshot: dict[st
     return rebase.answer(base, base_version, snapshot)
 
 
-async def intervene(store: Store, archive: Archive | None, job_id: str, req: InterventionRequest, who: str) -> Reply:
-    """``Store.intervene``, or for a job only the archive holds, the answer its script gave a
+async def intervene(
+    store: Store,
+    archive: Archive | None,
+    job_id: str,
+    req: InterventionRequest,
+    who: str,
+    *,
+    role: str = "",
+    proxy_user: str = "",
+) -> Reply:
+    """``Store.intervene`` (``role``, ``proxy_user``: what its audit entry records), or for a job only
+    the archive holds, the answer its script gave a
     finished job: 400 for a box outside the image, the recorded response for a replayed
     ``intervention_id`` (409 ``IDEMPOTENCY_CONFLICT`` for another body or reviewer), then 409
     ``JOB_CANCELLED``, ``VERSION_CONFLICT`` or ``PAUSE_NOT_ACTIVE``, each with ``rebase``."""
     try:
-        return await store.intervene(job_id, req, who)
+        return await store.intervene(job_id, req, who, role=role, proxy_user=proxy_user)
     except errors.JobNotFound as missing:
         view = await _view(archive, job_id, missing)
     from hitl_review.archive import reads
@@ -139,12 +149,22 @@ async def intervene(store: Store, archive: Archive | None, job_id: str, req: Int
     raise e
 
 
-async def cancel(store: Store, archive: Archive | None, job_id: str, who: str) -> JobSnapshot:
-    """``Store.cancel``, or for a job only the archive holds, its script's answer to a finished
+async def cancel(
+    store: Store,
+    archive: Archive | None,
+    job_id: str,
+    who: str,
+    *,
+    role: str = "",
+    reason: str = "",
+    proxy_user: str = "",
+) -> JobSnapshot:
+    """``Store.cancel`` (``role``, ``reason``, ``proxy_user``: what its audit entry records), or for a
+    job only the archive holds, its script's answer to a finished
     job: the snapshot again for a cancelled one (a cancel is idempotent), 409 ``JOB_TERMINAL``
     for one that ended otherwise."""
     try:
-        return await store.cancel(job_id, who)
+        return await store.cancel(job_id, who, role=role, reason=reason, proxy_user=proxy_user)
     except errors.JobNotFound as missing:
         view = await _view(archive, job_id, missing)
     if view.snapshot.status == JobStatus.CANCELLED:

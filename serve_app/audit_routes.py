@@ -27,12 +27,23 @@ VERIFY_LIMIT = 10_000  # jobs one verify call checks at most; --all over more pa
 
 
 class AuditEntry(BaseModel):
+    """statecore.audit.FIELDS: who (``actor``, the token's ``role``, the ``proxy_user`` a trusted proxy
+    named), what (``action``, the ``node`` a model step ran, ``reason``) on what the reviewer was shown
+    (``base_version``, ``snapshot_id``), with which intent (``intervention_id``, ``payload_hash``:
+    ids.payload_hash of the body and the reviewer, as the idempotency record keeps it), and how it ended."""
+
     seq: int
     at: str
     actor: str
+    role: str | None = None
+    proxy_user: str | None = None
     action: str
+    node: str | None = None
     base_version: int | None
     snapshot_id: str | None
+    intervention_id: str | None = None
+    payload_hash: str | None = None
+    reason: str | None = None
     outcome: str
     prev_hash: str
     hash: str
@@ -97,11 +108,26 @@ async def verify_job(store: Store, archive: Archive | None, job_id: str) -> tupl
         copies += 1
         b = audit.verify(log_["entries"], log_["head"], log_.get("head_seq"))
         if b is not None:
-            found.append(Finding(job_id=job_id, source=source, position=b.position, seq=b.seq, reason=b.reason))
+            other = logs["archive" if source == "redis" else "redis"]
+            why = b.reason + _fields_apart(log_["entries"], other, b.position)
+            found.append(Finding(job_id=job_id, source=source, position=b.position, seq=b.seq, reason=why))
     live, kept = logs["redis"], logs["archive"]
     if not found and live is not None and kept is not None:
         found.extend(_disagreement(job_id, live["entries"], kept["entries"]))
     return copies, found
+
+
+def _fields_apart(entries: list[dict[str, Any]], other: dict[str, Any] | None, position: int) -> str:
+    """For a broken entry, the fields in which it differs from the other copy's entry of the same
+    ``seq`` (an edited ``role`` or ``payload_hash`` is named, not only its entry); "" when none is known."""
+    if other is None or not 0 < position <= len(entries):
+        return ""
+    mine = entries[position - 1]
+    theirs = next((e for e in other["entries"] if e.get("seq") == mine.get("seq")), None)
+    if theirs is None:
+        return ""
+    apart = [f for f in audit.FIELDS if f not in ("prev_hash", "hash") and mine.get(f) != theirs.get(f)]
+    return f"; differs from the other copy in {', '.join(apart)}" if apart else ""
 
 
 def _disagreement(job_id: str, live: list[dict[str, Any]], kept: list[dict[str, Any]]) -> list[Finding]:

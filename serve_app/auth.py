@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from redis import exceptions as redis_errors
 
 from hitl_review.statecore import accounts, durable
@@ -32,9 +32,17 @@ ACCOUNT_CACHE_MAX = 10_000  # tokens remembered at most (then forgotten all at o
 class Identity(BaseModel):
     name: str
     role: Role
+    # The user a trusted authenticating proxy named for this request (docs/protocol.md § An
+    # authenticating proxy), whether or not a token won over it: what the audit records beside the
+    # name (§ Audit). Not part of the identity's answer (``GET /whoami``).
+    proxy_user: str | None = Field(default=None, exclude=True)
 
     def can(self, *roles: str) -> bool:
         return self.role == "admin" or self.role in roles
+
+    def audited(self) -> dict[str, str]:
+        """What an action's audit entry records of the caller besides the name (docs/protocol.md § Audit)."""
+        return {"role": self.role, "proxy_user": self.proxy_user or ""}
 
 
 def parse_tokens(spec: str) -> dict[str, Identity]:
@@ -113,20 +121,24 @@ class Authenticator:
         authenticating proxy names, when the connection comes from one of ``settings.trusted_proxies``."""
         headers = scope.get("headers", [])
         given = _bearer(next((v for k, v in headers if k.lower() == b"authorization"), None))
+        proxies = self._trusted(settings)
+        peer = (scope.get("client") or (None,))[0]
         if given is not None:
             found = self._static(given)
             if found is None:
                 found = await self._account(r, accounts.token_hash(given))
             if found is not None:
-                return found
-        proxies = self._trusted(settings)
-        peer = (scope.get("client") or (None,))[0]
+                try:  # the token wins; the user a trusted proxy names beside it is recorded all the same
+                    named = proxies.user(peer, headers) if proxies else None
+                except ValueError:
+                    named = None
+                return found.model_copy(update={"proxy_user": named}) if named else found
         try:
             user = proxies.user(peer, headers) if proxies else None
         except ValueError as e:
             raise Unauthorized(str(e)) from None
         if user is not None:
-            return Identity.model_validate({"name": user, "role": proxies.role})
+            return Identity.model_validate({"name": user, "role": proxies.role, "proxy_user": user})
         if given is None:
             raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
         raise Unauthorized("unknown token")

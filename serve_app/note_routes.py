@@ -47,6 +47,18 @@ class FlagRequest(_Text):
         return cls._words(v)
 
 
+class CancelRequest(_Text):
+    """``POST /jobs/{id}/cancel``'s optional body: why (``hitl cancel --reason``), kept in the CANCEL
+    audit entry (docs/protocol.md § Audit)."""
+
+    reason: str | None = Field(default=None, max_length=500)
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, v: str | None) -> str | None:
+        return None if v is None else cls._words(v)
+
+
 class CommentRequest(_Text):
     text: str = Field(max_length=2000)
 

@@ -15,16 +15,66 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import keys
-from .ids import now_iso
+from .ids import canonical_json, now_iso
 
-# The order of an entry's fields in the hashed text (and of an entry stored whole).
-FIELDS = ("seq", "at", "actor", "action", "base_version", "snapshot_id", "outcome", "prev_hash", "hash")
-HASHED = FIELDS[:-1]
+# The fields that link an action to its intent (docs/protocol.md § Audit, SPEC §11): the token's role,
+# the user an authenticating proxy named (statecore.trusted_proxy), an intervention's id and the
+# canonical hash of its body (ids.payload_hash, the one its idempotency record keeps), the node a
+# model step ran ("<node_type>:<node_instance_id>"), and a reason given with the action (a cancel's).
+# Hashed after the eight fields below, in this order, only when one of them is set: an entry written
+# before they existed hashes (and verifies) as it always did.
+INTENT = ("role", "proxy_user", "intervention_id", "payload_hash", "node", "reason")
+# The order of an entry's fields as the audit route shows them (and of an entry stored whole).
+FIELDS = (
+    "seq",
+    "at",
+    "actor",
+    "role",
+    "proxy_user",
+    "action",
+    "node",
+    "base_version",
+    "snapshot_id",
+    "intervention_id",
+    "payload_hash",
+    "reason",
+    "outcome",
+    "prev_hash",
+    "hash",
+)
+# The fields every entry's hash covers, in the hashed text's order (then INTENT's, when set).
+HASHED = ("seq", "at", "actor", "action", "base_version", "snapshot_id", "outcome", "prev_hash")
+LEGACY = (*HASHED, "hash")  # an entry stored whole before INTENT existed (nine fields)
 # How Redis stores an entry (a JSON array; every byte of a waiting job counts): without prev_hash,
-# which is the hash of the entry before it (``parse_all`` fills it in), and with base_version and
-# snapshot_id last, left out when none. An array of all nine FIELDS (an entry stored before this
-# form, or written whole by hand) reads as it is.
+# which is the hash of the entry before it (``parse_all`` fills it in), then base_version and
+# snapshot_id, left out when none, then an object of the INTENT fields set (left out when none; the
+# two before it are null then if none). An array of all FIELDS (or all nine LEGACY fields: an entry
+# stored before this form, or written whole by hand) reads as it is.
 STORED = ("seq", "at", "actor", "action", "outcome", "hash", "base_version", "snapshot_id")
+
+
+@dataclass(frozen=True)
+class Intent:
+    """What an action's entry says about its intent besides who and what (INTENT): given by the
+    caller of a script, carried to ``audit()`` in ``lua/_lib.lua`` with the actor (:func:`actor_arg`)."""
+
+    role: str = ""
+    proxy_user: str = ""
+    intervention_id: str = ""
+    payload_hash: str = ""
+    node: str = ""
+    reason: str = ""
+
+    def fields(self) -> dict[str, str]:
+        return {f: v for f in INTENT if (v := getattr(self, f))}
+
+
+def actor_arg(actor: str, intent: Intent | None = None) -> str:
+    """ARGV[4] of every state-changing script: the actor's name, and when ``intent`` sets a field,
+    a NUL then the fields as JSON (a name never ends in a NUL and ``{…}``; the script splits at the
+    last NUL before a JSON object, so the name may be anything)."""
+    fields = intent.fields() if intent is not None else {}
+    return f"{actor}\0{canonical_json(fields)}" if fields else actor
 
 
 def _canon(v: Any) -> str:
@@ -41,9 +91,25 @@ def _canon(v: Any) -> str:
 
 def entry_hash(entry: Mapping[str, Any]) -> str:
     """The hash ``audit()`` gives ``entry``: SHA-1 (Redis's Lua offers no other digest) over its
-    fields but ``hash``, ``prev_hash`` included, so each entry covers the whole chain before it."""
+    fields but ``hash``, ``prev_hash`` included, so each entry covers the whole chain before it; then
+    the INTENT fields when one is set (an entry without them hashes as before they existed)."""
     text = "".join(_canon(entry.get(f)) for f in HASHED)
+    if any(entry.get(f) not in (None, "") for f in INTENT):
+        text += "".join(_canon(entry.get(f)) for f in INTENT)
     return hashlib.sha1(text.encode()).hexdigest()  # the digest Redis's Lua computes; a chain, not a password
+
+
+def intent_of(entry: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The INTENT fields ``entry`` sets, None when none (the archive keeps them in one JSON column)."""
+    found = {f: entry[f] for f in INTENT if entry.get(f) not in (None, "")}
+    return found or None
+
+
+def shown(base: Mapping[str, Any], intent: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """An entry as the audit route shows it: every field of FIELDS, in that order (None when unset),
+    from ``base`` and the ``intent`` fields kept apart from it."""
+    merged = {**base, **(intent or {})}
+    return {f: merged.get(f) for f in FIELDS}
 
 
 def parse(raw: str, prev_hash: str | None = None) -> dict[str, Any]:
@@ -52,10 +118,14 @@ def parse(raw: str, prev_hash: str | None = None) -> dict[str, Any]:
     values = json.loads(raw)
     if len(values) == len(FIELDS):
         stored = dict(zip(FIELDS, values, strict=True))
+    elif len(values) == len(LEGACY) and not isinstance(values[-1], dict):
+        stored = dict(zip(LEGACY, values, strict=True))
     else:
         stored = dict(zip(STORED, values, strict=False))
+        if len(values) > len(STORED) and isinstance(values[len(STORED)], dict):
+            stored.update({f: v for f, v in values[len(STORED)].items() if f in INTENT})
         stored["prev_hash"] = prev_hash
-    entry = {f: stored.get(f) for f in FIELDS}
+    entry = shown(stored)
     bv = entry["base_version"]
     if isinstance(bv, str) and bv.isascii() and bv.isdigit():  # past a double's exact range: kept as digits
         entry["base_version"] = int(bv)
@@ -143,11 +213,18 @@ class AuditMixin:
         return await read(self.r, job_id)
 
     async def audit_only(
-        self, job_id: str, actor: str, action: str, outcome: str, base_version: int | None = None, snapshot_id: str = ""
+        self,
+        job_id: str,
+        actor: str,
+        action: str,
+        outcome: str,
+        base_version: int | None = None,
+        snapshot_id: str = "",
+        intent: Intent | None = None,
     ) -> bool:
         """Append an entry for an action decided before any other script ran (an intervention
         refused as a 400 from its boxes and the job alone, a dead-letter command re-queued):
         False when Redis does not hold the job."""
         bv = "" if base_version is None else str(base_version)
-        args = self._args(job_id, now_iso(), actor) + [action, outcome, bv, snapshot_id or ""]
+        args = self._args(job_id, now_iso(), actor, intent) + [action, outcome, bv, snapshot_id or ""]
         return bool(await self._scripts["audit_append"](keys=keys.job(job_id).for_script(), args=args))

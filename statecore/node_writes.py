@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 from . import auto_plan, auto_store, decide, errors, keys
+from .audit import Intent
 from .ids import now_iso
 from .models import NodeCommand, NodeReport
 
@@ -207,7 +208,7 @@ class NodeWritesMixin:
             by_inspector = lease is not None
             res = await self._scripts["apply_report"](
                 keys=self._keys(state, jk),
-                args=self._args(job_id, now, actor)
+                args=self._args(job_id, now, actor, Intent(node=f"{node_type}:{nid}" if node_type else nid))
                 + [
                     nid,
                     str(state.version),

@@ -20,7 +20,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from . import auto_plan, auto_store, counters, decide, durable, errors, gates, keys, listing, quorum, rebase, scripts
-from .audit import AuditMixin
+from .audit import AuditMixin, Intent, actor_arg
 from .claims import ClaimsMixin
 from .history import HistoryMixin
 from .ids import canonical_json, now_iso, payload_hash
@@ -162,10 +162,10 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
 
     # ------------------------------------------------------------------ helpers
 
-    def _args(self, job_id: str, now: str, actor: str) -> list[Any]:
+    def _args(self, job_id: str, now: str, actor: str, intent: Intent | None = None) -> list[Any]:
         """The ARGV every state-changing script starts with (lua/_lib.lua); ``actor``: who the
-        action's audit entry names (docs/protocol.md § Audit)."""
-        return [job_id, now, self.config.retention_s, actor]
+        action's audit entry names, ``intent``: what else it records (docs/protocol.md § Audit)."""
+        return [job_id, now, self.config.retention_s, actor_arg(actor, intent)]
 
     @staticmethod
     def _keys(state: decide.JobState | None, jk: keys.JobKeys) -> list[str]:
@@ -286,10 +286,15 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
 
     # ------------------------------------------------------------------ intervene
 
-    async def intervene(self, job_id: str, req: InterventionRequest, reviewer: str) -> Reply:
+    async def intervene(
+        self, job_id: str, req: InterventionRequest, reviewer: str, *, role: str = "", proxy_user: str = ""
+    ) -> Reply:
         """Consume the active pause exactly once (docs/protocol.md § Intervention, checks 2–8, and
-        § Snapshot echo and the fifth gate after check 7). Every 409 carries ``rebase``."""
+        § Snapshot echo and the fifth gate after check 7). Every 409 carries ``rebase``. ``role`` and
+        ``proxy_user`` (the token's role, the user a trusted proxy named): what the audit entry
+        records with the intervention's id and payload hash (docs/protocol.md § Audit)."""
         phash = payload_hash(req.hashed_body(), reviewer)
+        intent = Intent(role=role, proxy_user=proxy_user, intervention_id=req.intervention_id, payload_hash=phash)
         jk = keys.job(job_id)
         for _ in range(STALE_RETRIES):
             state = await self.get(job_id)  # 404 before any state is touched
@@ -319,7 +324,7 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
             resp = ip.response.model_dump_json() if ip.response else ""
             res = await self._scripts["consume_pause"](
                 keys=self._keys(state, jk),
-                args=self._args(job_id, now, reviewer)
+                args=self._args(job_id, now, reviewer, intent)
                 + [
                     req.intervention_id,
                     phash,
@@ -351,7 +356,12 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
 
     # ------------------------------------------------------------------ cancel
 
-    async def cancel(self, job_id: str, who: str) -> JobSnapshot:
+    async def cancel(
+        self, job_id: str, who: str, *, role: str = "", reason: str = "", proxy_user: str = ""
+    ) -> JobSnapshot:
+        """End the job CANCELLED (idempotent). ``role``, ``proxy_user`` and ``reason`` (why, as the
+        operator gave it: ``hitl cancel --reason``): what the CANCEL audit entry records besides who."""
+        intent = Intent(role=role, proxy_user=proxy_user, reason=reason)
         jk = keys.job(job_id)
         # A job cutting its subjects changes with every one of their nodes' starts and answers: a cancel
         # racing them retries as their reports do (spread out, as many times).
@@ -363,7 +373,7 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
             done = state.status == JobStatus.CANCELLED or is_terminal(state.status)
             plan = "" if done else decide.plan_cancel(state, who, now).to_json(now, self.config.archive)
             res = await self._scripts["cancel"](
-                keys=self._keys(state, jk), args=self._args(job_id, now, who) + [str(state.version), plan]
+                keys=self._keys(state, jk), args=self._args(job_id, now, who, intent) + [str(state.version), plan]
             )
             if res[0] in ("OK", "ALREADY"):
                 return await self.snapshot(job_id)

@@ -31,19 +31,22 @@ async def _ready() -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def asgi_client(url: str, data_dir: Path, config: StoreConfig | None = None) -> AsyncIterator[httpx.AsyncClient]:
-    """An httpx client on the app; the app's store is its own, on ``url``, configured by ``config``."""
-    async with asgi_transport(url, data_dir, config) as transport:
+async def asgi_client(
+    url: str, data_dir: Path, config: StoreConfig | None = None, **settings: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client on the app; the app's store is its own, on ``url``, configured by ``config``;
+    ``settings``: more of the app's Settings (``trusted_proxies``: the client's address is 127.0.0.1)."""
+    async with asgi_transport(url, data_dir, config, **settings) as transport:
         async with httpx.AsyncClient(transport=transport, base_url=BASE_URL, timeout=30) as client:
             yield client
 
 
 @asynccontextmanager
 async def asgi_transport(
-    url: str, data_dir: Path, config: StoreConfig | None = None
+    url: str, data_dir: Path, config: StoreConfig | None = None, **more: Any
 ) -> AsyncIterator[httpx.ASGITransport]:
     """The app, started (its lifespan entered), as an httpx transport: for the project's own client."""
-    settings = Settings(data_dir=data_dir, tokens=TOKENS_SPEC, redis_url=url)
+    settings = Settings(data_dir=data_dir, tokens=TOKENS_SPEC, redis_url=url, **more)
 
     async def build() -> Runtime:
         store = Store.from_url(url, config or StoreConfig(retention_s=3600, node_timeout_s=60))

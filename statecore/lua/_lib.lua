@@ -21,11 +21,21 @@ local K_QUEUED, K_HEARTBEATS, K_LEASE = KEYS[11], KEYS[12], KEYS[13]
 local K_COUNTS, K_FINISHED, K_CLAIM = KEYS[14], KEYS[15], KEYS[16]
 local K_AUDIT, K_ARCHIVE, K_ARCHIVE_WAITING, K_CREATE = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
 local JOB_ID, NOW, RETENTION, ACTOR = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+-- ARGV[4] may carry, after a NUL, the audit entry's intent fields as a JSON object (statecore.audit.actor_arg):
+-- role, proxy_user, intervention_id, payload_hash, node, reason. ACTOR is the name alone.
+local INTENT = nil
+do
+  local name, fields = string.match(ARGV[4] or '', '^(.*)%z({.*})$')
+  if name then ACTOR, INTENT = name, cjson.decode(fields) end
+end
+local INTENT_FIELDS = {'role', 'proxy_user', 'intervention_id', 'payload_hash', 'node', 'reason'}
 
--- Audit (docs/protocol.md § Audit). An entry's fields, in statecore.audit.FIELDS order:
--- seq, at, actor, action, base_version, snapshot_id, outcome, prev_hash, hash. `hash` is SHA-1 (the
--- one digest Redis's Lua has) over the other eight fields, each written as <length>:<text> ('-'
--- for none), so no two entries share a hashed text. `prev_hash` is read here from the head kept in
+-- Audit (docs/protocol.md § Audit). An entry's hashed fields, in statecore.audit.HASHED order:
+-- seq, at, actor, action, base_version, snapshot_id, outcome, prev_hash; `hash` is SHA-1 (the
+-- one digest Redis's Lua has) over them, each written as <length>:<text> ('-' for none), so no two
+-- entries share a hashed text, followed, when the action carries any, by the INTENT fields in
+-- statecore.audit.INTENT order (an entry without them hashes as it did before they existed).
+-- `prev_hash` is read here from the head kept in
 -- the meta (audit_head, audit_seq), inside the script that commits the action: an append can only
 -- extend the current head, the chain cannot fork. statecore.audit.verify recomputes it, so both
 -- write the same bytes: <length> counts bytes (Lua's #; Python counts the UTF-8 encoding), and every
@@ -74,13 +84,24 @@ local function audit(action, outcome, base_version, snapshot_id)
   local seq = (tonumber(head[2]) or 0) + 1
   local bv = base_version or ''
   local sid = snapshot_id or ''
-  local hash = redis.sha1hex(canon(seq) .. canon(NOW) .. canon(ACTOR) .. canon(action) .. canon(bv) ..
-    canon(sid) .. canon(outcome) .. canon(prev))
+  local text = canon(seq) .. canon(NOW) .. canon(ACTOR) .. canon(action) .. canon(bv) ..
+    canon(sid) .. canon(outcome) .. canon(prev)
+  local intent = nil
+  if INTENT then
+    for _, f in ipairs(INTENT_FIELDS) do
+      if canon(INTENT[f]) ~= '-' then intent = INTENT break end
+    end
+  end
+  if intent then
+    for _, f in ipairs(INTENT_FIELDS) do text = text .. canon(intent[f]) end
+  end
+  local hash = redis.sha1hex(text)
   -- Stored compact (statecore.audit.STORED): no prev_hash (the hash of the entry before it: the
-  -- reader fills it in), base_version and snapshot_id last and left out when none.
+  -- reader fills it in), base_version and snapshot_id left out when none, then the intent object.
   local stored = {seq, NOW, ACTOR, action, outcome, hash}
-  if bv ~= '' or sid ~= '' then stored[7] = version_value(bv) end
-  if sid ~= '' then stored[8] = sid end
+  if bv ~= '' or sid ~= '' or intent then stored[7] = version_value(bv) end
+  if sid ~= '' or intent then stored[8] = sid ~= '' and sid or cjson.null end
+  if intent then stored[9] = intent end
   redis.call('RPUSH', K_AUDIT, cjson.encode(stored))
   redis.call('HSET', K_META, 'audit_head', hash, 'audit_seq', seq)
   local ttl = redis.call('PTTL', K_META)
