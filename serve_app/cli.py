@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hitl_review.archive.cli import add_export_command, add_upgrade_command
+from hitl_review.archive.learn_cli import add_auto_approve_arguments, add_learn_command
 from hitl_review.client.commands import HelpFormatter, add_client_commands
 
 from .standalone import add_arguments as add_dispatcher_arguments
@@ -373,6 +374,7 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         "fails after their refinements, or gave no verdict on; the default), review-all (every mask), off (the "
         "gate only records its verdict). Recorded in each job when it is created",
     )
+    add_auto_approve_arguments(m)  # --auto-approve, --auto-approve-policy, --spot-check (docs/learning.md)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -419,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin_sub = add_client_commands(sub)
     add_upgrade_command(admin_sub, formatter_class=HelpFormatter)
     add_export_command(sub, formatter_class=HelpFormatter)
+    add_learn_command(sub, formatter_class=HelpFormatter)
     return parser
 
 

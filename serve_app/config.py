@@ -115,6 +115,13 @@ class Settings(BaseModel):
     # after their refinements), review-all, or off (the gate only records its verdict).
     quality_gate: Literal["review-failing", "review-all", "off"] = "review-failing"
     max_refinements: int = Field(default=2, ge=0, le=4)
+    # The box auto-approve policy (docs/learning.md): off, shadow (records what it would decide) or on (it
+    # approves; a --spot-check share of those still goes to a person). The file's text travels with the
+    # settings, so a replica on another node needs no copy of it; checked before Ray starts (preflight).
+    auto_approve: Literal["off", "shadow", "on"] = "off"
+    auto_approve_policy: str | None = None
+    auto_approve_policy_text: str | None = None
+    spot_check: float = Field(default=0.05, ge=0, le=1)
 
     @field_validator("trusted_proxies")
     @classmethod

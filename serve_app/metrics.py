@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from hitl_review.statecore import counters, keys, watchers
 from hitl_review.statecore.counters import STATUSES, Coverage, Snapshot
 
+from .policy_metrics import POLICY_STATE
 from .shared_metrics import Shared
 
 REGISTRY = CollectorRegistry(auto_describe=True)  # what /metrics renders
@@ -306,11 +307,13 @@ class StuckState(Collector):
 
 STUCK_STATE = StuckState()
 REGISTRY.register(STUCK_STATE)
+REGISTRY.register(POLICY_STATE)  # the box auto-approve policy (serve_app.policy_metrics)
 
 
 async def refresh_stuck(r: Any, window_s: float) -> None:
     STUCK_STATE.figures = await read_stuck(r, window_s)
     STUCK_STATE.watch = await watchers.read(r)
+    await POLICY_STATE.refresh(r)
 
 
 WRITEBACK_SPOOLED = Gauge(

@@ -84,6 +84,7 @@ def check(settings: Settings) -> None:
         )
     check_models(settings)
     check_quality_gate(settings)
+    check_auto_approve(settings)
     if settings.redis_url:
         check_redis(settings)
     else:
@@ -91,6 +92,28 @@ def check(settings: Settings) -> None:
             redis_binary()
         except RuntimeError as e:
             raise UpError(str(e)) from None
+
+
+def check_auto_approve(settings: Settings) -> None:
+    """``--auto-approve shadow|on`` needs a policy file that loads in that mode: in ``on``, one whose
+    held-out evidence bounds its promise and whose hash matches its content (docs/learning.md)."""
+    from hitl_review.statecore.autoapprove import PolicyRefused, load
+
+    if settings.auto_approve == "off":
+        return
+    path = settings.auto_approve_policy
+    if not path:
+        mode = settings.auto_approve
+        raise UpError(f"--auto-approve {mode} needs --auto-approve-policy FILE (hitl learn box-policy)")
+    if settings.auto_approve_policy_text is None:
+        try:
+            settings.auto_approve_policy_text = Path(path).read_text()
+        except OSError as e:
+            raise UpError(f"--auto-approve-policy {path}: {e.strerror or e}") from None
+    try:
+        load(settings.auto_approve_policy_text, settings.auto_approve)
+    except PolicyRefused as e:
+        raise UpError(f"--auto-approve-policy {path}: {e}") from None
 
 
 def check_quality_gate(settings: Settings) -> None:

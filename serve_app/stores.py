@@ -5,9 +5,20 @@ deployment's (a store built with defaults started finished jobs' retention witho
 
 from __future__ import annotations
 
+from hitl_review.statecore import autoapprove
+from hitl_review.statecore.auto_store import AutoApproveConfig
 from hitl_review.statecore.store import Store, StoreConfig
 
 from .config import Settings
+
+
+def auto_approve_of(settings: Settings) -> AutoApproveConfig | None:
+    """The box policy the store decides with (``--auto-approve``), loaded and verified from the text
+    ``hitl up`` read (statecore.autoapprove.load refuses what preflight already refused)."""
+    if settings.auto_approve == "off" or not settings.auto_approve_policy_text:
+        return None
+    policy = autoapprove.load(settings.auto_approve_policy_text, settings.auto_approve)
+    return AutoApproveConfig(policy=policy, mode=settings.auto_approve, spot_check=settings.spot_check)
 
 
 def store_for(settings: Settings, redis_url: str, *, blocking_s: float = 0.0) -> Store:
@@ -24,6 +35,7 @@ def store_for(settings: Settings, redis_url: str, *, blocking_s: float = 0.0) ->
             claim_ttl_s=settings.claim_ttl_s,
             archive=settings.archive,
             quality_gate=settings.quality_gate,
+            auto_approve=auto_approve_of(settings),
         ),
         timeout_s=settings.store_timeout_s + blocking_s,
     )

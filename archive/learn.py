@@ -1,0 +1,293 @@
+"""Learning from reviewers' decisions (SPEC §14, docs/learning.md): the data set the archive holds of
+what reviewers did with what the detector proposed, and the box auto-approve policy fitted on it.
+
+The model is a logistic regression over the detection's features (``statecore.autoapprove.features``),
+calibrated by isotonic regression on jobs the regression did not see (scikit-learn for both). Its
+threshold is chosen on held-out jobs only, by cross-fitting: each job's probability comes from a model
+fitted on the other folds, and the threshold is the lowest one whose approved held-out jobs' false-accept
+rate has a one-sided upper Clopper–Pearson bound ≤ the promise. The file then ships the same recipe
+fitted on every job. When the held-out evidence cannot bound the promise nothing is written, and the
+refusal says how many more reviewed jobs it needs.
+
+Feedback (DESIGN.md's traps): a job a policy approved is no label for any policy; its spot checks are
+(a person decided them, unaware). Selection: every reviewed job with a detection counts, not only those
+a rule picked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from sklearn.isotonic import IsotonicRegression
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedKFold, train_test_split
+from sklearn.preprocessing import StandardScaler
+from sqlalchemy import select
+
+from hitl_review.statecore import autoapprove as aa
+from hitl_review.statecore.ids import now_iso
+
+from .db import Archive
+from .schema import ArchivedEvent, ArchivedJob
+
+FOLDS = 5
+MIN_JOBS = 20  # fewer reviewed jobs than this: nothing to fit
+
+
+# --------------------------------------------------------------------------- the data set
+
+
+def row_of(job_id: str, snapshot: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """One job as training data: what the detector proposed (its first review's list), the image's
+    size, and whether the reviewer approved the list unchanged; None for a job that is no label (no
+    detection, never reviewed, or approved by a policy: feedback)."""
+    types = [e["type"] for e in events]
+    if "AUTO_APPROVED" in types:
+        return None
+    shown: list[dict[str, Any]] | None = None
+    accepted: Mapping[str, Any] | None = None
+    for e in events:
+        data = e.get("data") or {}
+        if shown is None and e["type"] == "PAUSE_OPENED":
+            pause = data.get("active_pause") or {}
+            if pause.get("stage") != "WAITING_USER_SELECTION" or int(pause.get("round", 1)) != 1:
+                return None
+            shown = [dict(b) for b in data.get("box_list") or []]
+        elif shown is not None and e["type"] == "INTERVENTION_ACCEPTED":
+            accepted = data
+            break
+    if not shown or accepted is None:
+        return None
+    diff = accepted.get("diff") or {}
+    if diff.get("added"):
+        same, change = False, "added"
+    elif diff.get("deleted"):
+        same, change = False, "deleted"
+    else:  # nothing added: the list the job ends with is the one the reviewer submitted
+        same, change = aa.unchanged(shown, snapshot.get("box_list") or [])
+    image = snapshot.get("image") or {}
+    return {
+        "job_id": job_id,
+        "finished_at": next((e["at"] for e in events if e["type"] == "JOB_FINISHED"), snapshot.get("updated_at")),
+        "width": int(image.get("width") or 1),
+        "height": int(image.get("height") or 1),
+        "boxes": [{"bbox": b["bbox"], "score": b.get("score"), "label": b.get("label")} for b in shown],
+        "unchanged": same,
+        "change": change,
+        "spot_check": "POLICY_SPOT_CHECKED" in types,
+    }
+
+
+def dataset(archive: Archive, since: str | None = None) -> list[dict[str, Any]]:
+    """Every archived job that is a label, oldest first (by when it finished)."""
+    rows: list[dict[str, Any]] = []
+    with archive.reading() as s:
+        q = select(ArchivedJob.job_id, ArchivedJob.snapshot).order_by(ArchivedJob.finished_ts, ArchivedJob.job_id)
+        if since:
+            q = q.where(ArchivedJob.finished_at >= since)
+        for job_id, snapshot in s.execute(q):
+            evq = select(ArchivedEvent.type, ArchivedEvent.at, ArchivedEvent.data).where(ArchivedEvent.job_id == job_id)
+            events = [{"type": t, "at": at, "data": d} for t, at, d in s.execute(evq.order_by(ArchivedEvent.event_id))]
+            row = row_of(job_id, snapshot, events)
+            if row is not None:
+                rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def vocabulary(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The most frequent labels of the window (ties by name): one count feature each."""
+    c = Counter(str(b.get("label") or "") for r in rows for b in r["boxes"])
+    return [lab for lab, _ in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[: aa.MAX_LABELS]]
+
+
+def matrix(rows: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    x = np.array([aa.features(r["boxes"], r["width"], r["height"], labels) for r in rows], dtype=float)
+    y = np.array([1 if r["unchanged"] else 0 for r in rows], dtype=int)
+    return x, y
+
+
+def fit_model(x: np.ndarray, y: np.ndarray, labels: Sequence[str], seed: int = 0) -> dict[str, Any]:
+    """The logistic regression on two thirds, its isotonic calibration on the other third (jobs the
+    regression did not see), as the plain numbers ``autoapprove.predict`` reads."""
+    strat = y if min(np.bincount(y, minlength=2)) >= 2 else None
+    xa, xb, ya, yb = train_test_split(x, y, test_size=1 / 3, random_state=seed, stratify=strat)
+    scaler = StandardScaler().fit(xa)
+    if len(set(ya.tolist())) < 2:  # one class only: a constant score, calibrated to its rate
+        coef, intercept = np.zeros(x.shape[1]), 0.0
+    else:
+        lr = LogisticRegression(C=1.0, max_iter=5000).fit(scaler.transform(xa), ya)
+        coef, intercept = lr.coef_[0], float(lr.intercept_[0])
+    raw = 1 / (1 + np.exp(-(scaler.transform(xb) @ coef + intercept)))
+    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(raw, yb)
+    return {
+        "kind": "logistic+isotonic",
+        "labels": list(labels),
+        "features": aa.feature_names(labels),
+        "mean": [float(v) for v in scaler.mean_],
+        "scale": [float(v) for v in scaler.scale_],
+        "coef": [float(v) for v in coef],
+        "intercept": intercept,
+        "isotonic": {"x": [float(v) for v in iso.X_thresholds_], "y": [float(v) for v in iso.y_thresholds_]},
+    }
+
+
+def heldout_probabilities(
+    rows: Sequence[Mapping[str, Any]], labels: Sequence[str], folds: int = FOLDS, seed: int = 0
+) -> np.ndarray:
+    """Each job's probability from a model fitted without its fold (cross-fitting)."""
+    x, y = matrix(rows, labels)
+    p = np.zeros(len(rows))
+    k = max(2, min(folds, int(min(np.bincount(y, minlength=2)))))
+    split = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(x, y)
+    for train, test in split:
+        model = fit_model(x[train], y[train], labels, seed)
+        p[test] = [aa.predict(model, row) for row in x[test]]
+    return p
+
+
+def choose_threshold(
+    p: np.ndarray, y: np.ndarray, nonempty: np.ndarray, max_false_accept: float, confidence: float
+) -> dict[str, Any]:
+    """The lowest threshold whose approved held-out jobs' false-accept upper bound is ≤ the promise, with
+    its evidence; or, when none, ``threshold`` None and what the best one had."""
+    best: dict[str, Any] | None = None
+    clean = (0, 0.0)  # the most approvals any threshold made without a false accept, and its threshold
+    for t in sorted(set(p[nonempty].tolist()), reverse=True):
+        approved = nonempty & (p >= t)
+        n, k = int(approved.sum()), int((approved & (y == 0)).sum())
+        if k == 0 and n > clean[0]:
+            clean = (n, t)
+        if aa.upper_bound(k, n, confidence) <= max_false_accept:
+            best = {"threshold": float(t), "n": n, "k": k}
+    total = len(p)
+    if best is None:
+        return {"threshold": None, "clean_approved": clean[0], "total": total}
+    approved = nonempty & (p >= best["threshold"])
+    positives = int((y == 1).sum())
+    return {
+        "threshold": best["threshold"],
+        "heldout_jobs": total,
+        "heldout_approved": best["n"],
+        "heldout_false_accepts": best["k"],
+        "false_accept_rate": best["k"] / best["n"],
+        "false_accept_upper": aa.upper_bound(best["k"], best["n"], confidence),
+        "approve_share": best["n"] / total,
+        "approve_share_lower": aa.lower_bound(best["n"], total, confidence),
+        # unchanged lists the policy still sends to a person (the time it does not save)
+        "missed_unchanged": int(((y == 1) & ~approved).sum()),
+        "unchanged_share": positives / total if total else 0.0,
+    }
+
+
+def refusal(chosen: Mapping[str, Any], max_false_accept: float, confidence: float) -> str:
+    need = aa.approvals_needed(0, max_false_accept, confidence)
+    total, clean = int(chosen["total"]), int(chosen["clean_approved"])
+    if clean:
+        more = math.ceil(need * total / clean) - total
+        how = f"at this data's approval share ({clean} of {total}), about {more} more reviewed jobs"
+    else:
+        how = (
+            f"no threshold approved any held-out job without a false accept, so at least {max(need - total, 1)} "
+            "more reviewed jobs, and features that tell these apart"
+        )
+    return (
+        f"refused: the held-out evidence cannot bound the false-accept rate at {max_false_accept} with "
+        f"{confidence:.0%} confidence; that needs at least {need} approved held-out jobs without a false accept "
+        f"(ln(1-{confidence})/ln(1-{max_false_accept})), the best threshold approved {clean}: {how}"
+    )
+
+
+def box_policy(
+    rows: Sequence[Mapping[str, Any]],
+    max_false_accept: float,
+    confidence: float = aa.DEFAULT_CONFIDENCE,
+    name: str = "box",
+    folds: int = FOLDS,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The sealed policy file's content, or ``PolicyRefused`` saying why and how many more jobs it needs."""
+    if not 0 < max_false_accept < 1 or not 0.5 <= confidence < 1:
+        raise aa.PolicyRefused("--max-false-accept must lie in (0, 1) and --confidence in [0.5, 1)")
+    if len(rows) < MIN_JOBS:
+        raise aa.PolicyRefused(
+            f"refused: {len(rows)} reviewed jobs; at least {aa.approvals_needed(0, max_false_accept, confidence)} "
+            "approved held-out jobs without a false accept are needed to bound the promise"
+        )
+    labels = vocabulary(rows)
+    x, y = matrix(rows, labels)
+    if len(set(y.tolist())) < 2:
+        raise aa.PolicyRefused("refused: every reviewed job has the same outcome; nothing tells them apart")
+    p = heldout_probabilities(rows, labels, folds, seed)
+    nonempty = np.array([bool(r["boxes"]) for r in rows])
+    chosen = choose_threshold(p, y, nonempty, max_false_accept, confidence)
+    if chosen["threshold"] is None:
+        raise aa.PolicyRefused(refusal(chosen, max_false_accept, confidence))
+    stamps = sorted(str(r["finished_at"]) for r in rows if r.get("finished_at"))
+    doc = {
+        "format": aa.FORMAT,
+        "kind": "box",
+        "name": name,
+        "created_at": now_iso(),
+        "promise": {"max_false_accept": max_false_accept, "confidence": confidence},
+        "threshold": chosen.pop("threshold"),
+        "evidence": {**chosen, "method": f"cross-fitted, {folds} folds, seed {seed}"},
+        "training": {
+            "from": stamps[0] if stamps else None,
+            "to": stamps[-1] if stamps else None,
+            "jobs": len(rows),
+            "unchanged": int(y.sum()),
+            "spot_checks": sum(1 for r in rows if r.get("spot_check")),
+        },
+        "model": fit_model(x, y, labels, seed),
+    }
+    return aa.sealed(doc)
+
+
+# --------------------------------------------------------------------------- the report
+
+REPORTED = ("AUTO_APPROVED", "POLICY_SPOT_CHECKED", "POLICY_SHADOW_COMPARED")
+
+
+def policy_report(archive: Archive, policy_text: str | None = None, confidence: float = 0.95) -> dict[str, Any]:
+    """Per policy (``policy:<name>@<hash>``), from the archived jobs' events: jobs approved automatically,
+    spot checks and their false accepts with the rate's two-sided exact interval, and shadow agreement."""
+    tally: dict[str, Counter[str]] = {}
+    with archive.reading() as s:
+        q = select(ArchivedEvent.type, ArchivedEvent.data).where(ArchivedEvent.type.in_(REPORTED))
+        for etype, data in s.execute(q):
+            c = tally.setdefault(str(data.get("policy")), Counter())
+            if etype == "AUTO_APPROVED":
+                c["auto"] += 1
+            elif etype == "POLICY_SPOT_CHECKED":
+                c["spot"] += 1
+                c["spot_fa"] += bool(data.get("false_accept"))
+            else:
+                c["shadow"] += 1
+                c["shadow_agree"] += bool(data.get("agreed"))
+                c["shadow_fa"] += bool(data.get("false_accept"))
+    half = 1 - (1 - confidence) / 2
+    out: dict[str, Any] = {"policies": {}}
+    for ref, c in sorted(tally.items()):
+        n, k = c["spot"], c["spot_fa"]
+        out["policies"][ref] = {
+            "auto_approved": c["auto"],
+            "spot_checks": n,
+            "spot_false_accepts": k,
+            "spot_rate": k / n if n else 0.0,
+            "spot_lower": aa.lower_bound(k, n, half),
+            "spot_upper": aa.upper_bound(k, n, half),
+            "shadow_reviewed": c["shadow"],
+            "shadow_agreement": c["shadow_agree"] / c["shadow"] if c["shadow"] else 0.0,
+            "shadow_false_accepts": c["shadow_fa"],
+        }
+    if policy_text is not None:
+        p = aa.load(policy_text, "shadow")
+        out["file"] = {"ref": p.ref, "promise": p.doc["promise"], "evidence": p.doc["evidence"]}
+    return out

@@ -1,0 +1,123 @@
+"""``hitl learn`` (docs/learning.md): the data set the archive holds of what reviewers did with the
+detector's lists, the box policy fitted on it (written only when held-out evidence bounds its promise),
+and ``hitl up`` refusing ``--auto-approve on`` with a policy that does not."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from harness.executor import report
+from hitl_review.archive import learn
+from hitl_review.archive.archiver import archive_job
+from hitl_review.serve_app.cli import main
+from hitl_review.statecore import autoapprove as aa
+from hitl_review.statecore.store import Store, StoreConfig
+
+from .auto_policy_util import SURE_BOXES, config, policy_doc
+from .helpers import THREE_BOXES, iv, keep
+
+
+def rows(n: int, seed: int = 0) -> list[dict]:
+    """Jobs a reviewer approves unchanged exactly when the detector was sure of every box and proposed no
+    hand (a learnable rule, as a team's would be, with a margin between the two kinds)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        ok = rng.random() < 0.5
+        boxes = []
+        for _ in range(rng.randint(1, 3)):
+            x, y = rng.uniform(0, 400), rng.uniform(0, 300)
+            bbox = [x, y, x + rng.uniform(30, 200), y + rng.uniform(30, 150)]
+            score = rng.uniform(0.92, 1.0) if ok else rng.uniform(0.3, 1.0)
+            boxes.append({"bbox": bbox, "score": score, "label": rng.choice(["shoe", "bag"])})
+        if not ok:  # a doubtful box, or a hand
+            boxes[0]["score"], boxes[0]["label"] = rng.uniform(0.3, 0.8), rng.choice(["shoe", "hand"])
+        stamp = f"2026-01-01T{i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}Z"
+        change = "" if ok else "deleted"
+        out.append(
+            {
+                "job_id": f"j{i}",
+                "finished_at": stamp,
+                "width": 640,
+                "height": 480,
+                "boxes": boxes,
+                "unchanged": ok,
+                "change": change,
+            }
+        )
+    return out
+
+
+def test_the_model_file_predicts_as_scikit_learn_fitted_it():
+    from sklearn.isotonic import IsotonicRegression
+
+    data = rows(400)
+    labels = learn.vocabulary(data)
+    x, y = learn.matrix(data, labels)
+    model = learn.fit_model(x, y, labels)
+    raw = 1 / (1 + np.exp(-(((x - model["mean"]) / model["scale"]) @ model["coef"] + model["intercept"])))
+    iso = IsotonicRegression(out_of_bounds="clip").fit(model["isotonic"]["x"], model["isotonic"]["y"])
+    assert np.allclose([aa.predict(model, row) for row in x], iso.predict(raw), atol=1e-9)
+
+
+def test_box_policy_is_refused_without_enough_evidence_and_written_with_it(tmp_path: Path, capsys):
+    few, many = tmp_path / "few.jsonl", tmp_path / "many.jsonl"
+    few.write_text("".join(json.dumps(r) + "\n" for r in rows(300)))
+    many.write_text("".join(json.dumps(r) + "\n" for r in rows(2500, seed=1)))
+    out = tmp_path / "box.json"
+    args = ["learn", "box-policy", "--max-false-accept", "0.005", "--out", str(out), "--dataset"]
+    assert main([*args, str(few)]) == 1
+    err = capsys.readouterr().err
+    assert "598 approved held-out jobs without a false accept" in err and "more reviewed jobs" in err
+    assert not out.exists()  # nothing written
+    assert main([*args, str(many)]) == 0
+    doc = json.loads(out.read_text())
+    pol = aa.load(out.read_text(), "on")
+    ev = doc["evidence"]
+    assert ev["heldout_jobs"] == 2500 and ev["heldout_approved"] >= 598
+    assert ev["false_accept_upper"] == pytest.approx(
+        aa.upper_bound(ev["heldout_false_accepts"], ev["heldout_approved"], 0.95)
+    )
+    assert ev["false_accept_upper"] <= 0.005 and pol.ref in capsys.readouterr().out
+    assert doc["training"]["jobs"] == 2500 and "cross-fitted" in ev["method"]
+
+
+def test_hitl_up_refuses_on_with_a_policy_its_evidence_does_not_bound(tmp_path: Path, capsys):
+    weak = tmp_path / "weak.json"
+    weak.write_text(orjson.dumps(policy_doc(approved=100)).decode())
+    code = main(["up", "--data-dir", str(tmp_path), "--auto-approve", "on", "--auto-approve-policy", str(weak)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "--auto-approve-policy" in err and "498 more" in err
+    assert main(["up", "--data-dir", str(tmp_path), "--auto-approve", "on"]) == 2
+    assert "needs --auto-approve-policy" in capsys.readouterr().err
+
+
+async def test_the_data_set_holds_reviewed_jobs_and_not_those_a_policy_decided(store, image, archive):
+    async def reviewed(keep_idx: tuple[int, ...]) -> str:
+        job_id = (await store.create_job("alice", image)).job_id
+        assert await report(store, job_id, {"boxes": THREE_BOXES}) == "OK"
+        st = await store.get(job_id)
+        assert (await store.intervene(job_id, iv(st, keep(st, *keep_idx)), "rev1")).status_code == 200
+        return job_id
+
+    kept, deleted = await reviewed((0, 1, 2)), await reviewed((0, 1))
+    auto = Store(store.r, StoreConfig(retention_s=3600, auto_approve=config("on")))
+    decided = (await auto.create_job("alice", image)).job_id
+    assert await report(auto, decided, {"boxes": SURE_BOXES}) == "OK"
+    waiting = (await store.create_job("alice", image)).job_id
+    assert await report(store, waiting, {"boxes": THREE_BOXES}) == "OK"
+    for job_id in (kept, deleted, decided, waiting):
+        await store.cancel(job_id, "admin")
+        await archive_job(store, archive, job_id)
+    got = {r["job_id"]: r for r in learn.dataset(archive)}
+    assert set(got) == {kept, deleted}
+    assert (got[kept]["unchanged"], got[deleted]["unchanged"], got[deleted]["change"]) == (True, False, "deleted")
+    assert [b["score"] for b in got[kept]["boxes"]] == [b["score"] for b in THREE_BOXES]
+    assert got[kept]["width"] == image.width
