@@ -335,8 +335,8 @@ class AppArgs(Settings):
     def _complete(self) -> "AppArgs":
         if not self.redis_url:
             raise ValueError(
-                "no Redis: pass redis_url (serve run serve_app.application:build_app redis_url=redis://HOST:6379/0, "
-                "or args.redis_url in the Serve config) or set HITL_REDIS_URL"
+                "no Redis: pass redis_url (serve run hitl_review.serve_app.application:build_app "
+                "redis_url=redis://HOST:6379/0, or args.redis_url in the Serve config) or set HITL_REDIS_URL"
             )
         if not self.tokens and not self.loopback:
             raise ValueError(f"host {self.host} is beyond loopback: set HITL_TOKENS (name:role:token,...)")

@@ -12,6 +12,7 @@ nothing a plain import pulls in."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -63,12 +64,14 @@ def copied_directories(dockerfile: Path) -> set[str]:
 
 
 def installed_extras(dockerfile: Path) -> set[str]:
-    """The extras of the project the Dockerfile's pip installs (``'.[a,b]'``)."""
+    """The extras of the project the Dockerfile's pip installs: ``'.[a,b]'`` from a checkout, or the
+    wheel its first stage built, ``"$1[a,b]"`` (the wheel's path in ``$1``) or ``x.whl[a,b]``."""
     text = dockerfile.read_text().replace("\\\n", " ")
     out: set[str] = set()
     for word in shlex.split(text, comments=True):
-        if word.startswith(".[") and word.endswith("]"):
-            out |= set(word[2:-1].split(","))
+        m = re.fullmatch(r"(?:\.|\$\w+|\S+\.whl)\[([\w,-]+)\]", word)
+        if m:
+            out |= set(m[1].split(","))
     return out
 
 

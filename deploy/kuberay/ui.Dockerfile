@@ -1,17 +1,25 @@
+# syntax=docker/dockerfile:1
 # The reviewer UI on its own (deploy/kuberay/ui.yaml): `python -m hitl_review.ui` with the [ui] extra, no Ray,
 # no torch. It talks to the API over HTTP only. Build from the repository root:
 #   docker build -f deploy/kuberay/ui.Dockerfile -t hitl-review-ui:0.1.0 .
-# The packages copied are what `python -m hitl_review.ui` imports (tests/test_cluster_packages.py checks them).
+# The first stage builds the project's wheel from the packages the UI imports (tests/test_cluster_packages.py
+# checks them); the image installs that wheel alone and keeps no sources beside it.
+FROM python:3.11-slim AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY hitl_review hitl_review
+COPY statecore statecore
+COPY client client
+COPY ui ui
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
 FROM python:3.11-slim
-RUN useradd --create-home --uid 1000 reviewer
-WORKDIR /home/reviewer/hitl-review
-COPY --chown=reviewer pyproject.toml README.md ./
-COPY --chown=reviewer hitl_review hitl_review
-COPY --chown=reviewer statecore statecore
-COPY --chown=reviewer client client
-COPY --chown=reviewer ui ui
-RUN pip install --no-cache-dir '.[ui]'
-USER reviewer
+RUN useradd --create-home --uid 1000 --user-group reviewer
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
+    set -- /tmp/wheels/hitl_review-*.whl && pip install --no-cache-dir "$1[ui]"
+USER 1000
+WORKDIR /home/reviewer
 EXPOSE 7860
 # Every reviewer signs in with a token of their own (HITL_TOKENS on the API): none is baked in here.
-ENTRYPOINT ["python", "-m", "hitl_review.ui", "--host", "0.0.0.0", "--port", "7860", "--require-login"]
+ENTRYPOINT ["python", "-m", "hitl_review.ui"]
+CMD ["--host", "0.0.0.0", "--port", "7860", "--require-login"]
