@@ -125,17 +125,9 @@ class OutboxMixin:
         return out
 
     async def outbox_pending(self) -> int:
-        """Commands delivered but not yet acked, plus commands not yet delivered."""
-        total = 0
-        for s in keys.all_outboxes():
-            try:
-                groups = await self.r.xinfo_groups(s)
-            except ResponseError:
-                continue
-            for g in groups:
-                if g["name"] == keys.OUTBOX_GROUP:
-                    total += int(g.get("pending", 0)) + int(g.get("lag") or 0)
-        return total
+        """Commands delivered but not yet acked, plus commands not yet delivered: one pipelined
+        XINFO GROUPS per partition, one round trip."""
+        return sum(pending + (lag or 0) for pending, lag in (await outbox_groups(self.r)).values())
 
     async def outbox_commands(self, job_id: str) -> list[NodeCommand]:
         """The job's commands still in its outbox stream (not yet acknowledged; for checks and tests)."""
@@ -149,6 +141,29 @@ class OutboxMixin:
         """Forget outbox consumers (dispatchers of earlier processes) idle for ``idle_ms`` that hold
         nothing: see :func:`prune_idle_consumers`."""
         return await prune_idle_consumers(self.r, keys.all_outboxes(), keys.OUTBOX_GROUP, keep, idle_ms)
+
+
+async def outbox_groups(r: Any) -> dict[str, tuple[int, int | None]]:
+    """Per outbox stream, the dispatchers' group's ``(pending, lag)``: entries delivered and not yet
+    acknowledged, and entries not yet delivered (None when Redis cannot tell, after deletions past
+    the group's last delivered entry). One pipelined round trip; a stream or group missing (Redis
+    came back empty) is left out."""
+    streams = keys.all_outboxes()
+    async with r.pipeline(transaction=False) as pipe:
+        for s in streams:
+            pipe.xinfo_groups(s)
+        answers = await pipe.execute(raise_on_error=False)
+    out: dict[str, tuple[int, int | None]] = {}
+    for s, groups in zip(streams, answers, strict=True):
+        if isinstance(groups, Exception):
+            if not isinstance(groups, ResponseError):
+                raise groups
+            continue
+        for g in groups:
+            if g["name"] == keys.OUTBOX_GROUP:
+                lag = g.get("lag")
+                out[s] = (int(g.get("pending") or 0), None if lag is None else int(lag))
+    return out
 
 
 async def create_groups(r: Any, streams: list[str], group: str) -> None:

@@ -44,5 +44,6 @@ def test_consume_pause_benchmark_runs(tmp_path: Path) -> None:
 def test_metrics_scrape_benchmark_runs(tmp_path: Path) -> None:
     require_binary("redis-server")
     out = tmp_path / "metrics_scrape.json"
-    run("metrics_scrape.py", "--small", "20", "--large", "300", "--reps", "3", "--no-walk", "--json", str(out))
-    assert json.loads(out.read_text())
+    run("metrics_scrape.py", "--sizes", "20,60", "--reps", "3", "--watched", "5", "--json", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["waiting"] for r in rows] == [20, 60] and 50 <= rows[-1]["waiting_unwatched"] <= 55

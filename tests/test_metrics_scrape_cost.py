@@ -1,0 +1,99 @@
+"""A /metrics scrape's work on Redis does not grow with the jobs waiting for review (issue 37; SPEC §9:
+a scrape costs the same with 10 or 10 million jobs). Counted, not timed: the commands the route's
+reads send, their round trips and the size of the replies, with 10 and with 1 000 jobs waiting on
+the real redis-server. It used to read every waiting job's id (``ZRANGE waiting 0 -1`` per
+partition, for the unwatched pauses), and the outbox's pending count took 64 round trips."""
+
+from __future__ import annotations
+
+import time
+
+from harness.bulk import bulk_waiting
+from hitl_review.serve_app import metrics
+from hitl_review.statecore import counters, keys, watchers
+
+from .helpers import waiting_job
+from .redis_traffic import Traffic, traffic
+
+WINDOW_S = 3600.0
+
+
+async def route_reads(store) -> None:
+    """What the /metrics route (serve_app/api.py ``prometheus``) reads from Redis, in its order."""
+    metrics.REDIS_STATE.update(await counters.read(store.r, WINDOW_S))
+    await metrics.refresh_stuck(store.r, WINDOW_S)
+    metrics.OUTBOX_LAG.set(await store.outbox_pending())
+    await metrics.SHARED.flush(store.r)
+    await metrics.SHARED.refresh(store.r)
+
+
+async def scrape_traffic(store) -> Traffic:
+    await route_reads(store)  # scripts loaded, connections open
+    with traffic() as seen:
+        await route_reads(store)
+    return seen
+
+
+async def brute_force(store, now_ms: int) -> tuple[int, float]:
+    """The figures by reading every waiting job (what ``watchers.read`` did): the reference."""
+    unwatched, oldest = 0, None
+    for p in range(keys.PARTITIONS):
+        watched = set(await store.r.zrangebyscore(keys.watched(p), now_ms, "+inf"))
+        for job_id, since in await store.r.zrange(keys.waiting(p), 0, -1, withscores=True):
+            if job_id not in watched:
+                unwatched += 1
+                oldest = since if oldest is None else min(oldest, since)
+    return unwatched, max(0.0, (now_ms - oldest) / 1000) if oldest is not None else 0.0
+
+
+async def test_a_scrape_sends_the_same_commands_with_10_and_1000_jobs_waiting(store):
+    first = await bulk_waiting(store, 10)
+    # Two waiting jobs followed (one of them the oldest of its partition) and one that is not waiting.
+    await watchers.beacon(store.r, "events-1", [first[0], first[1], keys.new_job_id()], streams=3)
+    small = await scrape_traffic(store)
+    assert metrics.STUCK_STATE.watch is not None and metrics.STUCK_STATE.watch.waiting_unwatched == 8
+
+    await bulk_waiting(store, 990)
+    await watchers.beacon(store.r, "events-1", [first[0], first[1]], streams=3)
+    large = await scrape_traffic(store)
+    assert metrics.STUCK_STATE.watch.waiting_unwatched == 998
+
+    assert large.commands == small.commands, (small.commands, large.commands)
+    assert large.round_trips == small.round_trips
+    # With 10 jobs most partitions are empty; with 1 000 each reply holds its partition's oldest pause
+    # (id and score, ~40 chars, read twice) and counts with more digits: bounded per partition, never
+    # a job id per waiting job (990 x ~45 chars more).
+    grown = large.reply_chars - small.reply_chars
+    assert grown < 120 * keys.PARTITIONS, (small.reply_chars, large.reply_chars)
+    assert small.round_trips <= 12, small.round_trips  # the outbox's 64 sequential XINFO are one round
+
+
+async def test_unwatched_pauses_agree_with_reading_every_waiting_job(store):
+    jobs = await bulk_waiting(store, 40)
+    now = int(time.time() * 1000) + 2_000
+    # Watch the oldest jobs of several partitions, so the oldest unwatched pause lies behind them.
+    oldest_each = {}
+    for p in range(keys.PARTITIONS):
+        head = await store.r.zrange(keys.waiting(p), 0, 1)
+        if head:
+            oldest_each[p] = head
+    followed = [h[0] for h in oldest_each.values()] + [h[1] for h in oldest_each.values() if len(h) > 1][:3]
+    await watchers.beacon(store.r, "events-1", [*followed, jobs[-1], keys.new_job_id()], streams=2, now_ms=now)
+    got = await watchers.read(store.r, now_ms=now)
+    assert (got.waiting_unwatched, got.oldest_unwatched_pause_age_s) == await brute_force(store, now)
+    assert got.waiting_unwatched == 40 - len(set(followed) | {jobs[-1]}) and got.streams == 2
+    # Past the watch TTL nobody follows anything: every waiting job is unwatched.
+    later = now + int(watchers.WATCH_TTL_S * 1000) + 1
+    gone = await watchers.read(store.r, now_ms=later)
+    assert (gone.waiting_unwatched, gone.oldest_unwatched_pause_age_s) == await brute_force(store, later)
+    assert gone.waiting_unwatched == 40
+
+
+async def test_the_scrape_reads_work_on_a_cluster(cluster_store, image):
+    store = cluster_store
+    jobs = [await waiting_job(store, image) for _ in range(3)]
+    await store.create_job("alice", image)  # its detection queued: one command not yet delivered
+    await watchers.beacon(store.r, "events-1", jobs[:1], streams=1)
+    got = await watchers.read(store.r)
+    assert (got.waiting_unwatched, got.streams) == (2, 1) and got.oldest_unwatched_pause_age_s >= 0
+    assert await store.outbox_pending() == 4  # the three reported commands were never acknowledged
