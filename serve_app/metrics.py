@@ -3,7 +3,7 @@
 Three kinds, so that every replica serves the same figures and scrapes through a load balancer
 agree: figures read from Redis at each scrape (``RedisState``); counters and histograms each
 process increments in ``LOCAL`` and adds up in Redis (:mod:`serve_app.shared_metrics`, rendered
-from there); and gauges of this process alone (its dispatcher's calls, its embedding cache).
+from there); and figures of this process alone (its dispatcher's calls, the embedding caches it reports).
 Aggregate across instances with ``max()``, never ``sum()``, except the per-process gauges."""
 
 from __future__ import annotations
@@ -71,13 +71,45 @@ ACCOUNTS_RESTORED = Counter(
     "Reviewer accounts Redis had lost (its accounts hash gone), written back from the archive's copy",
     registry=LOCAL,
 )
-EMBEDDING_CACHE = Gauge(
+
+
+@dataclass
+class _Reported:
+    values: dict[tuple[str, ...], float]
+    key: tuple[str, ...]
+
+    def set(self, total: float) -> None:
+        self.values[self.key] = total
+
+
+class ReportedCounter(Collector):
+    """Running totals another process counts and this one reports (``labels(...).set(total)``),
+    exposed as a counter (``<name>_total``): rate() and increase() apply, which a gauge would not allow."""
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str]) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, labelnames
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def labels(self, *values: str) -> _Reported:
+        return _Reported(self.values, tuple(values))
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, total in sorted(self.values.items()):
+            family.add_metric(list(key), total)
+        yield family
+
+
+# The SAM embedding caches' running totals, as the model replica that answered /metrics' describe()
+# call counted them; the per-replica series are Ray's ray_hitl_model_embedding_cache_total
+# (deployments/metrics.py), which the dashboard plots.
+EMBEDDING_CACHE = ReportedCounter(
     "hitl_embedding_cache",
-    "SAM image-embedding cache counters per model deployment "
-    "(memory_hits, store_hits, misses, encoder_forwards; as reported by one replica)",
+    "SAM image-embedding cache lookups and encoder passes per model deployment "
+    "(memory_hits, store_hits, misses, encoder_forwards; running totals as reported by one replica)",
     ["deployment", "kind"],
-    registry=REGISTRY,
 )
+REGISTRY.register(EMBEDDING_CACHE)
 DISPATCH_CALLS = Gauge(
     "hitl_dispatcher_calls",
     "Model calls this process's dispatcher has outstanding, per deployment (serve_app.capacity)",

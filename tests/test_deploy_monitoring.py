@@ -122,11 +122,9 @@ def test_seed_002_thresholds_and_pause_alerts_only_page_people():
     ]
     assert "HitlReviewUnwatched" in {r["alert"] for r in pause_rules}  # seed 000: age and whether anyone watches
     assert len(pause_rules) >= 1
-    assert all(r["labels"]["severity"] == "page-reviewers" for r in pause_rules)
-    # Nothing but the pause rules pages reviewers.
-    assert {a for a, r in rules.items() if r["labels"]["severity"] == "page-reviewers"} == {
-        r["alert"] for r in pause_rules
-    }
+    assert all(r["labels"]["audience"] == "reviewers" for r in pause_rules)
+    # Nothing but the pause rules goes to reviewers.
+    assert {a for a, r in rules.items() if r["labels"]["audience"] == "reviewers"} == {r["alert"] for r in pause_rules}
 
 
 def test_the_alerts_an_outage_needs():
@@ -199,3 +197,57 @@ def test_every_queried_metric_is_in_a_real_scrape(api_server):
     assert "hitl_terminal_coverage_ratio" in queried and "hitl_jobs" in queried
     missing = sorted(queried - exported)
     assert missing == [], f"queried by deploy/ but not exported by /metrics: {missing}"
+
+
+OPERATIONS = DEPLOY.parent / "docs" / "operations.md"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors of a Markdown file's headings, as GitHub makes them."""
+    out = set()
+    for line in markdown.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return out
+
+
+def test_every_alert_routes_on_severity_and_audience_and_links_its_runbook():
+    """kube-prometheus-stack routes and inhibits on severity critical|warning|info; who is told is the
+    audience label; each alert names its section of docs/operations.md, which says what to do."""
+    anchors = _anchors(OPERATIONS.read_text())
+    for rule in _rules():
+        labels, name = rule["labels"], rule["alert"]
+        assert labels["severity"] in ("critical", "warning", "info"), name
+        pause = "pause_age_seconds" in rule["expr"]
+        assert labels["audience"] == ("reviewers" if pause else "operators"), name
+        url = rule["annotations"]["runbook_url"]
+        assert url == f"docs/operations.md#{name.lower()}", name
+        assert name.lower() in anchors, f"docs/operations.md has no section {name}"
+    assert {"backups-and-restores", "redis", "postgresql"} <= anchors
+
+
+def test_the_replica_down_alert_matches_the_api_scrape_not_ray_s():
+    """The Prometheus Operator labels a PodMonitor's targets job="<namespace>/<name>": hitl-ray (Ray's
+    metrics port) must not read as an API replica down, hitl-api (and a plain job named hitl-api) must."""
+    [rule] = [r for r in _rules() if r["alert"] == "HitlApiReplicaDown"]
+    m = re.fullmatch(r'up\{job=~"([^"]+)"\} == 0', rule["expr"])
+    assert m, rule["expr"]
+    matcher = re.compile(m[1])  # PromQL anchors a regex matcher at both ends: fullmatch
+    monitors = [
+        d["metadata"]["name"]
+        for d in yaml.safe_load_all((DEPLOY / "kuberay" / "monitoring.yaml").read_text())
+        if d["kind"] == "PodMonitor"
+    ]
+    assert sorted(monitors) == ["hitl-api", "hitl-ray"]
+    assert matcher.fullmatch("hitl-api") and matcher.fullmatch("hitl/hitl-api")
+    assert not matcher.fullmatch("hitl/hitl-ray") and not matcher.fullmatch("hitl-ray")
+
+
+def test_the_embedding_cache_totals_are_counters():
+    """Running totals the model replicas report: a counter (rate() and increase() apply), not a gauge."""
+    metrics.EMBEDDING_CACHE.labels("Segmenter", "misses").set(3)
+    [fam] = [f for f in text_string_to_metric_families(metrics.render().decode()) if f.name == "hitl_embedding_cache"]
+    assert fam.type == "counter"
+    [sample] = [s for s in fam.samples if s.labels == {"deployment": "Segmenter", "kind": "misses"}]
+    assert sample.name == "hitl_embedding_cache_total" and sample.value == 3

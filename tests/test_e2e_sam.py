@@ -99,8 +99,8 @@ def test_one_job_through_sam_backends(tmp_path):
         # replicas after the pause, found the persisted embedding instead of encoding again.
         cache: dict[tuple[str, str], float] = {}
         for line in c.get("/metrics").text.splitlines():
-            if line.startswith("hitl_embedding_cache{"):
-                labels, value = line[len("hitl_embedding_cache{") :].split("} ")
+            if line.startswith("hitl_embedding_cache_total{"):  # a counter (running totals)
+                labels, value = line[len("hitl_embedding_cache_total{") :].split("} ")
                 d = dict(kv.split("=") for kv in labels.split(","))
                 cache[(d["deployment"].strip('"'), d["kind"].strip('"'))] = float(value)
         assert cache[("Detector", "misses")] >= 1
