@@ -80,24 +80,43 @@ async def redis_usec(store: Store) -> int:
     return sum(int(v["usec"]) for v in (await store.r.info("commandstats")).values())
 
 
-async def measure(store: Store, reps: int) -> dict[str, Any]:
+class Watching:
+    """Keeps ``ids`` watched while a measure runs (the beacon's TTL is 30 s): renewed between timed
+    calls every few seconds, its own Redis time counted apart."""
+
+    def __init__(self, store: Store, ids: list[str]) -> None:
+        self.store, self.ids, self.at, self.redis_usec = store, ids, 0.0, 0
+
+    async def renew(self) -> None:
+        if time.monotonic() - self.at < 5:
+            return
+        before = await redis_usec(self.store)
+        await watchers.beacon(self.store.r, "bench-events", self.ids, streams=len(self.ids))
+        self.redis_usec += await redis_usec(self.store) - before
+        self.at = time.monotonic()
+
+
+async def measure(store: Store, reps: int, watching: Watching) -> dict[str, Any]:
     await scrape(store)  # warm: connections, scripts loaded
     row: dict[str, Any] = {}
     for name, call in parts(store).items():
         samples = []
         for _ in range(max(3, reps // 2)):
+            await watching.renew()
             t0 = time.perf_counter()
             await call()
             samples.append((time.perf_counter() - t0) * 1000)
         row[name] = summary(samples)
     samples = []
+    watching.redis_usec = 0
     before = await redis_usec(store)
     for _ in range(reps):
+        await watching.renew()
         t0 = time.perf_counter()
         page = await scrape(store)
         samples.append((time.perf_counter() - t0) * 1000)
-    # The INFO call itself is counted once, a few µs.
-    row["redis_ms_per_scrape"] = (await redis_usec(store) - before) / reps / 1000
+    # The INFO calls themselves are counted too, a few µs each.
+    row["redis_ms_per_scrape"] = (await redis_usec(store) - before - watching.redis_usec) / reps / 1000
     row["scrape"] = summary(samples)
     row["page_bytes"] = len(page)
     return row
@@ -107,20 +126,20 @@ async def waiting_now(store: Store) -> int:
     return int((await counters.read(store.r, WINDOW_S)).waiting)
 
 
-async def follow(store: Store, n: int) -> None:
+async def follow(store: Store, n: int) -> Watching:
     """``n`` waiting jobs (the oldest of each partition in turn) followed by one SSE server, as its
-    beacon writes them; renewed before each measure, so they are watched while it runs."""
+    beacon writes them, while the measure runs."""
     async with store.r.pipeline(transaction=False) as pipe:
         for p in range(keys.PARTITIONS):
             pipe.zrange(keys.waiting(p), 0, n // keys.PARTITIONS)
         heads = await pipe.execute()
     ids = [head[k] for k in range(n // keys.PARTITIONS + 1) for head in heads if k < len(head)][:n]
-    await watchers.beacon(store.r, "bench-events", ids, streams=len(ids))
+    return Watching(store, ids)
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     tmp = args.redis_dir or Path(tempfile.mkdtemp(prefix="hitl-bench-metrics-"))
-    server = RedisServer(Path(tmp) / "redis").start()
+    server = RedisServer(Path(tmp) / "redis").start(timeout=600 if args.redis_dir else 15)  # loading kept data
     store = Store.from_url(server.url, StoreConfig())
     rows = []
     try:
@@ -133,10 +152,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             await bulk_waiting(store, size - have)
             created_s = time.perf_counter() - t0
-            await follow(store, args.watched)
+            watching = await follow(store, args.watched)
             waiting = await waiting_now(store)
-            row = {"waiting": waiting, "created_s": created_s, **await measure(store, args.reps)}
+            row = {"waiting": waiting, "created_s": created_s, **await measure(store, args.reps, watching)}
             row["used_memory_mb"] = (await store.r.info("memory"))["used_memory"] / 2**20
+            watching.at = 0
+            await watching.renew()
             w = await watchers.read(store.r)
             row["waiting_unwatched"] = w.waiting_unwatched
             rows.append(row)

@@ -42,19 +42,66 @@ class OutboxMixin:
         the outbox for admission control to count and for other dispatchers to take.
 
         COUNT of a multi-stream XREADGROUP applies per stream (64 streams, COUNT 2: up to 128
-        entries), so the partitions are read in pipelined rounds of at most ``count`` streams,
-        starting where the last read stopped (no partition starves). When none has anything new,
-        one blocking XREADGROUP over every stream with COUNT 1 waits for the next command: a blocked
-        read is woken by one stream and answers with that stream's entry only. (An entry that
-        arrives between the rounds and the blocking read can make that read return one per stream
-        that got one; the caller holds those few until it has slots for them.)"""
+        entries), so with fewer free slots than partitions one pipelined look at every stream's
+        group (XINFO GROUPS: how many entries it has not delivered yet, its ``lag``) comes first,
+        and then one pipelined XREADGROUP reads only where there is work, as many from each as
+        its lag and the slots left allow: an idle poll is one round trip, not one per partition,
+        and nothing is claimed that cannot start now (an entry read goes into this consumer's
+        pending list until acked or reclaimed). With as many slots as partitions or more, the
+        partitions are read in pipelined rounds instead. Either way the read starts where the
+        last one stopped (no partition starves). When none has anything new, one blocking
+        XREADGROUP over every stream with COUNT 1 waits for the next command: a blocked read is
+        woken by one stream and answers with that stream's entry only. (An entry that arrives
+        between the look and the blocking read can make that read return one per stream that got
+        one; the caller holds those few until it has slots for them.)"""
         if count <= 0:
             return []
         streams = keys.all_outboxes()
         n = len(streams)
         start = self._outbox_cursor
-        self._outbox_cursor = (start + count) % n
-        active = [streams[(start + i) % n] for i in range(n)]  # streams that may hold more
+        order = [streams[(start + i) % n] for i in range(n)]
+        if count < n:
+            out = await self._read_where_lagging(consumer, order, count)
+        else:
+            self._outbox_cursor = (start + count) % n
+            out = await self._read_rounds(consumer, order, count)
+        if out or not block_ms:
+            return out
+        if self.cluster:  # a multi-stream XREADGROUP would be CROSSSLOT on a cluster: poll again later
+            await asyncio.sleep(min(block_ms, 200) / 1000)
+            return out
+        res = await self.r.xreadgroup(keys.OUTBOX_GROUP, consumer, {s: ">" for s in streams}, count=1, block=block_ms)
+        for stream, entries in res or []:
+            out += self._entries(stream, entries)
+        return out
+
+    async def _read_where_lagging(self, consumer: str, order: list[str], count: int) -> list[OutboxEntry]:
+        """One look at every group's lag, then one read of at most ``count`` entries in all from
+        the streams that have some, in ``order``. A stream whose lag Redis cannot tell (or whose
+        group is missing: its NOGROUP then reaches the dispatcher, which re-creates the groups)
+        is read as if it had work."""
+        lags = await outbox_groups(self.r)
+        plan: list[tuple[str, int]] = []
+        left = count
+        for s in order:
+            lag = lags[s][1] if s in lags else None
+            if left and lag != 0:
+                take = left if lag is None else min(lag, left)
+                plan.append((s, take))
+                left -= take
+        if not plan:
+            return []
+        self._outbox_cursor = (self._outbox_cursor + order.index(plan[-1][0]) + 1) % len(order)  # next: after it
+        async with self.r.pipeline(transaction=False) as pipe:
+            for s, take in plan:
+                pipe.xreadgroup(keys.OUTBOX_GROUP, consumer, {s: ">"}, count=take)
+            answers = await pipe.execute()
+        return [e for res in answers for stream, entries in res or [] for e in self._entries(stream, entries)]
+
+    async def _read_rounds(self, consumer: str, order: list[str], count: int) -> list[OutboxEntry]:
+        """Pipelined rounds over the streams, at most ``count`` entries in all: each round asks the
+        streams still active for an equal share, a stream that gave all it was asked for stays."""
+        active = list(order)  # streams that may hold more
         out: list[OutboxEntry] = []
         while active and len(out) < count:
             want = count - len(out)
@@ -69,14 +116,6 @@ class OutboxMixin:
                 out += got
                 if len(got) == per:
                     active.append(s)  # it gave all it was asked for: it may hold more
-        if out or not block_ms:
-            return out
-        if self.cluster:  # a multi-stream XREADGROUP would be CROSSSLOT on a cluster: poll again later
-            await asyncio.sleep(min(block_ms, 200) / 1000)
-            return out
-        res = await self.r.xreadgroup(keys.OUTBOX_GROUP, consumer, {s: ">" for s in streams}, count=1, block=block_ms)
-        for stream, entries in res or []:
-            out += self._entries(stream, entries)
         return out
 
     async def outbox_renew(self, consumer: str, entries: list[OutboxEntry]) -> None:
