@@ -239,8 +239,8 @@ class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls, ApproveC
         """POST .../subjects/{box_id}/preview with ``points``; nothing is written, never retried (429, 503)."""
         return self._run(self._core.preview(job_id, box_id, points))
 
-    def cancel(self, job_id: str) -> JobSnapshot:
-        return self._run(self._core.cancel(job_id))
+    def cancel(self, job_id: str, reason: str | None = None) -> JobSnapshot:  # reason: in the audit entry
+        return self._run(self._core.cancel(job_id, reason))
 
     def results(self, job_id: str) -> JobResults:
         """GET results; raises ``ConflictError`` (``JOB_NOT_FINISHED``) before a terminal state."""
@@ -437,8 +437,8 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
             self._core.decide_masks(job_id, intervention_id, pause_token, base_version, decisions, snapshot_id)
         )
 
-    async def cancel(self, job_id: str) -> JobSnapshot:
-        return await self._run(self._core.cancel(job_id))
+    async def cancel(self, job_id: str, reason: str | None = None) -> JobSnapshot:  # reason: in the audit entry
+        return await self._run(self._core.cancel(job_id, reason))
 
     async def results(self, job_id: str) -> JobResults:
         return await self._run(self._core.results(job_id))

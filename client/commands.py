@@ -22,6 +22,7 @@ from .cli_admin import cmd_dead_letters, cmd_gc_artifacts, cmd_reconcile, cmd_re
 from .cli_common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, Handler
 from .cli_jobs import cmd_jobs, cmd_results, cmd_status, cmd_watch, format_event, print_results, print_snapshot
 from .cli_notes import cmd_comment, cmd_flag
+from .cli_ops import add_ops_commands
 from .cli_reviewers import add_reviewer_commands
 from .cli_submit import cmd_submit
 
@@ -269,7 +270,7 @@ def add_client_commands(subparsers: Any) -> Any:
     admin = subparsers.add_parser(
         "admin",
         formatter_class=HelpFormatter,
-        help="operator commands (admin token): dead letters, reconcile, audit, artifact GC, reviewer accounts",
+        help="operator commands (admin token): dead letters, reconcile, audit, stale waits, artifact GC, accounts",
         description="Operator commands; they need an admin token.",
     )
     admin_sub = admin.add_subparsers(dest="admin_command", metavar="ADMIN_COMMAND", required=True)
@@ -326,4 +327,5 @@ def add_client_commands(subparsers: Any) -> Any:
     p.add_argument("--older-than-days", type=float, required=True, metavar="D", help="jobs finished over D days ago")
     p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
     add_reviewer_commands(admin_sub, _command, HelpFormatter)
+    add_ops_commands(subparsers, admin_sub, _command)  # hitl cancel, hitl admin stale
     return admin_sub

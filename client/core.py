@@ -232,8 +232,10 @@ class ClientCore(CallCore):
         answer: dict[str, Any] = resp.json()
         return answer
 
-    def cancel(self, job_id: str) -> Plan[JobSnapshot]:
-        resp = yield from self.call("POST", job_path(job_id, "/cancel"))
+    def cancel(self, job_id: str, reason: str | None = None) -> Plan[JobSnapshot]:
+        """POST /jobs/{id}/cancel; ``reason``: kept in the job's audit entry (docs/protocol.md § Audit)."""
+        body = {"reason": reason} if reason else None
+        resp = yield from self.call("POST", job_path(job_id, "/cancel"), json=body)
         return JobSnapshot.model_validate_json(resp.content)
 
     def claim(self, job_id: str, force: bool, snapshot: bool = False) -> Plan[Claim]:
