@@ -105,7 +105,9 @@ def stale_jobs(client: HitlClient, older_than_s: float) -> list[JobSummary]:
     found = []
     for job in client.iter_jobs("WAITING"):
         age = age_seconds(job.pause_created_at)
-        if age is None or age < older_than_s:
+        if age is None:  # no pause time to judge by (never so for a waiting job): not listed
+            continue
+        if age < older_than_s:
             break
         found.append(job)
     return found
