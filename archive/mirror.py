@@ -53,7 +53,7 @@ TERMINAL_OUTCOMES = frozenset(
 )
 ATTEMPTS = 3  # two writers inserting one job's first row at once (the mirror and mirror_now): the loser retries
 
-Row = tuple[str, dict[str, str], dict[str, str]]
+Row = tuple[str, dict[str, str], dict[str, str], dict[str, Any]]  # job, meta, pauses, records
 
 
 def ended(meta: dict[str, Any]) -> bool:
@@ -61,17 +61,44 @@ def ended(meta: dict[str, Any]) -> bool:
     return str(meta.get("terminal")) == "1" or meta.get("status") in TERMINAL_STATUSES
 
 
-def _put(s: Session, job_id: str, meta: dict[str, str], pauses: dict[str, str], now: datetime) -> None:
+def _put(s: Session, row: Row, now: datetime) -> None:
     """Upsert one row, version-ordered: a row never goes back to an older version, so a late
-    writer holding an older read (the periodic mirror racing ``mirror_now``) changes nothing."""
+    writer holding an older read (the periodic mirror racing the journal) changes nothing. At the
+    same version (a quorum vote records itself without moving the version) the intervention records
+    only grow: a late writer that read before a vote keeps the row that has it."""
+    job_id, meta, pauses, records = row
     version = int(meta["version"])
-    row = s.get(LiveMirror, job_id, with_for_update=True)
-    if row is None:
+    found = s.get(LiveMirror, job_id, with_for_update=True)
+    if found is None:
         s.add(
-            LiveMirror(job_id=job_id, version=version, status=meta["status"], meta=meta, pauses=pauses, mirrored_at=now)
+            LiveMirror(
+                job_id=job_id,
+                version=version,
+                status=meta["status"],
+                meta=meta,
+                pauses=pauses,
+                records=records,
+                submitter=meta.get("submitter") or None,
+                idem_key=meta.get("idem_key") or None,
+                mirrored_at=now,
+            )
         )
-    elif row.version <= version:
-        row.version, row.status, row.meta, row.pauses, row.mirrored_at = version, meta["status"], meta, pauses, now
+        return
+    if found.version > version:
+        return
+    if found.version == version:
+        kept = (found.records or {}).get("idem") or {}
+        if len(kept) > len(records.get("idem") or {}):
+            return  # an older read of this version: it misses a vote the row has
+    found.version, found.status, found.meta, found.pauses, found.mirrored_at = (
+        version,
+        meta["status"],
+        meta,
+        pauses,
+        now,
+    )
+    found.records = records
+    found.submitter, found.idem_key = meta.get("submitter") or None, meta.get("idem_key") or None
 
 
 def _write_rows(archive: Archive, rows: list[Row], drop: Iterable[str] = ()) -> None:
@@ -82,8 +109,8 @@ def _write_rows(archive: Archive, rows: list[Row], drop: Iterable[str] = ()) -> 
         try:
             with archive.transaction() as s:
                 now = datetime.now(UTC)
-                for j, meta, pauses in rows:
-                    _put(s, j, meta, pauses, now)
+                for row in rows:
+                    _put(s, row, now)
                 if gone:
                     s.execute(delete(LiveMirror).where(LiveMirror.job_id.in_(gone)))
             return
@@ -92,36 +119,73 @@ def _write_rows(archive: Archive, rows: list[Row], drop: Iterable[str] = ()) -> 
                 raise
 
 
-def write_live(archive: Archive, job_id: str, meta: dict[str, str], pauses: dict[str, str]) -> None:
-    """Write one job's row from its Redis meta and pause history (synchronous: the archive's engine
-    is; an async caller goes through ``asyncio.to_thread``). A finished job's meta is written too:
-    its row is then the proof that the job ended, until the archive holds its copy."""
-    _write_rows(archive, [(job_id, meta, pauses)])
+async def read_rows(r: Any, job_ids: list[str]) -> list[Row]:
+    """The mirror rows of ``job_ids`` as Redis holds them now: meta, pause history, intervention
+    records and, for a job created under an ``Idempotency-Key``, its creation record (two round
+    trips). A job Redis does not hold is left out."""
+    if not job_ids:
+        return []
+    async with r.pipeline(transaction=False) as pipe:
+        for j in job_ids:
+            jk = keys.job(j)
+            pipe.hgetall(jk.meta)
+            pipe.hgetall(jk.pauses)
+            pipe.hgetall(jk.idem)
+        got = await pipe.execute()
+    found = [(j, got[3 * i], got[3 * i + 1], got[3 * i + 2]) for i, j in enumerate(job_ids) if got[3 * i]]
+    keyed = [
+        (i, keys.create_idem(m["submitter"], m["idem_key"]))
+        for i, (_, m, _, _) in enumerate(found)
+        if m.get("idem_key")
+    ]
+    creates: dict[int, dict[str, str]] = {}
+    if keyed:
+        async with r.pipeline(transaction=False) as pipe:
+            for _, key in keyed:
+                pipe.hgetall(key)
+            creates = {i: rec for (i, _), rec in zip(keyed, await pipe.execute(), strict=True) if rec}
+    rows: list[Row] = []
+    for i, (j, meta, pauses, idem) in enumerate(found):
+        records: dict[str, Any] = {"idem": idem}
+        if i in creates:
+            records["create"] = creates[i]
+        rows.append((j, meta, pauses, records))
+    return rows
 
 
-async def mirror_now(store: Any, archive: Archive, job_id: str) -> None:
-    """Mirror ``job_id`` at once, from Redis as it is now (meta and pauses in one round trip); a job
-    Redis does not hold is left as the mirror has it."""
-    jk = keys.job(job_id)
-    async with store.r.pipeline(transaction=False) as pipe:
-        pipe.hgetall(jk.meta)
-        pipe.hgetall(jk.pauses)
-        meta, pauses = await pipe.execute()
-    if meta:
-        await asyncio.to_thread(write_live, archive, job_id, meta, pauses)
+def write_live(
+    archive: Archive, job_id: str, meta: dict[str, str], pauses: dict[str, str], records: dict[str, Any] | None = None
+) -> None:
+    """Write one job's row from its Redis meta, pause history and records (synchronous: the
+    archive's engine is; an async caller goes through ``asyncio.to_thread``). A finished job's meta
+    is written too: its row is then the proof that the job ended, until the archive holds its copy."""
+    _write_rows(archive, [(job_id, meta, pauses, records or {})])
+
+
+async def mirror_now(store: Any, archive: Archive, job_id: str) -> int | None:
+    """Mirror ``job_id`` at once, from Redis as it is now; the version written, or None for a job
+    Redis does not hold (its row is left as it is)."""
+    rows = await read_rows(store.r, [job_id])
+    if not rows:
+        return None
+    await asyncio.to_thread(_write_rows, archive, rows)
+    return int(rows[0][1]["version"])
 
 
 class Mirror:
-    """One archiver's mirror: what it wrote last (job id → version), so an unchanged live job costs
-    one HMGET per period and nothing written in the database. What it wrote is only a cache: the
+    """One archiver's mirror: what it wrote last (job id → version and number of intervention
+    records: a quorum vote adds one without moving the version), so an unchanged live job costs
+    one HMGET and one HLEN per period and nothing written in the database. What it wrote is only a cache: the
     rows of its partitions are read back each period, so a row another process (or an earlier run
     of this one) wrote is followed too."""
 
     def __init__(self, store: Any, archive: Archive) -> None:
         self.store = store
         self.archive = archive
-        self.written: dict[str, int] = {}
+        self.written: dict[str, tuple[int, int]] = {}  # job -> (version, intervention records) written
         self.vanished: list[str] = []  # the last pass's: followed jobs Redis no longer holds (lost)
+        # The last pass's: for each live job it wrote, how long its change had waited (updated_at to now), s.
+        self.lags: list[float] = []
 
     def _rows(self, parts: set[int]) -> tuple[set[str], list[str]]:
         """The mirror's rows of ``parts``: those not yet marked ended (to follow), and those whose
@@ -160,33 +224,34 @@ class Mirror:
         async with r.pipeline(transaction=False) as pipe:
             for j in ids:
                 pipe.hmget(keys.job(j).meta, "version", "terminal")
-            heads = await pipe.execute()
+                pipe.hlen(keys.job(j).idem)
+            got = await pipe.execute()
+        heads = [(got[2 * i][0], got[2 * i][1], int(got[2 * i + 1])) for i in range(len(ids))]
         changed = []
-        self.vanished = [j for j, (version, _) in zip(ids, heads, strict=True) if version is None and j in known]
-        for j, (version, terminal) in zip(ids, heads, strict=True):
+        self.vanished = [j for j, (version, _, _) in zip(ids, heads, strict=True) if version is None and j in known]
+        for j, (version, terminal, records) in zip(ids, heads, strict=True):
             if version is None:
                 counts["vanished"] += j in known  # lost from Redis: kept for the recovery (reconcile)
             elif str(terminal) == "1":
                 if j in known:  # its row must say it ended; a job never mirrored needs no row
                     changed.append(j)
-            elif self.written.get(j) != int(version):
+            elif self.written.get(j) != (int(version), records):  # moved, or a vote recorded itself
                 changed.append(j)
-        rows: list[Row] = []
-        if changed:
-            async with r.pipeline(transaction=False) as pipe:
-                for j in changed:
-                    pipe.hgetall(keys.job(j).meta)
-                    pipe.hgetall(keys.job(j).pauses)
-                got = await pipe.execute()
-            rows = [(j, got[2 * i], got[2 * i + 1]) for i, j in enumerate(changed) if got[2 * i]]
+        rows = await read_rows(r, changed)
         if rows or obsolete:
             await asyncio.to_thread(_write_rows, self.archive, rows, obsolete)
-        for j, meta, _ in rows:
+        now = datetime.now(UTC)
+        self.lags = [
+            (now - datetime.fromisoformat(m["updated_at"])).total_seconds()
+            for _, m, _, _ in rows
+            if m.get("updated_at")
+        ]
+        for j, meta, _, recs in rows:
             if ended(meta):
                 self.written.pop(j, None)
                 counts["finished"] += 1
             else:
-                self.written[j] = int(meta["version"])
+                self.written[j] = (int(meta["version"]), len(recs["idem"]))
                 counts["mirrored"] += 1
         for j in obsolete:
             self.written.pop(j, None)
@@ -238,7 +303,7 @@ async def reconcile(
         elif await store.r.exists(keys.job(row.job_id).meta):
             outcome = "PRESENT"
         else:
-            outcome = await restore(store, dict(row.meta), dict(row.pauses), actor=actor)
+            outcome = await restore(store, dict(row.meta), dict(row.pauses), dict(row.records or {}), actor=actor)
         out.append({"job_id": row.job_id, "status": row.status, "version": row.version, "outcome": outcome})
         if outcome == "RESTORED":
             log.warning(

@@ -18,12 +18,16 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from hitl_review.statecore import audit as statecore_audit
+from hitl_review.statecore.jobstate import JobState
 from hitl_review.statecore.models import Event, JobResults, JobSnapshot, Pause
+from hitl_review.statecore.states import TERMINAL
 
 from .db import Archive
-from .schema import AUDIT_FIELDS, ArchivedEvent, ArchivedJob, ArchivedPause, AuditEntry
+from .schema import AUDIT_FIELDS, ArchivedEvent, ArchivedJob, ArchivedPause, AuditEntry, LiveMirror
 
 log = logging.getLogger("hitl.archive")
+
+TERMINAL_STATUSES = frozenset(t.value for t in TERMINAL)
 
 
 @dataclass(frozen=True)
@@ -39,10 +43,12 @@ class ArchivedView:
 
 
 def job(archive: Archive, job_id: str) -> ArchivedView | None:
+    """The archived job, else a job whose live mirror row says it ended (it finished, and Redis lost
+    it before the archive took its copy: its row is the record, docs/protocol.md § Redis outages)."""
     with archive.reading() as s:
         row = s.get(ArchivedJob, job_id)
         if row is None:
-            return None
+            return _ended_in_mirror(s.get(LiveMirror, job_id))
         return ArchivedView(
             job_id=row.job_id,
             submitter=row.submitter,
@@ -50,6 +56,18 @@ def job(archive: Archive, job_id: str) -> ArchivedView | None:
             snapshot=JobSnapshot.model_validate(row.snapshot),
             results=JobResults.model_validate(row.results) if row.results is not None else None,
         )
+
+
+def _ended_in_mirror(row: LiveMirror | None) -> ArchivedView | None:
+    """The view of a finished job from its mirror row (meta as Redis last held it), or None."""
+    if row is None or row.status not in TERMINAL_STATUSES:
+        return None
+    state = JobState.from_meta(dict(row.meta))
+    snap = state.snapshot()
+    results = JobResults(job_id=row.job_id, status=state.status, reason_code=state.reason_code, subjects=state.results)
+    return ArchivedView(
+        job_id=row.job_id, submitter=state.submitter, version=state.version, snapshot=snap, results=results
+    )
 
 
 def lookup(archive: Archive, job_id: str) -> ArchivedView | None:
@@ -91,11 +109,42 @@ def creation(archive: Archive, submitter: str, idem_key: str) -> ArchivedCreatio
     return ArchivedCreation(job_id, create_hash or str(snap["image"]["sha256"]), snap)
 
 
+@dataclass(frozen=True)
+class MirroredCreation:
+    """A creation the live mirror holds (the job Redis lost, or not yet archived): its job, whether
+    the job ended, and the creation record as Redis kept it (``job_id``, ``image_sha`` — the
+    fingerprint — and ``response``), None for a row written before revision 0007."""
+
+    job_id: str
+    ended: bool
+    record: dict[str, str] | None
+    view: ArchivedView | None  # the finished job's view (from its row), for a 409's snapshot
+
+
+def mirrored_creation(archive: Archive, submitter: str, idem_key: str) -> MirroredCreation | None:
+    """The job ``submitter`` created under ``idem_key`` as the live mirror holds it, or None."""
+    with archive.reading() as s:
+        row = s.scalars(
+            select(LiveMirror)
+            .where(LiveMirror.submitter == submitter, LiveMirror.idem_key == idem_key)
+            .order_by(LiveMirror.job_id)
+            .limit(1)
+        ).first()
+        if row is None:
+            return None
+        record = (row.records or {}).get("create")
+        view = _ended_in_mirror(row)
+        return MirroredCreation(row.job_id, view is not None, dict(record) if record else None, view)
+
+
 def intervention_record(archive: Archive, job_id: str, intervention_id: str) -> str | None:
     """The job's record of ``intervention_id`` as Redis kept it (payload hash, a newline, the
     response), or None."""
     with archive.reading() as s:
         recorded = s.scalar(select(ArchivedJob.interventions).where(ArchivedJob.job_id == job_id))
+        if recorded is None:  # not archived: the live mirror's records (a finished job Redis lost first)
+            records = s.scalar(select(LiveMirror.records).where(LiveMirror.job_id == job_id))
+            recorded = (records or {}).get("idem")
     return (recorded or {}).get(intervention_id)
 
 

@@ -118,10 +118,12 @@ class ArtifactRef(Base):
 
 
 class LiveMirror(Base):
-    """A live job as Redis last held it (its meta hash and pause history), mirrored asynchronously
+    """A live job as Redis last held it (its meta hash, pause history, intervention and creation
+    records), mirrored asynchronously, or before the change is seen under ``--durability strict``
     (docs/protocol.md § Reconcile): what ``hitl admin reconcile`` restores when Redis loses it."""
 
     __tablename__ = "live_mirror"
+    __table_args__ = (Index("ix_live_mirror_submitter_idem_key", "submitter", "idem_key"),)
 
     job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     version: Mapped[int] = mapped_column(Integer)
@@ -129,6 +131,11 @@ class LiveMirror(Base):
     meta: Mapped[dict[str, Any]] = mapped_column(JSON)
     pauses: Mapped[dict[str, Any]] = mapped_column(JSON)
     mirrored_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # The records a retry is answered from (0007): {"idem": {intervention_id: record}, "create":
+    # {the creation record's fields} | absent}; the creation's submitter and Idempotency-Key, to find it.
+    records: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    submitter: Mapped[str | None] = mapped_column(String(64))
+    idem_key: Mapped[str | None] = mapped_column(String(300))
 
 
 class ReviewerAccount(Base):

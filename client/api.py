@@ -1,11 +1,9 @@
 """HTTP + SSE client of the control plane, sync and async with the same methods (docs/protocol.md § Routes).
 
-Both clients send ``Authorization: Bearer <token>`` and a fresh ``X-Request-ID``
-per call (kept across that call's retries, so server logs show them as one),
-retry only what is safe to send twice (see ``client.retry``), and map error
-bodies to ``client.errors.ApiError``. All of that is decided once, in
-``client.core``; the classes here only perform its steps, blocking on
-``httpx.Client`` or awaiting on ``httpx.AsyncClient``.
+Both clients send ``Authorization: Bearer <token>`` and a fresh ``X-Request-ID`` per call (kept across
+that call's retries, so server logs show them as one), retry only what is safe to send twice (see
+``client.retry``), and map error bodies to ``client.errors.ApiError``. All of that is decided once, in
+``client.core``; the classes here only perform its steps, on ``httpx.Client`` or ``httpx.AsyncClient``.
 """
 
 from __future__ import annotations
@@ -164,9 +162,8 @@ class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls, ApproveC
         review_quorum: int = 1,
         quorum_policy: str = "all",
     ) -> SubmitResult:
-        """POST /jobs. With ``idempotency_key`` a rerun returns the original job (``replayed``);
-        ``review_quorum`` ≥ 2: each pause needs that many distinct reviewers, of whom all, a
-        majority or any one decide (``quorum_policy``; docs/protocol.md § Quorum)."""
+        """POST /jobs. With ``idempotency_key`` a rerun returns the original job (``replayed``); ``review_quorum``
+        ≥ 2: that many distinct reviewers, of whom all, a majority or any one decide (``quorum_policy``)."""
         data = read_image(image, filename)
         return self._run(self._core.submit(data, idempotency_key, review_quorum, quorum_policy))
 
@@ -175,8 +172,7 @@ class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls, ApproveC
 
     def list_jobs(
         self, status: str | None = None, limit: int = 50, cursor: str | None = None, *, unclaimed: bool = False
-    ) -> JobList:
-        """``unclaimed``: leave out jobs another reviewer has claimed (docs/protocol.md § Claims)."""
+    ) -> JobList:  # unclaimed: leave out jobs another reviewer has claimed (docs/protocol.md § Claims)
         return self._run(self._core.list_jobs(status, limit, cursor, unclaimed))
 
     def next_job(self, exclude: Iterable[str] = ()) -> JobSummary | None:
@@ -194,7 +190,7 @@ class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls, ApproveC
         return self._run(self._core.claim_next(exclude))
 
     def release(self, job_id: str) -> bool:
-        """Release this reviewer's claim; False when there was none. Submitting or cancelling releases it too."""
+        """Release this reviewer's claim; False when there was none (submitting or cancelling releases it)."""
         return self._run(self._core.release(job_id))
 
     def iter_jobs(self, status: str | None = None, *, page_size: int = 100) -> Iterator[JobSummary]:

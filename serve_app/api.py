@@ -271,13 +271,9 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
             return view.snapshot, view
         if ident.role == "submitter" and state.submitter != ident.name:
             raise errors.JobNotFound(f"job {job_id} not found", job_id=job_id)
+        if state.version > state.mirrored:  # strict: nothing is read that a store loss would take back
+            await rt().store.journal_behind(job_id)
         return await rt().store.snapshot_of(state), None
-
-    async def acknowledged(job_id: str) -> None:
-        """Under --durability strict with an archive: the job's mirror row before the answer."""
-        recovery = rt().recovery
-        if recovery is not None and rt().settings.durability == "strict":
-            await recovery.acknowledged(job_id)
 
     def replayable(reply: Reply) -> Response:
         headers = {"Idempotent-Replayed": "true"} if reply.replayed else {}
@@ -322,7 +318,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
                 checked.height,
                 " (uprighted by its EXIF orientation)" if checked.rotated else "",
             )
-        await acknowledged(reply.job_id)
+        await rt().store.journal_behind(reply.job_id)
         return replayable(reply)
 
     @app.get(f"{API}/jobs", response_model=JobList)
@@ -370,7 +366,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
             log_intervention(job_id, who, e.code, t0, body.intervention_id)
             raise
         metrics.INTERVENTIONS.labels("REPLAY" if reply.replayed else "OK").inc()
-        await acknowledged(job_id)
+        await rt().store.journal_behind(job_id)
         log_intervention(job_id, who, "REPLAY" if reply.replayed else "OK", t0, body.intervention_id)
         return replayable(reply)
 
@@ -378,7 +374,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
     async def cancel(request: Request, job_id: str, body: CancelRequest | None = None) -> JobSnapshot:
         ident, why = identity(request), (body.reason if body else None) or ""  # the reason: in the audit entry
         snap = await archived_writes.cancel(rt().store, rt().archive, job_id, ident.name, **ident.audited(), reason=why)
-        await acknowledged(job_id)
+        await rt().store.journal_behind(job_id)
         log.info("job cancelled job=%s by=%s reason=%r", job_id, ident.name, why)
         return snap
 

@@ -200,8 +200,10 @@ class Api:
         store = store_for(settings, settings.redis_url)
         # The dispatcher blocks in XREADGROUP for up to 1 s: its store's timeout allows for it.
         background_store = store_for(settings, settings.redis_url, blocking_s=2.0)
-        log.info("durability %s", await durability.configure(store, settings.durability, settings.store_timeout_s))
-        await durability.configure(background_store, settings.durability, settings.store_timeout_s)
+        archive = await open_archive(settings)
+        how = await durability.configure(store, settings.durability, settings.store_timeout_s, archive)
+        log.info("durability %s", how)
+        await durability.configure(background_store, settings.durability, settings.store_timeout_s, archive)
         await store.ensure_groups()
         events_handle = self.events_handle
 
@@ -232,7 +234,7 @@ class Api:
             model_stats=self.runner.describe,
             preview=self.runner.preview,
             closing=[background_store],
-            archive=await open_archive(settings),
+            archive=archive,
         )
         confirm = functools.partial(confirm_replica, background_store)
         dispatcher = make_dispatcher(settings, background_store, self.runner, confirm)

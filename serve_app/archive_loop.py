@@ -42,6 +42,7 @@ from hitl_review.statecore import archive_queue
 from hitl_review.statecore.archive_queue import ArchiveEntry
 from hitl_review.statecore.durable import reraise_if_cancelled
 
+from . import metrics
 from .archiving import archive_job
 from .recovery import Recovery
 
@@ -178,6 +179,7 @@ class ArchiveLoop:
                 except Exception as err:
                     reraise_if_cancelled(err)
                     self.counts["failed"] += 1
+                    metrics.MIRROR_FAILURES.labels("archive").inc()
                     log.warning("archiving job=%s failed (will retry): %s: %s", e.job_id, type(err).__name__, err)
                     answers[e.job_id] = "FAILED"
             result = answers[e.job_id]
@@ -200,15 +202,19 @@ class ArchiveLoop:
             held = await archive_queue.acquire_leases(self.store, self.consumer, ttl_ms)
             if held:
                 await asyncio.wait_for(self.mirror.sync(held), self.copy_timeout_s)
+                for lag in self.mirror.lags:
+                    metrics.MIRROR_LAG.observe(lag)
                 if self.mirror.vanished and self.recovery is not None:
                     report = await self.recovery.restore_lost(self.mirror.vanished)
                     self.counts["restored"] += len(report["restored"]) if report else 0
             if self.recovery is not None:  # the reviewer accounts too, before anyone asks (one EXISTS when kept)
                 self.counts["accounts_restored"] += await self.recovery.restore_accounts()
             self.counts["mirrors"] += 1
+            metrics.MIRROR_PASSES.inc()
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the next period mirrors again
+            metrics.MIRROR_FAILURES.labels("mirror").inc()
             log.warning("live mirror failed: %s: %s", type(e).__name__, e)
 
 

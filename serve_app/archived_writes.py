@@ -34,7 +34,7 @@ from .admission import Admission
 
 if TYPE_CHECKING:
     from hitl_review.archive.db import Archive
-    from hitl_review.archive.reads import ArchivedCreation, ArchivedView
+    from hitl_review.archive.reads import ArchivedCreation, ArchivedView, MirroredCreation
 
 log = logging.getLogger("hitl.archive")
 
@@ -75,9 +75,36 @@ async def keyed_creation(
             if found.fingerprint != decide.create_fingerprint(image_sha256, review_quorum, quorum_policy):
                 raise errors.IdempotencyConflict(CONFLICT, job_id=found.job_id, snapshot=found.snapshot)
             return Reply(202, decide.create_response(found.job_id), True, found.job_id)
+        fingerprint = decide.create_fingerprint(image_sha256, review_quorum, quorum_policy)
+        if (replay := await _mirrored_creation(store, archive, submitter, idem_key, fingerprint)) is not None:
+            return replay
+        if await store.r.exists(keys.create_idem(submitter, idem_key)):
+            return None  # the job is back (restored from the mirror): its script answers the replay
         if admission is not None:
             await admission.admit_job()
     return None
+
+
+async def _mirrored_creation(
+    store: Store, archive: Archive | None, submitter: str, idem_key: str, fingerprint: str
+) -> Reply | None:
+    """A creation Redis lost and the live mirror holds (docs/protocol.md § Redis outages): a live job
+    is restored first (its creation record comes back with it, and the creation script answers the
+    replay: None); a finished one is answered from its row's creation record, as the script would."""
+    from hitl_review.archive import reads
+
+    found: MirroredCreation | None = await _read(archive, reads.mirrored_creation, submitter, idem_key)
+    if found is None:
+        return None
+    if not found.ended and store.on_missing is not None:
+        await store.on_missing(found.job_id)
+        return None
+    if found.record is None:
+        return None
+    if found.record.get("image_sha") != fingerprint:
+        snapshot = found.view.snapshot.model_dump(mode="json") if found.view is not None else None
+        raise errors.IdempotencyConflict(CONFLICT, job_id=found.job_id, snapshot=snapshot)
+    return Reply(202, found.record["response"], True, found.job_id)
 
 
 async def _view(archive: Archive | None, job_id: str, missing: errors.JobNotFound) -> ArchivedView:

@@ -60,8 +60,8 @@ class Archiver:
         store = store_for(settings, settings.redis_url, blocking_s=2.0)
         flusher = asyncio.create_task(metrics.SHARED.flush_forever(store.r))  # its counters, to the shared totals
         try:
-            await durability.configure(store, settings.durability, settings.store_timeout_s)
             archive = await open_archive(settings)
+            await durability.configure(store, settings.durability, settings.store_timeout_s, archive)
             self.loop = archive_loop(settings, store, archive)
             log.info("archiver ready (archive %s)", "on" if archive is not None else "off")
             await self.loop.run_forever()

@@ -2,7 +2,9 @@
 
 - fast (default): AOF with ``appendfsync everysec``. Redis writes the AOF before it replies, so a
   killed redis-server loses nothing; only a crash of the machine can lose about the last second.
-- strict: ``appendfsync always`` on the embedded Redis, and after each state-changing script the
+- strict: ``appendfsync always`` on the embedded Redis; with an archive, the journal (every change a
+  client can observe is in the archive's live mirror before it is answered or read:
+  archive/journal.py, docs/protocol.md § Redis outages); and after each state-changing script the
   store runs, on the same connection, ``WAITAOF 1 0 <ms>`` where the server has it (Redis >= 7.2),
   else ``WAIT <replicas> <ms>`` when replicas are attached: a 200 means the change is on disk
   (and on the replicas). Redis 7.0 without replicas relies on ``appendfsync always`` alone, which
@@ -16,11 +18,16 @@ refuses to start, or with ``--allow-volatile-redis`` warns loudly.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from hitl_review.statecore.store import Store
+
+from . import metrics
+
+if TYPE_CHECKING:
+    from hitl_review.archive.db import Archive
 
 log = logging.getLogger("hitl.durability")
 
@@ -39,9 +46,21 @@ def _version(info: dict[str, Any]) -> tuple[int, ...]:
         return (0,)
 
 
-async def configure(store: Store, durability: str, timeout_s: float) -> str:
-    """Set the store's after-write sync for ``durability``; returns what it chose, for the log."""
+async def configure(store: Store, durability: str, timeout_s: float, archive: Archive | None = None) -> str:
+    """Set the store's after-write sync for ``durability``, and under strict with an ``archive`` its
+    journal (archive/journal.py: the live mirror's row of a changed job before the change is
+    answered or read); returns what it chose, for the log."""
     store.sync_command, store.sync_acks = None, 0
+    if archive is not None:
+        from hitl_review.archive import journal
+
+        journal.attach(
+            store,
+            archive,
+            durability,
+            on_error=lambda _e: metrics.MIRROR_FAILURES.labels("journal").inc(),
+            on_write=metrics.JOURNAL_SECONDS.observe,
+        )
     if durability != "strict":
         return "fast: appendfsync everysec"
     if store.cluster:

@@ -66,6 +66,29 @@ JOBS_RESTORED = Counter(
     ["how", "outcome"],
     registry=LOCAL,
 )
+MIRROR_FAILURES = Counter(
+    "hitl_mirror_write_failures_total",
+    "Writes to the archive that failed and will be retried, by path: archive (a finished job's copy), mirror "
+    "(the periodic live mirror), journal (--durability strict: a change's mirror row before its answer, a 503)",
+    ["path"],
+    registry=LOCAL,
+)
+MIRROR_PASSES = Counter(
+    "hitl_mirror_passes_total", "Live mirror passes completed by the archivers (every inspector period)", registry=LOCAL
+)
+MIRROR_LAG = Histogram(
+    "hitl_mirror_lag_seconds",
+    "How long a change of a live job waited for the periodic live mirror (from the job's updated_at to its row "
+    "written): what --durability fast can lose when Redis comes back empty",
+    registry=LOCAL,
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
+)
+JOURNAL_SECONDS = Histogram(
+    "hitl_journal_seconds",
+    "--durability strict: the time a change waits for its live mirror row before it is answered",
+    registry=LOCAL,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+)
 ACCOUNTS_RESTORED = Counter(
     "hitl_accounts_restored_total",
     "Reviewer accounts Redis had lost (its accounts hash gone), written back from the archive's copy",

@@ -17,9 +17,9 @@ is never restored, a consumed pause is never reopened):
 
 What the mirror did not see is not restored: under ``--durability fast`` the mirror lags by up to one
 inspector period, so a job created or decided within it comes back as the mirror last saw it (or
-not at all). Under ``--durability strict`` with an archive, :meth:`Recovery.acknowledged` writes the
-job's mirror row before the API answers a creation or an intervention, so what a client was told
-is what comes back: a decided review is never offered again.
+not at all). Under ``--durability strict`` with an archive, the store's journal (archive/journal.py)
+writes the job's mirror row with every change before it is answered or read, so what a client was
+told is what comes back: a decided review is never offered again, a finished job never works again.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hitl_review.statecore import accounts, errors
+from hitl_review.statecore import accounts
 from hitl_review.statecore.ids import now_iso
 
 from . import metrics
@@ -139,18 +139,3 @@ class Recovery:
             metrics.ACCOUNTS_RESTORED.inc(n)
             log.error("Redis had lost the reviewer accounts: %d written back from the archive (%s)", n, self.who)
         return n
-
-    async def acknowledged(self, job_id: str) -> None:
-        """Before a creation or an intervention is answered under ``--durability strict``: the job's
-        mirror row as Redis now holds it, so a Redis that comes back empty gives back what the
-        client was told. A failure is a 503 (the client retries; its replay writes the row again)."""
-        from hitl_review.archive.mirror import mirror_now
-
-        try:
-            await mirror_now(self.store, self.archive, job_id)
-        except Exception as e:
-            log.error("recovery: could not mirror job=%s before answering: %s: %s", job_id, type(e).__name__, e)
-            raise errors.StoreUnavailable(
-                f"the decision is recorded in Redis but not yet in the archive ({type(e).__name__}); retry with "
-                "the same request: it is answered as a replay"
-            ) from e

@@ -70,8 +70,10 @@ async def local_runtime(
     store = store_for(settings, settings.redis_url)
     # The dispatchers block in XREADGROUP for up to 1 s: their store's timeout allows for it.
     background_store = store_for(settings, settings.redis_url, blocking_s=2.0)
-    log.info("durability %s", await durability.configure(store, settings.durability, settings.store_timeout_s))
-    await durability.configure(background_store, settings.durability, settings.store_timeout_s)
+    archive = await open_archive(settings)
+    how = await durability.configure(store, settings.durability, settings.store_timeout_s, archive)
+    log.info("durability %s", how)
+    await durability.configure(background_store, settings.durability, settings.store_timeout_s, archive)
     await store.ensure_groups()
     artifacts = ArtifactStore(settings.artifacts)
     auth = Authenticator.from_settings(settings.tokens, settings.data_dir, settings.loopback)
@@ -100,7 +102,7 @@ async def local_runtime(
         model_stats=model_stats,
         preview=getattr(runner, "preview", None),  # a runner without models (a test's) has none
         closing=[background_store],
-        archive=await open_archive(settings),
+        archive=archive,
     )
     for _ in range(dispatchers):
         d = make_dispatcher(settings, background_store, runner)

@@ -79,19 +79,34 @@ def pool_options(timeout_s: float | None, *, cluster: bool) -> dict[str, Any]:
     return opts
 
 
-def synced(store: Any, script: Any) -> Callable[..., Awaitable[Any]]:
-    """``script`` followed by ``store.sync_command`` when one is set (not on a cluster)."""
+# The scripts whose answer a client can observe as a change of a job (or a replay of one): under
+# ``--durability strict`` with an archive, each answer waits for the job's journal (the live mirror
+# row, archive/journal.py) before it returns, so nothing is told, or readable as told, that a Redis
+# coming back empty would not give back. Their answers: 'OK' (a change), or a replay of an earlier
+# change whose journal may have failed ('REPLAY', 'DUPLICATE', 'ALREADY').
+JOURNALED = frozenset({"create_job", "consume_pause", "apply_report", "cancel", "restore_job"})
+JOURNAL_ANSWERS = frozenset({"OK", "REPLAY", "DUPLICATE", "ALREADY"})
+
+
+def synced(store: Any, script: Any, name: str = "") -> Callable[..., Awaitable[Any]]:
+    """``script`` followed by ``store.sync_command`` when one is set (not on a cluster), then, for a
+    script of :data:`JOURNALED`, by ``store.journal`` when one is set (``--durability strict`` with
+    an archive: serve_app.durability.configure)."""
 
     async def run(*, keys: list[str], args: list[Any]) -> Any:
         if store.sync_command is None or store.cluster:
-            return await script(keys=keys, args=args)
-        async with store.r.pipeline(transaction=False) as pipe:
-            await script(keys=keys, args=args, client=pipe)
-            pipe.execute_command(*store.sync_command)
-            res, acks = await pipe.execute()
-        acked = int(acks[0] if isinstance(acks, list) else acks)
-        if acked < store.sync_acks:
-            raise errors.StoreUnavailable(f"{store.sync_command[0]} confirmed {acked} of {store.sync_acks}")
+            res = await script(keys=keys, args=args)
+        else:
+            async with store.r.pipeline(transaction=False) as pipe:
+                await script(keys=keys, args=args, client=pipe)
+                pipe.execute_command(*store.sync_command)
+                res, acks = await pipe.execute()
+            acked = int(acks[0] if isinstance(acks, list) else acks)
+            if acked < store.sync_acks:
+                raise errors.StoreUnavailable(f"{store.sync_command[0]} confirmed {acked} of {store.sync_acks}")
+        journal = store.journal
+        if journal is not None and name in JOURNALED and res and res[0] in JOURNAL_ANSWERS:
+            await journal(store, str(args[0]), changed=res[0] == "OK")
         return res
 
     return run

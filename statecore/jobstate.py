@@ -71,6 +71,8 @@ class JobState:
     # A mask review's REFINE points per subject, while their SEGMENT_SUBJECT nodes run (statecore.subjects).
     refine_prompts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     votes: str = ""  # the active pause's quorum votes as stored (statecore.quorum), compared by the script
+    # The version the archive's live mirror holds (--durability strict's journal: archive/journal.py); -1: none.
+    mirrored: int = -1
     # The live SEGMENT_SUBJECT nodes by node id, one per subject being cut (statecore.subjects).
     subject_nodes: dict[str, CurrentNode] = field(default_factory=dict)
     # The auto-approve policy that approved the box list (``policy:<name>@<hash>``), and, on a job a
@@ -121,6 +123,7 @@ class JobState:
             node_input=j("node_input"),
             refine_prompts=j("refine_prompts", {}),
             votes=get("votes", ""),
+            mirrored=int(get("mirrored") or -1),
             decided_by=get("decided_by") or None,
             auto_review=get("auto_review", ""),
             subject_nodes={

@@ -4,10 +4,14 @@ Reconcile). A mirror is the job's meta hash and pause history as Redis last held
 What the job gets back, in one script that refuses a job Redis holds again:
 
 - waiting on a person: a fresh pause at the same stage and round over the same boxes (a new token
-  and snapshot id; the mirrored pause is recorded CANCELLED, so its token is refused);
+  and snapshot id; the mirrored pause is recorded CANCELLED, so its token is refused); a quorum's
+  votes recorded on the old pause stay (each voter was told VOTE_RECORDED, and the boxes are the same);
 - in model work: its node (cutting its subjects: each subject's node) queued again as a new node
   instance with the same input (a late report of the old instance is ignored like any superseded one);
 - a job that was already finished is the archive's, and is not restored here.
+
+The job's intervention records (votes included) and its creation record come back with it, so a
+retried intervention, vote or creation is answered byte for byte as before the loss.
 
 Every restore starts with a ``JOB_RESTORED`` event naming the version it came back from and the last
 event id the mirror knew (``from_event``).
@@ -56,6 +60,7 @@ def plan_restore(state: JobState, now: str, now_ms: int, workflow: str, from_eve
         kind, data = plan.events[0]
         plan.events[0] = (kind, {**data, "reason": REASON})
         plan.waiting = ("add", int(datetime.fromisoformat(pause.created_at).timestamp() * 1000))
+        plan.meta.pop("votes", None)  # the re-offer drops a quorum's votes; a restore keeps them
     elif any(n.status in subject_nodes.LIVE for n in state.subject_nodes.values()):
         # Cutting its subjects: each subject's node queued again as a new instance.
         plan = Plan(expect_version=state.version, status=state.status)
@@ -79,10 +84,17 @@ def plan_restore(state: JobState, now: str, now_ms: int, workflow: str, from_eve
     return plan
 
 
-async def restore(store: Any, meta: dict[str, str], pauses: dict[str, str], actor: str = "reconcile") -> str:
+async def restore(
+    store: Any,
+    meta: dict[str, str],
+    pauses: dict[str, str],
+    records: dict[str, Any] | None = None,
+    actor: str = "reconcile",
+) -> str:
     """Restore one job from its mirror: ``RESTORED``, ``PRESENT`` (Redis holds it), ``FINISHED``
-    or ``NOTHING_TO_RUN`` (a mirror without anything to wait for or run). ``actor``: whom the
-    restored job's first audit entry names."""
+    or ``NOTHING_TO_RUN`` (a mirror without anything to wait for or run). ``records``: the mirrored
+    intervention and creation records (``archive.mirror.read_rows``). ``actor``: whom the restored
+    job's first audit entry names."""
     state = JobState.from_meta(meta)
     now, now_ms = now_iso(), int(time.time() * 1000)
     plan = plan_restore(state, now, now_ms, store.config.workflow_version, int(meta.get("event_seq") or 0))
@@ -94,6 +106,6 @@ async def restore(store: Any, meta: dict[str, str], pauses: dict[str, str], acto
         keys=store._keys(state, jk),
         args=store._args(state.job_id, now, actor)
         + [json.dumps(meta), json.dumps(pauses), plan.to_json(now, store.config.archive), created_ms]
-        + [event_base(meta)],
+        + [event_base(meta), json.dumps(records or {})],
     )
     return "RESTORED" if res[0] == "OK" else "PRESENT"

@@ -20,7 +20,7 @@ SCRIPT_NAMES = (
     "audit_append",
     "notes",
 )
-STANDALONE = ("heartbeat", "lease", "archive_requeue")  # touch no job state: no shared prologue
+STANDALONE = ("heartbeat", "lease", "archive_requeue", "mark_mirrored")  # touch no job state: no shared prologue
 
 
 @cache

@@ -109,7 +109,17 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
         # Asked when a job is not in Redis: True when it is there again (restored from the archive's
         # live mirror: serve_app.recovery, docs/protocol.md § Redis outages). None: a miss is a miss.
         self.on_missing: Callable[[str], Awaitable[bool]] | None = None
-        self._scripts = {name: durable.synced(self, s) for name, s in scripts.register(client).items()}
+        # --durability strict with an archive: awaited after each journaled script (statecore.durable.synced),
+        # the live mirror's row of the job before the answer returns (archive/journal.py). None: no journal.
+        self.journal: Callable[..., Awaitable[None]] | None = None
+        self._scripts = {name: durable.synced(self, s, name) for name, s in scripts.register(client).items()}
+
+    async def journal_behind(self, job_id: str) -> None:
+        """Under ``--durability strict`` with an archive: the job's live mirror row, when it holds an
+        older version than Redis (an earlier journal failed, or a reader raced the writer between its
+        commit and its journal), before the caller answers. No-op without a journal."""
+        if self.journal is not None:
+            await self.journal(self, job_id, changed=False)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -304,7 +314,7 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
                 decide.check_bboxes_in_image(req.subjects or [], state.image.width, state.image.height)
             except errors.InvalidRequest:  # refused from the body and the job alone: audited all the same
                 await self.audit_only(
-                    job_id, reviewer, "INTERVENE", "REFUSED:INVALID_REQUEST", req.base_version, snap_id
+                    job_id, reviewer, "INTERVENE", "REFUSED:INVALID_REQUEST", req.base_version, snap_id, intent
                 )
                 raise
             now = now_iso()

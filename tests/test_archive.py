@@ -126,10 +126,10 @@ async def late_report(store: Store, job_id: str) -> None:
 def test_alembic_upgrades_an_empty_database_and_reports_its_schema_version(empty_url):
     assert migrate.schema_version(empty_url) is None
     assert migrate.main(["--archive-url", empty_url, "--check"]) == 1  # behind: `hitl admin archive-upgrade --check`
-    assert migrate.upgrade(empty_url) == migrate.head() == "0006"
+    assert migrate.upgrade(empty_url) == migrate.head() == "0007"
     assert migrate.main(["--archive-url", empty_url, "--check"]) == 0
-    assert migrate.schema_version(empty_url) == "0006"
-    assert migrate.upgrade(empty_url) == "0006"  # again: nothing to do
+    assert migrate.schema_version(empty_url) == "0007"
+    assert migrate.upgrade(empty_url) == "0007"  # again: nothing to do
     # As `hitl admin archive-upgrade` (archive.cli on hitl's `admin` subparsers).
     admin = argparse.ArgumentParser(prog="hitl admin").add_subparsers(dest="admin_command")
     add_upgrade_command(admin)
@@ -379,7 +379,7 @@ def test_an_archive_at_the_first_revision_upgrades_to_the_live_mirror(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
     assert migrate.upgrade(url, "0001") == "0001"
     assert migrate.not_ready(url) is not None  # behind: the build refuses to use it as it is
-    assert migrate.upgrade(url) == "0006" and migrate.not_ready(url) is None
+    assert migrate.upgrade(url) == "0007" and migrate.not_ready(url) is None
     a = Archive(url)
     try:
         assert "live_mirror" in inspect(a.engine).get_table_names()

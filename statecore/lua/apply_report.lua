@@ -61,6 +61,10 @@ if check then
   local at = tonumber(redis.call('ZSCORE', index, node_member(nid)) or '')
   if at and at > now_ms() - tonumber(limit) then return {'ALIVE'} end
 end
+-- No plan: the node is the job's current node but already ended (COMPLETED, FAILED, TIMED_OUT) and
+-- this report is not in the reports set, which a restore from the live mirror does not bring back
+-- (statecore/restore.py): its result was applied before, so it is a replay. Nothing is written.
+if ARGV[7] == '' then return duplicate() end
 if final then redis.call('SADD', K_REPORTS, mark) end
 local version = apply_plan(ARGV[7])
 local applied = 'APPLIED:' .. redis.call('HGET', K_META, 'status')
