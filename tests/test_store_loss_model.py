@@ -50,7 +50,7 @@ from hitl_review.statecore.store import Store, StoreConfig
 from .api_util import png
 
 TERMINAL_NAMES = {s.value for s in TERMINAL}
-SEEDS = [int(s) for s in os.environ.get("HITL_MODEL_SEEDS", "1,2,3,4").split(",")]
+SEEDS = [int(s) for s in os.environ.get("HITL_MODEL_SEEDS", "1,2,3").split(",")]
 STEPS = int(os.environ.get("HITL_MODEL_STEPS", "40"))
 W, H = 320, 240
 BOXES = [
