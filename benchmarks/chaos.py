@@ -98,6 +98,7 @@ class Run:
         self.lock = threading.Lock()
         self.last_fault_end = time.monotonic()
         self.stop = threading.Event()
+        self.sent = threading.local()  # .at: when this thread last sent a request (a read's lower bound)
 
     # -------------------------------------------------------------------------------- reviewers
 
@@ -108,6 +109,7 @@ class Run:
             if time.monotonic() > deadline:
                 return None
             try:
+                self.sent.at = time.monotonic()
                 r = c.request(method, url, headers=headers, **kw)
                 if r.status_code not in (502, 503, 504):
                     return r
@@ -116,11 +118,15 @@ class Run:
             time.sleep(0.5)
         return None
 
+    def creation(self, job: JobRun) -> tuple[str, bytes]:
+        """The job's ``Idempotency-Key`` and image: the same on every try of its creation."""
+        png, _ = product_composite(seed=1000 + job.index, width=320, height=240)
+        return f"chaos-{self.args.seed}-{job.index}", png
+
     def drive(self, job: JobRun, start_at: float, deadline: float) -> None:
         time.sleep(max(0.0, start_at - time.monotonic()))
-        png, _ = product_composite(seed=1000 + job.index, width=320, height=240)
+        key, png = self.creation(job)
         with httpx.Client(base_url=self.up.api_url, timeout=15) as c:
-            key = f"chaos-{self.args.seed}-{job.index}"
             r = self._call(
                 c,
                 "POST",

@@ -59,6 +59,7 @@ import httpx
 import redis
 
 from benchmarks.chaos import TERMINAL, WAITING, JobRun, Run
+from benchmarks.chaos_promises import Reads, ask_again
 from harness.hitl_up import HitlUp
 from hitl_review.archive import reads
 from hitl_review.archive.db import Archive, archive_url
@@ -84,6 +85,9 @@ class RecoveryRun(Run):
         self.fault: dict[str, Any] = {}
         self.fault_t: float | None = None
         self.probe: dict[str, dict[str, Any]] = {}
+        self.iv_bodies: dict[str, dict[str, Any]] = {}  # intervention id -> the body answered 200
+        self.reads = Reads(time.monotonic())
+        self.watch_stop = threading.Event()
 
     def rel(self, t: float | None = None) -> float:
         return round((time.monotonic() if t is None else t) - self.t0, 2)
@@ -91,6 +95,7 @@ class RecoveryRun(Run):
     # ------------------------------------------------------------------ what the reviewers saw
 
     def seen(self, job: JobRun, snap: dict[str, Any]) -> None:
+        self.reads.record(str(job.job_id), snap, getattr(self.sent, "at", None), "reviewer")
         pause = snap.get("active_pause") or {}
         token = pause.get("pause_token")
         if snap["status"] not in WAITING or not token or pause.get("status", "WAITING") != "WAITING":
@@ -126,6 +131,7 @@ class RecoveryRun(Run):
                 key, {"token": body["pause_token"], "intervention_id": body["intervention_id"], "at_s": self.rel()}
             )
             self.last_ack[str(job.job_id)] = time.monotonic()
+            self.iv_bodies.setdefault(body["intervention_id"], body)
         self.answered_now.set()
 
     # --------------------------------------------------------------------------------- the fault
@@ -202,10 +208,7 @@ class RecoveryRun(Run):
                 if not pending:
                     return
                 for jid in pending:
-                    try:
-                        code: int | str = c.get(f"/api/v1/jobs/{jid}").status_code
-                    except httpx.HTTPError as e:
-                        code = type(e).__name__
+                    code = self.reads.get(c, jid, "probe")
                     if code == 200:
                         self.probe[jid]["first_200_s"] = round(time.monotonic() - self.fault_t, 2)
                     else:
@@ -213,7 +216,7 @@ class RecoveryRun(Run):
                 time.sleep(0.25)
 
     def run(self) -> tuple[list[JobRun], float]:
-        self.t0 = time.monotonic()
+        self.t0 = self.reads.t0 = time.monotonic()
         window_end = self.t0 + self.args.seconds
         deadline = window_end + self.args.settle_timeout
         self.jobs = jobs = [JobRun(i) for i in range(self.args.jobs)]
@@ -223,6 +226,8 @@ class RecoveryRun(Run):
         ]
         for t in drivers:
             t.start()
+        watch = (self.up.api_url, self.headers, self.watch_stop)
+        threading.Thread(target=self.reads.watch, args=watch, daemon=True).start()
         try:
             self.stop.wait(self.args.fault_at_s)
             self.fire_one()
@@ -337,7 +342,8 @@ def run_scenario(args: argparse.Namespace, data_dir: Path, flags: list[str]) -> 
     run = RecoveryRun(up, args, data_dir, flags)
     try:
         run.run()
-        f = asyncio.run(measure(run))
+        promises = ask_again(run)
+        f = {**asyncio.run(measure(run)), **promises}
     finally:
         run.up.stop(60)
         if run.up is not up:
@@ -378,6 +384,19 @@ def run_scenario(args: argparse.Namespace, data_dir: Path, flags: list[str]) -> 
         ("duplicated model executions", str(f["duplicated_model_executions"])),
         ("double consumptions", str(f["double_consumptions"])),
         (
+            "acknowledged creations duplicated",
+            f"{f['acked_creations_duplicated']} of {f['creations_retried']} retried"
+            f" (refused: {f['creation_retries_refused']})",
+        ),
+        (
+            "interventions answered differently on retry",
+            f"{f['interventions_answered_differently']} of {f['interventions_retried']}",
+        ),
+        (
+            "terminal jobs revived / versions gone down",
+            f"{f['terminal_jobs_revived']} / {f['versions_gone_down']} (over {f['reads']} reads)",
+        ),
+        (
             "live jobs answering again",
             f"{f['answering_again']} of {f['live_at_fault']}: max {f['answer_again_max_s']} s, "
             f"p50 {f['answer_again_p50_s']} s (before: {dict(codes) or 'none'})",
@@ -393,4 +412,6 @@ def run_scenario(args: argparse.Namespace, data_dir: Path, flags: list[str]) -> 
     ok = f["terminal_coverage"] == 1 and f["answering_again"] == f["live_at_fault"] and f["double_consumptions"] == 0
     if args.durability == "strict":  # under fast, what the loss took is measured, not a failure
         ok = ok and f["acked_interventions_lost"] == 0 and f["consumed_pauses_offered_again"] == 0
+        broken = ("acked_creations_duplicated", "creation_retries_refused", "interventions_answered_differently")
+        ok = ok and not any(f[k] for k in (*broken, "terminal_jobs_revived", "versions_gone_down"))
     return 0 if ok else 1
