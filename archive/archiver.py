@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from hitl_review.statecore import audit, keys
-from hitl_review.statecore.decide import create_fingerprint
+from hitl_review.statecore.decide import job_fingerprint
 from hitl_review.statecore.errors import JobNotFound
 from hitl_review.statecore.ids import batch_of
 from hitl_review.statecore.models import Event, JobResults, JobSnapshot, Pause
@@ -83,7 +83,6 @@ async def read_job(store: Store, job_id: str) -> JobRecord:
     events = await store.events_after(job_id, 0)
     log = await audit.read(store.r, job_id)
     recorded: dict[str, str] = await store.r.hgetall(keys.job(job_id).idem)
-    quorum, policy = int(state.policy.get("review_quorum") or 1), state.policy.get("quorum_policy") or "all"
     return JobRecord(
         job_id=job_id,
         version=state.version,
@@ -97,7 +96,7 @@ async def read_job(store: Store, job_id: str) -> JobRecord:
             {**{k: e.get(k) for k in AUDIT_FIELDS}, "intent": audit.intent_of(e)}
             for e in (log or {}).get("entries", [])
         ],
-        create_hash=create_fingerprint(state.image.sha256, quorum, policy) if state.idem_key else None,
+        create_hash=job_fingerprint(state) if state.idem_key else None,
         interventions=recorded or None,
     )
 

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis import exceptions as redis_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hitl_review.statecore import counters, deadletters, durable, errors
+from hitl_review.statecore import counters, deadletters, durable, errors, prelabelled
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.models import (
     CreateJobResponse,
@@ -297,17 +297,19 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         s, admission, who = rt().settings, rt().admission, identity(request).name
         if admission is not None and not idempotency_key:
             await admission.admit_job()  # 429 BACKLOG_FULL before the upload is even read
-        upload = await read_upload(request, field="image", max_bytes=s.max_upload_bytes)
+        upload = await read_upload(request, field="image", max_bytes=s.max_upload_bytes, text_fields=("boxes",))
         checked = await asyncio.to_thread(
             check_image, upload.data, max_bytes=s.max_upload_bytes, max_pixels=s.max_pixels, filename=upload.filename
         )
+        raw_boxes = upload.fields.get("boxes")  # a pre-labelled job: checked before anything is written
+        boxes = None if raw_boxes is None else prelabelled.parse(raw_boxes, checked.width, checked.height)
         if idempotency_key:  # a replay is answered before admission control, also once Redis forgot it
-            args = (rt().archive, admission, who, idempotency_key, checked.sha256, review_quorum, quorum_policy)
+            args = (rt().archive, admission, who, idempotency_key, checked.sha256, review_quorum, quorum_policy, boxes)
             if (replay := await archived_writes.keyed_creation(rt().store, *args)) is not None:
                 return replayable(replay)
         name = await asyncio.to_thread(rt().artifacts.put, "image", checked.data, checked.ext)
         ref = ImageRef(sha256=checked.sha256, width=checked.width, height=checked.height, url=ArtifactStore.url(name))
-        reply = await rt().store.create_job(who, ref, idempotency_key or None, review_quorum, quorum_policy)
+        reply = await rt().store.create_job(who, ref, idempotency_key or None, review_quorum, quorum_policy, boxes)
         if not reply.replayed:
             metrics.JOBS_CREATED.inc()
             log.info(

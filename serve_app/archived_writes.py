@@ -35,10 +35,11 @@ from .admission import Admission
 if TYPE_CHECKING:
     from hitl_review.archive.db import Archive
     from hitl_review.archive.reads import ArchivedCreation, ArchivedView, MirroredCreation
+    from hitl_review.statecore.nodes import Detection
 
 log = logging.getLogger("hitl.archive")
 
-CONFLICT = "this Idempotency-Key was already used for a different image, review_quorum or quorum_policy"
+CONFLICT = "this Idempotency-Key was already used for a different image, review_quorum, quorum_policy or boxes"
 
 
 async def _read(archive: Archive | None, fn: Any, *args: Any) -> Any:
@@ -62,6 +63,7 @@ async def keyed_creation(
     image_sha256: str,
     review_quorum: int,
     quorum_policy: str = "all",
+    boxes: list[Detection] | None = None,
 ) -> Reply | None:
     """A creation under ``idem_key``, before anything is stored: the archive's replay (a Reply), its
     409, or None to go on and create. Redis's record, while it lasts, is left to the creation's own
@@ -70,12 +72,12 @@ async def keyed_creation(
     if not await store.r.exists(keys.create_idem(submitter, idem_key)):
         from hitl_review.archive import reads
 
+        fingerprint = decide.create_fingerprint(image_sha256, review_quorum, quorum_policy, boxes)
         found: ArchivedCreation | None = await _read(archive, reads.creation, submitter, idem_key)
         if found is not None:
-            if found.fingerprint != decide.create_fingerprint(image_sha256, review_quorum, quorum_policy):
+            if found.fingerprint != fingerprint:
                 raise errors.IdempotencyConflict(CONFLICT, job_id=found.job_id, snapshot=found.snapshot)
-            return Reply(202, decide.create_response(found.job_id), True, found.job_id)
-        fingerprint = decide.create_fingerprint(image_sha256, review_quorum, quorum_policy)
+            return Reply(202, decide.create_response(found.job_id, fingerprint), True, found.job_id)
         if (replay := await _mirrored_creation(store, archive, submitter, idem_key, fingerprint)) is not None:
             return replay
         if await store.r.exists(keys.create_idem(submitter, idem_key)):

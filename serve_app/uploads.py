@@ -13,6 +13,7 @@ stored image is upright and the boxes drawn on it line up with what a phone show
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import warnings
@@ -64,6 +65,7 @@ class CheckedImage:
 class Upload:
     filename: str | None
     data: bytes
+    fields: dict[str, str] = dataclasses.field(default_factory=dict)  # the text fields read beside the file
 
 
 class _CappedParser(MultiPartParser):
@@ -84,8 +86,9 @@ class _CappedParser(MultiPartParser):
         super().on_part_data(data, start, end)
 
 
-async def read_upload(request: Request, *, field: str, max_bytes: int) -> Upload:
-    """The bytes of multipart field ``field``, never buffering more than ``max_bytes`` of them."""
+async def read_upload(request: Request, *, field: str, max_bytes: int, text_fields: tuple[str, ...] = ()) -> Upload:
+    """The bytes of multipart field ``field``, never buffering more than ``max_bytes`` of them;
+    ``text_fields``: the optional text fields read too (each 64 KiB at most)."""
     length = request.headers.get("content-length")
     if length is not None and length.isascii() and length.isdigit() and int(length) > max_bytes + MULTIPART_OVERHEAD:
         raise PayloadTooLarge(f"upload is {int(length)} bytes; the limit is {max_bytes}", field=field)
@@ -103,7 +106,14 @@ async def read_upload(request: Request, *, field: str, max_bytes: int) -> Upload
         if not isinstance(part, UploadFile):
             raise InvalidRequest(f"field {field!r} is required: the image file", field=field)
         await part.seek(0)
-        return Upload(filename=part.filename, data=await part.read())
+        texts = {}
+        for name in text_fields:
+            value = form.get(name)
+            if isinstance(value, UploadFile):
+                raise InvalidRequest(f"field {name!r} is text, not a file", field=name)
+            if value is not None:
+                texts[name] = value
+        return Upload(filename=part.filename, data=await part.read(), fields=texts)
     finally:
         await form.close()
 

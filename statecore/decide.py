@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from . import keys, mask_review, subjects
+from . import keys, mask_review, prelabelled, subjects
 from .errors import InvalidRequest
 from .ids import canonical_json, new_id
 from .jobstate import JobState, require
@@ -30,7 +30,7 @@ from .models import (
     NodeCommand,
     Subject,
 )
-from .nodes import DetectInput
+from .nodes import DetectInput, Detection, DetectOutput
 from .plan import (
     WORKFLOW_VERSION,
     Plan,
@@ -46,7 +46,15 @@ from .plan import (
     snapshot_id,
     validate_input_json,
 )
-from .reports import RoundDecision, decide_round, plan_node_dead, plan_node_lost, plan_node_started, plan_report
+from .reports import (
+    RoundDecision,
+    decide_round,
+    on_prelabelled,
+    plan_node_dead,
+    plan_node_lost,
+    plan_node_started,
+    plan_report,
+)
 from .states import JobStatus, NodeType, is_terminal, transition
 
 __all__ = [
@@ -86,23 +94,38 @@ class NextHop(StrEnum):
 # --------------------------------------------------------------------------- create
 
 
-def create_fingerprint(image_sha256: str, review_quorum: int = 1, quorum_policy: str = "all") -> str:
+def create_fingerprint(
+    image_sha256: str, review_quorum: int = 1, quorum_policy: str = "all", boxes: list[Detection] | str | None = None
+) -> str:
     """What a creation's replay is compared on (docs/protocol.md § Routes, Creating a job): the
     image, and the review quorum and its policy asked for, so the same ``Idempotency-Key`` with
     another quorum or policy is a conflict, not a replay of a job that waits for other reviewers. A
     one-reviewer creation is its image's sha256 alone, and an ``all`` quorum's has no policy part:
     the records written before the quorum (or its policy) counted compare as they did. Redis keeps
     it in the key's record; the archive keeps it with the job, to answer a replay once Redis has
-    forgotten the job."""
+    forgotten the job. A pre-labelled job's boxes count too (statecore.prelabelled)."""
+    digest = prelabelled.boxes_hash(boxes) if isinstance(boxes, list) else boxes  # str: the job's kept digest
+    boxes_part = prelabelled.fingerprint_part(digest)
     if review_quorum <= 1:
-        return image_sha256
-    return f"{image_sha256}:q{review_quorum}" + ("" if quorum_policy == "all" else f":{quorum_policy}")
+        return image_sha256 + boxes_part
+    quorum = f":q{review_quorum}" + ("" if quorum_policy == "all" else f":{quorum_policy}")
+    return image_sha256 + quorum + boxes_part
 
 
-def create_response(job_id: str) -> str:
+def job_fingerprint(state: JobState) -> str:
+    """A stored job's creation fingerprint, from what it keeps (the archive's copy of it)."""
+    p = state.policy
+    return create_fingerprint(
+        state.image.sha256, int(p.get("review_quorum") or 1), p.get("quorum_policy") or "all", p.get(prelabelled.SOURCE)
+    )
+
+
+def create_response(job_id: str, fingerprint: str = "") -> str:
     """The body ``POST /jobs`` answers a new job with, and every replay of it byte for byte, from
-    Redis's record or, once Redis forgot the job, from the archive."""
-    return CreateJobResponse(job_id=job_id, status=S.DETECTING, version=1).model_dump_json()
+    Redis's record or, once Redis forgot the job, from the archive (``fingerprint``: the creation's,
+    which says whether it was pre-labelled, so already waiting for review)."""
+    status = S.WAITING_USER_SELECTION if prelabelled.is_prelabelled(fingerprint) else S.DETECTING
+    return CreateJobResponse(job_id=job_id, status=status, version=1).model_dump_json()
 
 
 def plan_create(
@@ -115,8 +138,11 @@ def plan_create(
     review_quorum: int = 1,
     quality_gate: str = "off",
     quorum_policy: str = "all",
-) -> tuple[Plan, NodeCommand]:
+    boxes: list[Detection] | None = None,
+) -> tuple[Plan, NodeCommand | None]:
     """A new job: CREATED then at once DETECTING with DETECT_SUBJECTS in the outbox (version 1).
+    With ``boxes`` (a pre-labelled job, statecore.prelabelled) no detector is asked: they are
+    the detection's answer, in the same write, and the job waits for review (version 1 too).
     ``review_quorum`` ≥ 2: each pause needs that many reviewers, decided by ``quorum_policy``
     (docs/protocol.md § Quorum). ``quality_gate``: which masks wait for a person
     (statecore.mask_review). Both are fixed for the job's life."""
@@ -127,6 +153,8 @@ def plan_create(
             policy["quorum_policy"] = quorum_policy
     if quality_gate != "off":  # off, the default, left out: the policy of every job created before
         policy["quality_gate"] = quality_gate
+    if boxes is not None:  # the boxes' digest: the archive's creation fingerprint (job_fingerprint)
+        policy[prelabelled.SOURCE] = prelabelled.boxes_hash(boxes)
     plan = Plan(expect_version=0, status=S.DETECTING)
     transition(S.CREATED, S.DETECTING, job_id=job_id)
     # Fields at their default are left out (every byte of a waiting job counts; JobState.from_meta
@@ -148,8 +176,17 @@ def plan_create(
     )
     if idem_key:
         plan.meta["idem_key"] = idem_key
-    plan.events.append(("JOB_CREATED", {"submitter": submitter, "width": image.width, "height": image.height}))
+    created: dict[str, Any] = {"submitter": submitter, "width": image.width, "height": image.height}
+    if boxes is not None:
+        created["proposal_source"] = prelabelled.SOURCE
+    plan.events.append(("JOB_CREATED", created))
     plan.events.append(("STATUS_CHANGED", {"from": S.CREATED.value, "to": S.DETECTING.value}))
+    if boxes is not None:
+        meta = {k: v for k, v in plan.meta.items() if v is not None}
+        state = JobState.from_meta({**meta, "status": S.DETECTING.value, "version": "0", "updated_at": now})
+        output = DetectOutput(boxes=boxes, backend=prelabelled.SOURCE)
+        on_prelabelled(plan, state, output, now, now_ms, WORKFLOW_VERSION)
+        return plan, None
     cmd = command(job_id, NodeType.DETECT_SUBJECTS, now, DetectInput(image=image))
     enqueue(plan, cmd, now_ms)
     return plan, cmd

@@ -254,6 +254,12 @@ def plan_report(
     return plan
 
 
+def on_prelabelled(plan: Plan, state: JobState, output: DetectOutput, now: str, now_ms: int, workflow: str) -> None:
+    """A pre-labelled creation's boxes, taken as the detector's answer (statecore.prelabelled): the
+    same pause a detection opens, no box policy asked (a person reviews what another system drew)."""
+    _on_detect(plan, state, output, now, now_ms, workflow)
+
+
 def _on_detect(
     plan: Plan,
     state: JobState,

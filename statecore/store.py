@@ -19,7 +19,21 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from . import auto_plan, auto_store, counters, decide, durable, errors, gates, keys, listing, quorum, rebase, scripts
+from . import (
+    auto_plan,
+    auto_store,
+    counters,
+    decide,
+    durable,
+    errors,
+    gates,
+    keys,
+    listing,
+    prelabelled,
+    quorum,
+    rebase,
+    scripts,
+)
 from .audit import AuditMixin, Intent, actor_arg
 from .claims import ClaimsMixin
 from .history import HistoryMixin
@@ -38,10 +52,12 @@ from .models import (
 )
 from .node_writes import STALE_RETRIES as NODE_STALE_RETRIES
 from .node_writes import NodeWritesMixin, wait_after_stale
+from .nodes import Detection
 from .notes import COMMENTS_SHOWN, NotesMixin
 from .outbox import OutboxMixin, create_groups
 from .plan import CONTINUABLE_WORKFLOW_VERSIONS, WORKFLOW_VERSION
 from .states import JobStatus, is_terminal
+from .subject_writes import SubjectWritesMixin
 
 log = logging.getLogger("hitl.store")
 
@@ -93,7 +109,9 @@ class Reply:
     job_id: str
 
 
-class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin, NotesMixin):
+class Store(
+    OutboxMixin, NodeWritesMixin, SubjectWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixin, HistoryMixin, NotesMixin
+):
     """The state core's operations on Redis; the outbox, a node's lifecycle writes, the inspector-side
     reads, review claims, the audit log and a job's history are in :mod:`statecore.outbox`,
     :mod:`statecore.node_writes`, :mod:`statecore.lifecycle`,
@@ -255,10 +273,12 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
         idem_key: str | None = None,
         review_quorum: int = 1,
         quorum_policy: str = "all",
+        boxes: list[Detection] | None = None,
     ) -> Reply:
         """Create a job (DETECTING, version 1, DETECT_SUBJECTS queued), idempotently per submitter+key;
         ``review_quorum`` ≥ 2: each pause needs that many reviewers, decided by ``quorum_policy``
-        (statecore.quorum)."""
+        (statecore.quorum). ``boxes`` (statecore.prelabelled): no detector, the job waits for review
+        with them as the model's proposal."""
         if quorum_policy not in QUORUM_POLICIES:
             raise errors.InvalidRequest(f"quorum_policy must be one of {', '.join(QUORUM_POLICIES)}")
         partition = keys.create_idem_partition(submitter, idem_key) if idem_key else None
@@ -268,15 +288,26 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
             now = now_iso()
             now_ms = int(time.time() * 1000)
             plan, _cmd = decide.plan_create(
-                job_id, submitter, image, idem_key, now, now_ms, review_quorum, self.config.quality_gate, quorum_policy
+                job_id,
+                submitter,
+                image,
+                idem_key,
+                now,
+                now_ms,
+                review_quorum,
+                self.config.quality_gate,
+                quorum_policy,
+                boxes,
             )
-            body = decide.create_response(job_id)
-            fingerprint = decide.create_fingerprint(image.sha256, review_quorum, quorum_policy)  # a replay must match
+            # a replay must match
+            fingerprint = decide.create_fingerprint(image.sha256, review_quorum, quorum_policy, boxes)
+            body = decide.create_response(job_id, fingerprint)
             ks = jk.for_script() + ([keys.create_idem(submitter, idem_key)] if idem_key else [])
             res = await self._scripts["create_job"](
                 keys=ks,
                 args=self._args(job_id, now, submitter)
-                + [plan.to_json(now, self.config.archive), fingerprint, body, int(time.time() * 1000)],
+                + [plan.to_json(now, self.config.archive), fingerprint, body, int(time.time() * 1000)]
+                + ([prelabelled.AUDIT_OUTCOME] if boxes is not None else []),
             )
             code = res[0]
             if code == "OK":
@@ -287,7 +318,8 @@ class Store(OutboxMixin, NodeWritesMixin, LifecycleMixin, ClaimsMixin, AuditMixi
                 existing = res[1]
                 snap = self._snapshot_dict(await self._meta(existing))
                 raise errors.IdempotencyConflict(
-                    "this Idempotency-Key was already used for a different image, review_quorum or quorum_policy",
+                    "this Idempotency-Key was already used for a different image, review_quorum, quorum_policy "
+                    "or boxes",
                     job_id=existing,
                     snapshot=snap,
                 )
