@@ -77,18 +77,20 @@ class OutboxMixin:
 
     async def _read_where_lagging(self, consumer: str, order: list[str], count: int) -> list[OutboxEntry]:
         """One look at every group's lag, then one read of at most ``count`` entries in all from
-        the streams that have some, in ``order``. A stream whose lag Redis cannot tell (or whose
-        group is missing: its NOGROUP then reaches the dispatcher, which re-creates the groups)
-        is read as if it had work."""
+        the streams that have some, in ``order``. A stream whose lag Redis cannot tell, or whose
+        group is missing (its NOGROUP then reaches the dispatcher, which re-creates the groups),
+        makes the read go round the streams as with many slots (Redis before 7.0 tells no lag)."""
         lags = await outbox_groups(self.r)
+        if any(s not in lags or lags[s][1] is None for s in order):
+            self._outbox_cursor = (self._outbox_cursor + count) % len(order)
+            return await self._read_rounds(consumer, order, count)
         plan: list[tuple[str, int]] = []
         left = count
         for s in order:
-            lag = lags[s][1] if s in lags else None
-            if left and lag != 0:
-                take = left if lag is None else min(lag, left)
-                plan.append((s, take))
-                left -= take
+            lag = lags[s][1] or 0
+            if left and lag:
+                plan.append((s, min(lag, left)))
+                left -= min(lag, left)
         if not plan:
             return []
         self._outbox_cursor = (self._outbox_cursor + order.index(plan[-1][0]) + 1) % len(order)  # next: after it
