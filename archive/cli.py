@@ -6,6 +6,8 @@ command runs, and a missing extra is explained rather than raised."""
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -36,26 +38,58 @@ def _needs_extra(command: str, extra: str, run: Callable[[], int]) -> int:
     try:
         return run()
     except ModuleNotFoundError as exc:
-        top = (exc.name or "").partition(".")[0]
-        if top in {"archive", "statecore", "serve_app", "client"}:
+        if (exc.name or "").partition(".")[0] == "hitl_review":  # our own: a broken install, not an extra
             raise
         print(EXTRA_HINT.format(command=command, extra=extra, name=exc.name), file=sys.stderr)
         return 2
 
 
+def _shown(url: str) -> str:
+    """``url`` without its password (what may be printed)."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def unreachable(command: str, args: argparse.Namespace, exc: Exception) -> int:
+    """The database did not answer (or refused the URL): one line on stderr, exit 1, and under
+    ``--json`` the error as JSON on stdout, never a traceback."""
+    from .db import archive_url
+
+    cause = getattr(exc, "orig", None) or exc
+    why = next((line.strip() for line in str(cause).splitlines() if line.strip()), type(cause).__name__)
+    url = _shown(archive_url(args.data_dir, args.archive_url))
+    message = (
+        f"cannot reach the archive at {url}: {why.rstrip('.')}; check that the database runs and the URL "
+        "(--archive-url, HITL_ARCHIVE_URL)"
+    )
+    print(f"hitl {command}: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": {"code": "ARCHIVE_UNREACHABLE", "message": message}}))
+    return 1
+
+
 def run_export(args: argparse.Namespace) -> int:
     def run() -> int:
+        from sqlalchemy.exc import SQLAlchemyError
+
         from .export import run as export_run
 
-        return export_run(args)
+        try:
+            return export_run(args)
+        except SQLAlchemyError as exc:
+            return unreachable("export", args, exc)
 
     return _needs_extra("export", "export", run)
 
 
 def run_upgrade(args: argparse.Namespace) -> int:
     def run() -> int:
+        from sqlalchemy.exc import SQLAlchemyError
+
         from . import migrate
 
-        return migrate.run(args)
+        try:
+            return migrate.run(args)
+        except SQLAlchemyError as exc:
+            return unreachable("admin archive-upgrade", args, exc)
 
     return _needs_extra("admin archive-upgrade", "server", run)

@@ -71,15 +71,21 @@ def schema_version(url: str | None = None) -> str | None:
         engine.dispose()
 
 
+def _missing_sqlite(url: str) -> str | None:
+    """The path of a SQLite archive file that does not exist (None: not SQLite, or there)."""
+    if not url.startswith("sqlite"):
+        return None
+    path = url.split("///", 1)[-1]
+    return path if path and path != ":memory:" and not Path(path).exists() else None
+
+
 def not_ready(url: str) -> str | None:
     """Why the archive at ``url`` cannot be read by this build (None: it can): a SQLite file that
     does not exist (checked before connecting, which would create it), a database never migrated,
     or one at another revision than this build's."""
     url = archive_url(url=url)
-    if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        if path and path != ":memory:" and not Path(path).exists():
-            return f"no archive at {path} (a server writes it as jobs finish)"
+    if path := _missing_sqlite(url):
+        return f"no archive at {path} (a server writes it as jobs finish)"
     version = schema_version(url)
     if version is None:
         return "the archive has no schema yet: run `hitl admin archive-upgrade`"
@@ -92,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
     """``hitl admin archive-upgrade`` with parsed arguments (archive.cli): migrate, or with
     ``--check`` only report (exit 1 when the archive is behind this build)."""
     url = archive_url(args.data_dir, args.archive_url)
+    if args.check and (missing := _missing_sqlite(url)):  # connecting would create the file: --check changes nothing
+        print(f"archive schema_version=None head={head()} (no archive at {missing})")
+        return 1
     before = schema_version(url)
     if args.check:
         print(f"archive schema_version={before} head={head()}")

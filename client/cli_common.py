@@ -36,7 +36,8 @@ STATUS_STYLE = {
 
 
 def error_console() -> Console:
-    return Console(stderr=True, highlight=False)
+    """stderr; off a terminal (a log, a pipe) a message stays one line: rich would wrap it at 80 columns."""
+    return Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
 
 
 def print_json(obj: Any) -> None:

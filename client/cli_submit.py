@@ -81,7 +81,7 @@ def print_submit_summary(summary: BatchSummary, err: Console) -> None:
     if summary.skipped:
         line += f", {len(summary.skipped)} skipped"
     out.print(line)
-    if summary.manifest:
+    if summary.manifest and summary.manifest.exists():  # nothing submitted: no manifest was written
         out.print(f"manifest: {summary.manifest}")
     if summary.aborted:
         err.print(f"[red]stopped early:[/red] {summary.aborted}")

@@ -49,16 +49,25 @@ to <data-dir>/api-token (data dir: --data-dir, else $HITL_DATA_DIR, else .hitl).
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    """A count of at least 1 (its errors say the value, never this function's name: argparse's
+    ``invalid <type name> value`` is only for a ``ValueError``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    """A number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not value > 0:
-        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive number of seconds")
     return value
 
 

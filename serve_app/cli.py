@@ -468,9 +468,19 @@ def _run_up(args: argparse.Namespace) -> int:
 
 
 def _run_dispatcher(args: argparse.Namespace) -> int:
+    """``hitl dispatcher``: the server's packages are imported only now; a missing extra is named."""
     from .standalone import run
 
-    return run(args)
+    try:
+        return run(args)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] == "hitl_review":  # our own: a broken install, not an extra
+            raise
+        print(
+            f"hitl dispatcher: needs the server's packages: pip install 'hitl-review[server]' (missing: {exc.name})",
+            file=sys.stderr,
+        )
+        return 2
 
 
 def _demo_submitter(data_dir: Path) -> Callable[[str, str | None], None]:

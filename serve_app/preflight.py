@@ -82,6 +82,7 @@ def check(settings: Settings) -> None:
         raise UpError(
             f"--host {settings.host} is beyond loopback: set HITL_TOKENS (name:role:token,...), or listen on 127.0.0.1"
         )
+    check_values(settings)
     check_models(settings)
     check_quality_gate(settings)
     check_auto_approve(settings)
@@ -92,6 +93,26 @@ def check(settings: Settings) -> None:
             redis_binary()
         except RuntimeError as e:
             raise UpError(str(e)) from None
+
+
+ARCHIVE_SCHEMES = ("sqlite:", "postgresql://", "postgres://", "postgresql+psycopg://")
+
+
+def check_values(settings: Settings) -> None:
+    """Values every flag's type lets through but nothing can run with: a negative retention, a port
+    outside 1..65535, an archive in a database this build has no driver or dialect for."""
+    if settings.retention_s < 0:
+        days = settings.retention_s / 86400
+        raise UpError(f"--retention-days {days:g}: must be 0 or more (days a finished job stays in Redis)")
+    for flag, port, low in (("--api-port", settings.api_port, 1), ("--ui-port", settings.ui_port, 0)):
+        if not low <= port <= 65535:  # --ui-port 0: any free port
+            raise UpError(f"{flag} {port}: a TCP port is 1..65535")
+    url = settings.archive_url
+    if settings.archive and url and not url.startswith(ARCHIVE_SCHEMES):
+        raise UpError(
+            f"--archive-url {redact(url)}: the archive is PostgreSQL (postgresql://user:password@host/db) or "
+            "SQLite (sqlite:///PATH); leave it out for <data-dir>/archive.sqlite3"
+        )
 
 
 def check_auto_approve(settings: Settings) -> None:

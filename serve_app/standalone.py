@@ -39,8 +39,16 @@ OVERRIDES = {
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of ``hitl dispatcher`` (the server is imported only when it runs)."""
-    p.add_argument("--data-dir", default=".hitl", help="the deployment's data directory (deployment.json, artifacts/)")
-    p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"), help="default: the deployment's Redis")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="the deployment's data directory (deployment.json, artifacts/; default $HITL_DATA_DIR, else .hitl)",
+    )
+    p.add_argument(
+        "--redis-url",
+        default=None,
+        help="default: $HITL_REDIS_URL, else $REDIS_URL, else the deployment's Redis",
+    )
     p.add_argument("--consumer", default=None, help="consumer name in the outbox group (default host-pid-rand)")
     p.add_argument("--detector-delay-ms", type=int, default=None)
     p.add_argument("--reclaim-idle-ms", type=int, default=None)
@@ -69,11 +77,14 @@ def parser() -> argparse.ArgumentParser:
 
 def settings_for(args: argparse.Namespace) -> Settings:
     """The deployment's settings on ``--data-dir`` with the flags given applied."""
-    from .config import Settings, load_deployment
+    from .config import ENV_FALLBACK, Settings, load_deployment
 
-    data_dir = Path(args.data_dir).resolve()
+    data_dir = Path(args.data_dir or os.environ.get("HITL_DATA_DIR") or ".hitl").resolve()
     base = load_deployment(data_dir)
     given = {field: getattr(args, flag) for flag, field in OVERRIDES.items() if getattr(args, flag) is not None}
+    env_url = next((os.environ[name] for name in ENV_FALLBACK["redis_url"] if os.environ.get(name)), None)
+    if "redis_url" not in given and env_url:  # as `hitl up` and the Serve builder read it
+        given["redis_url"] = env_url
     if base is None:
         if not given.get("redis_url"):
             raise SystemExit(
