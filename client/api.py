@@ -4,6 +4,7 @@ Both clients send ``Authorization: Bearer <token>`` and a fresh ``X-Request-ID``
 that call's retries, so server logs show them as one), retry only what is safe to send twice (see
 ``client.retry``), and map error bodies to ``client.errors.ApiError``. All of that is decided once, in
 ``client.core``; the classes here only perform its steps, on ``httpx.Client`` or ``httpx.AsyncClient``.
+Why this module is long: the two clients have every method each, one line of ``client.core`` apiece.
 """
 
 from __future__ import annotations
@@ -161,11 +162,13 @@ class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls, ApproveC
         filename: str | None = None,
         review_quorum: int = 1,
         quorum_policy: str = "all",
+        boxes: list[dict[str, Any]] | None = None,
     ) -> SubmitResult:
         """POST /jobs. With ``idempotency_key`` a rerun returns the original job (``replayed``); ``review_quorum``
-        ≥ 2: that many distinct reviewers, of whom all, a majority or any one decide (``quorum_policy``)."""
+        ≥ 2: that many distinct reviewers, of whom all, a majority or any one decide (``quorum_policy``);
+        ``boxes`` (pixel ``[{"bbox": [x1, y1, x2, y2], "label", "score"}]``, ``client.prelabels``): no detector."""
         data = read_image(image, filename)
-        return self._run(self._core.submit(data, idempotency_key, review_quorum, quorum_policy))
+        return self._run(self._core.submit(data, idempotency_key, review_quorum, quorum_policy, boxes))
 
     def get_job(self, job_id: str) -> JobSnapshot:
         return self._run(self._core.get_job(job_id))
@@ -376,10 +379,11 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
         filename: str | None = None,
         review_quorum: int = 1,
         quorum_policy: str = "all",
+        boxes: list[dict[str, Any]] | None = None,
     ) -> SubmitResult:
         """See ``HitlClient.submit``; a file is read in a worker thread."""
         data = await asyncio.to_thread(read_image, image, filename)
-        return await self._run(self._core.submit(data, idempotency_key, review_quorum, quorum_policy))
+        return await self._run(self._core.submit(data, idempotency_key, review_quorum, quorum_policy, boxes))
 
     async def get_job(self, job_id: str) -> JobSnapshot:
         return await self._run(self._core.get_job(job_id))

@@ -49,6 +49,7 @@ from .batch_outcome import (
     idempotency_key,
 )
 from .errors import ApiError, AuthError, ConnectionFailed, NotFoundError, WaitTimeout
+from .prelabels import BoxSource, LabelError
 from .waiting import TERMINAL_STATUSES
 
 __all__ = [
@@ -139,13 +140,15 @@ def run_batch(
     console: Console | None = None,
     review_quorum: int = 1,
     quorum_policy: str = "all",
+    boxes: BoxSource | None = None,
 ) -> BatchSummary:
     """Submit every image under ``inputs`` once; with ``wait`` follow each job to its end and, with
     ``out``, download its masks and cut-outs to ``<out>/<file-stem>/`` (``out`` is never walked).
 
     ``timeout`` bounds the whole wait (None: no bound); files still running then
     are left in the manifest for the next run. Ctrl-C returns a summary with
-    ``interrupted`` set; the manifest is already on disk.
+    ``interrupted`` set; the manifest is already on disk. ``boxes``: each image's pre-labelled
+    boxes (``hitl submit --boxes``): its job waits for review with them, no detector called.
     """
     check_batch_name(batch)
     out_path = Path(out) if out else None
@@ -175,12 +178,14 @@ def run_batch(
         rec = Manifest.lookup(prior, o.path, key)
         action = resume_action(rec, wait=wait, out_dir=o.out_dir)
         if action is Action.SUBMIT:
+            more = {} if boxes is None else {"boxes": boxes.for_image(o.path.name, data)}
             res = client.submit(
                 data,
                 idempotency_key=key,
                 filename=o.path.name,
                 review_quorum=review_quorum,
                 quorum_policy=quorum_policy,
+                **more,
             )
             tracker.update(o, job_id=res.job_id, status=str(res.status), replayed=res.replayed, error=None)
             book.append(o.record(batch))
@@ -232,7 +237,7 @@ def run_batch(
                 tracker.update(o, error=_error_text(exc))
                 tracker.finish(o)
                 abort(_error_text(exc))
-            except (ApiError, OSError) as exc:
+            except (ApiError, OSError, LabelError) as exc:
                 tracker.update(o, error=_error_text(exc))
                 if o.idempotency_key:
                     book.append(o.record(batch))

@@ -10,6 +10,7 @@ from rich.table import Table
 from .api import HitlClient
 from .batch import CATEGORIES, BatchSummary, check_batch_name, run_batch
 from .cli_common import EXIT_FAIL, EXIT_INTERRUPTED, config_of, error_console, print_json, styled
+from .prelabels import BoxSource, LabelError, read_classes
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -26,6 +27,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except ValueError as exc:
         err.print(f"[red]error:[/red] {exc}")
         return EXIT_FAIL
+    try:
+        boxes = BoxSource(args.boxes, read_classes(args.classes) if args.classes else None) if args.boxes else None
+    except LabelError as exc:
+        err.print(f"[red]error:[/red] --boxes: {exc}")
+        return EXIT_FAIL
     if args.out and not args.wait:
         err.print("[yellow]note:[/yellow] --out takes effect with --wait (cut-outs exist once a job has ended)")
     try:
@@ -37,6 +43,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 concurrency=args.concurrency,
                 review_quorum=args.quorum,
                 quorum_policy=args.quorum_policy,
+                boxes=boxes,
                 wait=args.wait,
                 out=args.out,
                 manifest=manifest,

@@ -174,6 +174,20 @@ def add_client_commands(subparsers: Any) -> Any:
         "the first submission decides",
     )
     p.add_argument(
+        "--boxes",
+        type=Path,
+        metavar="FILE",
+        help="pre-labelled jobs: boxes from another system, as the model's proposal (no detector call): "
+        "a COCO .json (annotations of each image by file name), a YOLO .txt or a folder of YOLO "
+        "<image stem>.txt (class cx cy w h, normalised)",
+    )
+    p.add_argument(
+        "--classes",
+        metavar="NAMES",
+        help="with YOLO --boxes: the class names by index, comma-separated or a file (one a line, or a "
+        "data.yaml's names: [...]); without it the class index is the label",
+    )
+    p.add_argument(
         "--wait",
         action="store_true",
         help="follow every job to its end (through its event stream) before exiting; jobs that wait "

@@ -19,6 +19,7 @@ The protocol itself is described in docs/protocol.md § Routes and § Events.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -108,10 +109,12 @@ class ClientCore(CallCore):
         idempotency_key: str | None,
         review_quorum: int = 1,
         quorum_policy: str = "all",
+        boxes: list[dict[str, Any]] | None = None,
     ) -> Plan[SubmitResult]:
         """POST /jobs with ``image`` as ``read_image`` gives it; ``review_quorum`` ≥ 2: each pause
         needs that many distinct reviewers, decided by ``quorum_policy`` (all, majority or any;
-        docs/protocol.md § Quorum)."""
+        docs/protocol.md § Quorum); ``boxes``: a pre-labelled job's proposal, no detector called
+        (docs/protocol.md § Pre-labelled jobs)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         # Without a key a second send could create a second job: retry only what never left.
         mode = RetryMode.IDEMPOTENT if idempotency_key else RetryMode.CONNECT_ONLY
@@ -120,7 +123,13 @@ class ClientCore(CallCore):
         if params is not None and quorum_policy != "all":
             params["quorum_policy"] = quorum_policy
         resp = yield from self.call(
-            "POST", f"{API}/jobs", mode=mode, headers=headers, params=params, files={"image": (name, data, ctype)}
+            "POST",
+            f"{API}/jobs",
+            mode=mode,
+            headers=headers,
+            params=params,
+            files={"image": (name, data, ctype)},
+            data=None if boxes is None else {"boxes": json.dumps(boxes)},
         )
         parsed = CreateJobResponse.model_validate_json(resp.content)
         return SubmitResult(**parsed.model_dump(), replayed=was_replayed(resp), status_code=resp.status_code)
