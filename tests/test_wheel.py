@@ -36,7 +36,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "LICENSE", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "LICENSE", "README.md"):  # setup.py: the link check
         shutil.copy2(ROOT / name, src / name)
     for pkg in ("hitl_review", *PRODUCT, *TEST_CODE):  # hitl_review/ as it is: links to the folders
         ignore = shutil.ignore_patterns("__pycache__", "out", "*.pyc")
