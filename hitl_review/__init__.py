@@ -7,9 +7,5 @@ here so that a checkout and an installed wheel import them the same way::
     from hitl_review.client import HitlClient
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("hitl-review")
-except PackageNotFoundError:  # a checkout that was never installed
-    __version__ = "0+checkout"
+# This release (pyproject.toml reads it; CHANGELOG.md and the git tag v<version> move with it).
+__version__ = "0.2.0"

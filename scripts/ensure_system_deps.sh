@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Provide the system programs the project needs. `ensure_system_deps.sh demo` (make demo): redis-server
+# Provide the system programs the project needs; first, refuse in one line a python3 older than 3.11 or
+# without its venv module (python3-venv). `ensure_system_deps.sh demo` (make demo): redis-server
 # only, what `hitl demo` / `hitl up` start. `ensure_system_deps.sh` (make setup: tests, lint, benchmarks):
 # also redis-cli, promtool (Debian package prometheus: checks deploy/prometheus/rules.yml), PostgreSQL's
 # server (Debian package postgresql: the archive's tests and benchmark start their own with
@@ -12,6 +13,21 @@ case "$mode" in
   all | demo) ;;
   *) echo "usage: $0 [all|demo]" >&2; exit 2 ;;
 esac
+# Python >= 3.11 with its venv module (Debian ships it apart, as python3-venv): `make` creates the venv with it.
+py_hint="Debian: sudo apt-get install python3 python3-venv (Debian 12 has Python 3.11)"
+if ! command -v python3 >/dev/null 2>&1; then
+  echo "setup: python3 not found: hitl-review needs Python >= 3.11 ($py_hint)" >&2
+  exit 1
+fi
+py_version="$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+if [ "${py_version%%.*}" -lt 3 ] || { [ "${py_version%%.*}" -eq 3 ] && [ "${py_version#*.}" -lt 11 ]; }; then
+  echo "setup: python3 is Python $py_version; hitl-review needs Python >= 3.11 ($py_hint)" >&2
+  exit 1
+fi
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  echo "setup: python3 (Python $py_version) has no venv module, which make uses to create .venv ($py_hint)" >&2
+  exit 1
+fi
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 if [ "$mode" = "all" ]; then

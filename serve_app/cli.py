@@ -11,7 +11,6 @@ server (Redis, Ray Serve, the models, the UI) is imported when ``up`` or
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import logging
 import os
 import sys
@@ -59,11 +58,10 @@ SERVER_EXTRA_HINT = "`hitl {command}` needs the server's packages: pip install '
 
 
 def _version() -> str:
-    """This build's version (the installed distribution's; a source tree without one says so)."""
-    try:
-        return importlib.metadata.version("hitl-review")
-    except importlib.metadata.PackageNotFoundError:
-        return "(not installed: a source tree)"
+    """This build's version: the package's own (an editable install's metadata lags behind it)."""
+    from hitl_review import __version__
+
+    return __version__
 
 
 def _add_up_options(p: argparse.ArgumentParser) -> None:

@@ -109,3 +109,16 @@ def test_the_demo_extra_installs_no_torch():
     assert any(r.startswith("scikit-image") for r in demo)  # the demo's photographs (serve_app/samples.py)
     makefile = (ROOT / "Makefile").read_text()
     assert "install -q -e '.[demo]'" in makefile and "'.[demo,models,export,dev]'" in makefile
+
+
+def test_the_metadata_carries_the_version_the_readme_and_the_classifiers(wheel: zipfile.ZipFile):
+    """Issue 38, item 12: what an index shows (PyPI's page is the README) and the version `hitl
+    --version` says."""
+    import hitl_review
+
+    (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    meta = email.message_from_bytes(wheel.read(metadata))
+    assert meta["Version"] == hitl_review.__version__
+    assert meta["Description-Content-Type"] == "text/markdown"
+    assert "hitl-review" in meta.get_payload() and "make demo" in meta.get_payload()
+    assert "Programming Language :: Python :: 3.11" in meta.get_all("Classifier")

@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The reviewer UI on its own (deploy/kuberay/ui.yaml): `python -m hitl_review.ui` with the [ui] extra, no Ray,
 # no torch. It talks to the API over HTTP only. Build from the repository root:
-#   docker build -f deploy/kuberay/ui.Dockerfile -t hitl-review-ui:0.1.0 .
+#   docker build -f deploy/kuberay/ui.Dockerfile -t hitl-review-ui:0.2.0 .
 # The first stage builds the project's wheel from the packages the UI imports (tests/test_cluster_packages.py
 # checks them); the image installs that wheel alone and keeps no sources beside it.
 FROM python:3.11-slim AS wheel
@@ -15,8 +15,9 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim
 RUN useradd --create-home --uid 1000 --user-group reviewer
-RUN --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
-    set -- /tmp/wheels/hitl_review-*.whl && pip install --no-cache-dir "$1[ui]"
+# Every version from constraints.txt (the tested .venv's): a later build installs the same.
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels --mount=type=bind,source=constraints.txt,target=/tmp/constraints.txt \
+    set -- /tmp/wheels/hitl_review-*.whl && pip install --no-cache-dir -c /tmp/constraints.txt "$1[ui]"
 USER 1000
 WORKDIR /home/reviewer
 EXPOSE 7860
