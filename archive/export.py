@@ -1,5 +1,6 @@
 """``hitl export``: the reviewed boxes, labels and masks of archived jobs as a training set, COCO
-(masks as RLE through ``pycocotools.mask.encode``) or YOLO (docs/archive.md § Export).
+(masks as RLE through ``pycocotools.mask.encode``) or YOLO (docs/archive.md § Export); YOLO
+segmentation and Pascal VOC in ``archive.export_formats``.
 
 What is exported is what the reviewer approved (the job's ``approved_box_list``), one annotation per
 approved box, with its mask where the segmenter produced one. The reviewer's corrections to the
@@ -14,12 +15,10 @@ normalized), ``masks/<job_id>_<box_id>.png`` and ``data.yaml``; for both ``corre
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,54 +32,19 @@ from hitl_review.statecore.artifacts import ArtifactStore
 from . import corrections
 from .archiver import artifact_name
 from .db import Archive, archive_url
+from .export_common import (
+    EXPORTED_STATUSES,
+    NO_LABEL,
+    ExportJob,
+    ExportSummary,
+    category_names,
+    load_mask,
+    write_corrections,
+)
 from .export_flags import add_output_arguments
 from .migrate import not_ready
 from .options import EXPORT_DESCRIPTION, add_export_arguments
 from .schema import ArchivedEvent, ArchivedJob
-
-EXPORTED_STATUSES = ("SUCCEEDED", "PARTIAL_SUCCEEDED")
-NO_LABEL = "object"
-
-
-@dataclass
-class ExportJob:
-    job_id: str
-    width: int
-    height: int
-    image_name: str
-    approved: list[dict[str, Any]]
-    masks: dict[str, str]  # box_id -> mask artifact name (segmented boxes only)
-    corrections: corrections.Corrections
-    # box_id -> the quality gate's verdict on its mask, its refinements and who let it through
-    quality: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-@dataclass
-class ExportSummary:
-    format: str
-    out: Path
-    images: int = 0
-    annotations: int = 0
-    masks: int = 0
-    categories: list[str] = field(default_factory=list)
-    # Artifacts the store does not hold: the set is written without them.
-    missing_images: list[str] = field(default_factory=list)
-    missing_masks: list[str] = field(default_factory=list)
-
-    @property
-    def expected_masks(self) -> int:
-        return self.masks + len(self.missing_masks)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "format": self.format,
-            "out": str(self.out),
-            "images": self.images,
-            "annotations": self.annotations,
-            "masks": self.masks,
-            "labels": self.categories,
-            "missing": {"images": self.missing_images, "masks": self.missing_masks},
-        }
 
 
 def select_jobs(archive: Archive, *, since: datetime | None = None, batch: str | None = None) -> list[ExportJob]:
@@ -126,19 +90,6 @@ def select_jobs(archive: Archive, *, since: datetime | None = None, batch: str |
     return out
 
 
-def load_mask(artifacts: ArtifactStore, name: str, width: int, height: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    """A mask PNG (the image's size, nonzero = the subject) as a 0/1 array."""
-    with Image.open(io.BytesIO(artifacts.get(name))) as im:
-        mask = np.asarray(im.convert("L")) > 0
-    if mask.shape != (height, width):
-        raise ValueError(f"mask {name} is {mask.shape[1]}x{mask.shape[0]}, its image {width}x{height}")
-    return mask.astype(np.uint8)
-
-
-def _category_names(jobs: Sequence[ExportJob]) -> list[str]:
-    return sorted({b.get("label") or NO_LABEL for j in jobs for b in j.approved})
-
-
 def _copy_image(artifacts: ArtifactStore, job: ExportJob, out: Path, summary: ExportSummary) -> str:
     ext = job.image_name.rsplit(".", 1)[-1]
     file_name = f"images/{job.job_id}.{ext}"
@@ -152,7 +103,7 @@ def _copy_image(artifacts: ArtifactStore, job: ExportJob, out: Path, summary: Ex
 def export_coco(jobs: Sequence[ExportJob], artifacts: ArtifactStore, out: Path) -> ExportSummary:
     from pycocotools import mask as mask_utils
 
-    summary = ExportSummary("coco", out, categories=_category_names(jobs))
+    summary = ExportSummary("coco", out, categories=category_names(jobs))
     (out / "images").mkdir(parents=True, exist_ok=True)
     category_id = {name: i + 1 for i, name in enumerate(summary.categories)}
     images: list[dict[str, Any]] = []
@@ -196,12 +147,12 @@ def export_coco(jobs: Sequence[ExportJob], artifacts: ArtifactStore, out: Path) 
     }
     (out / "annotations.json").write_text(json.dumps(coco))
     summary.images, summary.annotations = len(images), len(annotations)
-    _write_corrections(jobs, out, {im["hitl_job_id"]: im["file_name"] for im in images})
+    write_corrections(jobs, out, {im["hitl_job_id"]: im["file_name"] for im in images})
     return summary
 
 
 def export_yolo(jobs: Sequence[ExportJob], artifacts: ArtifactStore, out: Path) -> ExportSummary:
-    summary = ExportSummary("yolo", out, categories=_category_names(jobs))
+    summary = ExportSummary("yolo", out, categories=category_names(jobs))
     for sub in ("images", "labels", "masks"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     class_id = {name: i for i, name in enumerate(summary.categories)}
@@ -226,18 +177,8 @@ def export_yolo(jobs: Sequence[ExportJob], artifacts: ArtifactStore, out: Path) 
     summary.images = len(jobs)
     names = "\n".join(f"  {i}: {json.dumps(n)}" for i, n in enumerate(summary.categories))
     (out / "data.yaml").write_text(f"path: {out.resolve()}\ntrain: images\nval: images\nnames:\n{names}\n")
-    _write_corrections(jobs, out, files)
+    write_corrections(jobs, out, files)
     return summary
-
-
-CORRECTION_KINDS = ("added", "moved", "relabelled", "deleted")
-
-
-def _write_corrections(jobs: Sequence[ExportJob], out: Path, files: dict[str, str]) -> None:
-    per_job = [{"job_id": j.job_id, "image": files[j.job_id], **j.corrections.as_json()} for j in jobs]
-    totals = {k: sum(len(j.corrections.as_json()[k]) for j in jobs) for k in CORRECTION_KINDS}
-    body = {"format": "hitl-corrections/1", "totals": totals, "jobs": per_job}
-    (out / "corrections.json").write_text(json.dumps(body, indent=1))
 
 
 def _now() -> str:
@@ -259,6 +200,10 @@ def export(
         return export_coco(jobs, artifacts, out)
     if fmt == "yolo":
         return export_yolo(jobs, artifacts, out)
+    if fmt in ("yolo-seg", "voc"):
+        from .export_formats import export_voc, export_yolo_seg
+
+        return (export_yolo_seg if fmt == "yolo-seg" else export_voc)(jobs, artifacts, out)
     raise ValueError(f"unknown export format {fmt!r}")
 
 

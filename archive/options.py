@@ -41,7 +41,12 @@ def _add_location(p: argparse.ArgumentParser) -> None:
 
 
 def add_export_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--format", required=True, choices=("coco", "yolo"), help="COCO (RLE masks) or YOLO")
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=("coco", "yolo", "yolo-seg", "voc"),
+        help="COCO (RLE masks), YOLO (boxes), YOLO segmentation (polygons, train/val splits) or Pascal VOC",
+    )
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory to write (created)")
     p.add_argument("--since", type=parse_since, metavar="DATE", help="only jobs finished at or after DATE (UTC)")
     p.add_argument("--batch", metavar="NAME", help="only the jobs of `hitl submit --batch NAME`")
