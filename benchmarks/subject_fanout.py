@@ -12,11 +12,18 @@ baselines in the same run are the bounds: cutting ``k`` subjects one after anoth
 is time the fan-out saved.
 
     .venv/bin/python benchmarks/subject_fanout.py --subjects 1,2,4 --jobs 5 --segmenter-delay-ms 500
+
+``--store WRITERS`` measures the store alone instead (benchmarks/subject_race.py): one job per subject
+count on its own redis-server, every subject node started and reported by WRITERS racing tasks; the
+time, the STALE answers (writes planned again because the job changed under them) and the moves on:
+
+    .venv/bin/python benchmarks/subject_fanout.py --store 16 --subjects 2,50,200
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -95,6 +102,31 @@ def table(rows: list[dict[str, Any]], delay_ms: int) -> str:
     return "\n".join(out)
 
 
+async def store_only(counts: list[int], writers: int) -> list[dict[str, Any]]:
+    """``subject_race.race`` for each count, one fresh job each, on a redis-server of its own."""
+    from benchmarks.subject_race import race
+    from hitl_review.serve_app.redis_server import RedisServer
+    from hitl_review.statecore.store import Store, StoreConfig
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hitl-race-") as tmp:
+        server = RedisServer(Path(tmp)).start()
+        try:
+            for k in counts:
+                store = Store.from_url(server.url, StoreConfig(retention_s=3600, node_timeout_s=600))
+                await store.r.flushdb()
+                await store.ensure_groups()
+                try:
+                    row = await race(store, k, writers)
+                finally:
+                    await store.close()
+                log(f"{k} subjects, {writers} writers: {row['seconds']} s, {row['stale']} STALE, {row['answers']}")
+                rows.append(row)
+        finally:
+            server.stop()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--subjects", default="1,2,4", help="objects per image, comma-separated (default 1,2,4)")
@@ -102,8 +134,21 @@ def main() -> int:
     ap.add_argument("--segmenter-delay-ms", type=int, default=500, help="each segmentation's model time (default 500)")
     ap.add_argument("--timeout-s", type=float, default=120, help="one job gives up after this long")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/out/subject_fanout.json"))
+    ap.add_argument("--store", type=int, default=0, metavar="WRITERS", help="the store alone, WRITERS racing writers")
     args = ap.parse_args()
     counts = [int(x) for x in args.subjects.split(",")]
+    if args.store:
+        found = asyncio.run(store_only(counts, args.store))
+        head = f"{'subjects':>8} {'writers':>7} {'seconds':>8} {'STALE':>6} {'scripts':>8} {'moves':>5} {'meta B':>8}"
+        print(head + "\n" + "-" * len(head))
+        for r in found:
+            print(
+                f"{r['subjects']:>8} {r['writers']:>7} {r['seconds']:>8.3f} {r['stale']:>6} {r['script_calls']:>8} "
+                f"{r['moves_to_finalizing']:>5} {r['meta_bytes']:>8}"
+            )
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.with_name("subject_race.json").write_text(json.dumps(found, indent=2))
+        return 0
     delay_s = args.segmenter_delay_ms / 1000
     with tempfile.TemporaryDirectory(prefix="hitl-fanout-") as tmp:
         up = HitlUp(Path(tmp), "--segmenter-delay-ms", str(args.segmenter_delay_ms), "--quality-gate", "off")

@@ -84,7 +84,7 @@ def pool_options(timeout_s: float | None, *, cluster: bool) -> dict[str, Any]:
 # row, archive/journal.py) before it returns, so nothing is told, or readable as told, that a Redis
 # coming back empty would not give back. Their answers: 'OK' (a change), or a replay of an earlier
 # change whose journal may have failed ('REPLAY', 'DUPLICATE', 'ALREADY').
-JOURNALED = frozenset({"create_job", "consume_pause", "apply_report", "cancel", "restore_job"})
+JOURNALED = frozenset({"create_job", "consume_pause", "apply_report", "cancel", "restore_job", "subject_write"})
 JOURNAL_ANSWERS = frozenset({"OK", "REPLAY", "DUPLICATE", "ALREADY"})
 
 

@@ -13,7 +13,7 @@ from pydantic import TypeAdapter
 
 from .errors import JobNotFound
 from .ids import batch_of
-from .keys import SUBJECT_NODE_FIELD
+from .keys import SUBJECT_NODE_FIELD, SUBJECT_RESULT_FIELD
 from .models import (
     PENDING_ACTIONS_MASK_REVIEW,
     PENDING_ACTIONS_WAITING,
@@ -117,7 +117,7 @@ class JobState:
             reason_code=get("reason_code") or None,
             cancel_requested=get("cancel_requested") == "1",
             empty_selection=get("empty_selection") == "1",
-            results=_RESULTS.validate_json(results) if results and results != "[]" else [],
+            results=_results(meta, results),
             idem_key=get("idem_key") or None,
             policy=j("policy", {}),
             node_input=j("node_input"),
@@ -195,6 +195,16 @@ class JobState:
             review_quorum=int(self.policy.get("review_quorum") or 1),
             quorum_policy=self.policy.get("quorum_policy") or "all",
         )
+
+
+def _results(meta: dict[str, str], raw: str | None) -> list[SubjectResult]:
+    """``results``, each subject's own ``result:<box_id>`` field in place of its entry (keys.result_field)."""
+    results = _RESULTS.validate_json(raw) if raw and raw != "[]" else []
+    n = len(SUBJECT_RESULT_FIELD)
+    own = {k[n:]: v for k, v in meta.items() if k.startswith(SUBJECT_RESULT_FIELD)}
+    if not own:
+        return results
+    return [SubjectResult.model_validate_json(own[r.box_id]) if r.box_id in own else r for r in results]
 
 
 def require(meta: dict[str, str], job_id: str) -> JobState:

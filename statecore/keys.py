@@ -90,6 +90,19 @@ def node_member(job_id: str, nid: str | None) -> str:
     return job_id if nid is None else f"{job_id}|{nid}"
 
 
+# While its subjects are cut, each subject's result also has a meta field of its own, ``result:<box_id>``
+# -> the SubjectResult JSON, which wins over its entry in ``results`` (JobState.from_meta assembles the
+# list), and ``subjects_live`` counts the live subject node fields: a subject node's start and report
+# write only these (lua/subject_write.lua), never the whole list. A write of ``results`` folds them in.
+SUBJECT_RESULT_FIELD = "result:"
+SUBJECTS_LIVE_FIELD = "subjects_live"
+
+
+def result_field(box_id: str) -> str:
+    """The meta field of one subject's result while it is being cut."""
+    return SUBJECT_RESULT_FIELD + box_id
+
+
 def split_member(member: str) -> tuple[str, str | None]:
     """``(job_id, subject node id or None)`` of an index member."""
     job_id, _, nid = member.partition("|")

@@ -17,6 +17,7 @@ from . import auto_plan, auto_store, decide, errors, keys
 from .audit import Intent
 from .ids import now_iso
 from .models import NodeCommand, NodeReport
+from .states import NodeType
 
 log = logging.getLogger("hitl.store")
 
@@ -42,6 +43,8 @@ class NodeWritesMixin:
     _keys: Any  # Store._keys
     _args: Any  # Store._args
     server_ms: Any  # LifecycleMixin.server_ms
+    _subject_write: Any  # SubjectWritesMixin._subject_write
+    stale_answers = 0  # writes that found the job changed under them and planned again (tests, benchmarks)
 
     async def node_started(self, cmd: NodeCommand, *, actor: str = "executor") -> str:
         """Start the queued node: see :meth:`node_started_by`."""
@@ -149,6 +152,19 @@ class NodeWritesMixin:
         max_execution_s: float | None = None,
         recheck: str = "",
     ) -> str:
+        subject = node_type in ("", NodeType.SEGMENT_SUBJECT.value)
+        if subject and kind in ("started", "report") and lease is None and not recheck:  # its own fields alone
+            own = await self._subject_write(
+                job_id,
+                nid,
+                node_type,
+                report=report,
+                max_execution_s=max_execution_s,
+                actor=actor,
+                action=action,
+            )
+            if own is not None:
+                return str(own)
         jk = keys.job(job_id)
         for attempt in range(STALE_RETRIES):
             await wait_after_stale(attempt)
@@ -223,6 +239,7 @@ class NodeWritesMixin:
                 ],
             )
             if res[0] == "STALE":
+                self.stale_answers += 1
                 continue
             if res[0] == "JOB_NOT_FOUND":
                 return "IGNORED"

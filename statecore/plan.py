@@ -9,11 +9,13 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from pydantic import TypeAdapter
 
 from . import eventrefs
 from .ids import canonical_json, new_id, now_iso
 from .jobstate import JobState
+from .keys import result_field
 from .models import (
     FIRST_WORKFLOW_VERSION,
     Box,
@@ -60,6 +62,8 @@ class Plan:
         """``archive``: a terminal plan queues ``ARCHIVE_JOB`` instead of starting the records'
         retention (docs/protocol.md § Archive)."""
         meta = {"status": self.status.value, "updated_at": now, **self.meta}
+        if self.meta.get("results"):  # lua/_lib.lua folds the subjects' own fields into it first
+            meta.update(own_results(self.meta["results"] or ""))
         if self.terminal:
             meta["terminal"] = "1"
         return canonical_json(
@@ -83,6 +87,17 @@ class Plan:
 
 
 _BOX_LIST: TypeAdapter[list[Box]] = TypeAdapter(list[Box])
+
+# A subject still to cut, being cut or refined (statecore.subjects.PENDING): a node of its own writes
+# its result, in a field of its own (keys.result_field), with no read of the others (lua/subject_write.lua).
+CUTTING = frozenset({"QUEUED", "SEGMENTING", "REFINING"})
+
+
+def own_results(results_json: str) -> dict[str, str | None]:
+    """The ``result:<box_id>`` field of every subject of ``results_json`` still being cut."""
+    return {
+        result_field(r["box_id"]): canonical_json(r) for r in orjson.loads(results_json) if r.get("status") in CUTTING
+    }
 
 
 def dump(model: Any) -> str:

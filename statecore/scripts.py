@@ -19,6 +19,7 @@ SCRIPT_NAMES = (
     "restore_job",
     "audit_append",
     "notes",
+    "subject_write",
 )
 STANDALONE = ("heartbeat", "lease", "archive_requeue", "mark_mirrored")  # touch no job state: no shared prologue
 

@@ -29,11 +29,11 @@ from . import mask_review, subject_nodes
 from .jobstate import JobState
 from .models import Box, CurrentNode, SubjectResult
 from .nodes import FinalizeInput, ProcessOutput, SubjectOutcome
-from .plan import Plan, command, dump, enqueue, move, process_input_json
+from .plan import CUTTING, Plan, command, dump, enqueue, move, process_input_json
 from .states import JobStatus, NodeType
 
 S = JobStatus
-PENDING = frozenset({"QUEUED", "SEGMENTING", "REFINING"})  # a subject whose node is still to run (or running)
+PENDING = CUTTING  # a subject whose node is still to run (or running)
 LIVE = PENDING | {"WAITING_REVIEW"}  # not finished: a finished job has none (SPEC §13)
 NO_RESULT = "segmenter returned no result for this box"
 CANCELLED_REASON = "the job was cancelled before this subject was decided"
@@ -83,8 +83,8 @@ def node_box_id(state: JobState) -> str | None:
     return str(boxes[0].get("box_id")) if boxes and isinstance(boxes[0], Mapping) else None
 
 
-def result_of(box: Box, s: SubjectOutcome, artifact_url: Callable[[str], str]) -> SubjectResult:
-    """A segmenter's answer for ``box`` as the job records it."""
+def result_of(box: Box | SubjectResult, s: SubjectOutcome, artifact_url: Callable[[str], str]) -> SubjectResult:
+    """A segmenter's answer for ``box`` (or the subject's entry, which names its box) as the job records it."""
     ok = s.status == "SUCCEEDED"
     return SubjectResult(
         box_id=box.box_id,

@@ -292,6 +292,36 @@ local function count_event(etype, data)
   end
 end
 
+-- While subjects are cut, each one's result has a field of its own, 'result:<box_id>', and
+-- 'subjects_live' counts the 'node:*' fields (statecore.keys; subject_write.lua writes only those).
+-- A plan that writes the whole 'results' list was planned from the assembled list: the own fields are
+-- folded into it (dropped; the plan writes again those of the subjects still being cut). Returns
+-- whether the plan adds or removes a subject node (the count is then taken again, after it).
+local RESULT_FIELD = 'result:'
+local function fold_subject_results(meta)
+  local fold = meta.results ~= nil and meta.results ~= cjson.null
+  local nodes = false
+  for k, _ in pairs(meta) do
+    if string.sub(k, 1, #NODE_FIELD) == NODE_FIELD then nodes = true break end
+  end
+  if fold then
+    local own = {}
+    for _, f in ipairs(redis.call('HKEYS', K_META)) do
+      if string.sub(f, 1, #RESULT_FIELD) == RESULT_FIELD then own[#own + 1] = f end
+    end
+    if #own > 0 then redis.call('HDEL', K_META, unpack(own)) end
+  end
+  return nodes
+end
+
+local function count_subject_nodes()
+  local n = 0
+  for _, f in ipairs(redis.call('HKEYS', K_META)) do
+    if string.sub(f, 1, #NODE_FIELD) == NODE_FIELD then n = n + 1 end
+  end
+  if n > 0 then redis.call('HSET', K_META, 'subjects_live', n) else redis.call('HDEL', K_META, 'subjects_live') end
+end
+
 local function apply_plan(plan_json)
   local plan = cjson.decode(plan_json)
   -- Read before the first write: no status yet means this plan creates the job (only
@@ -309,8 +339,10 @@ local function apply_plan(plan_json)
     end
   end
   settle_pause_event(plan.meta)
+  local recount = fold_subject_results(plan.meta)
   redis.call('HSET', K_META, unpack(flat))
   if #gone > 0 then redis.call('HDEL', K_META, unpack(gone)) end
+  if recount then count_subject_nodes() end
   for _, ev in ipairs(plan.events) do
     local seq = append_event(ev[1], ev[2], ev[3], version)
     count_event(ev[1], ev[3])
