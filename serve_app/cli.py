@@ -306,9 +306,10 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
     m.add_argument(
         "--validator",
         default=None,
-        choices=["classical", "sam", "null"],
-        help="what scores hand-drawn boxes (default: the segmenter's with --segmenter sam or null, else "
-        "classical; null passes every box on the image)",
+        choices=["classical", "sam", "null", "torchvision"],
+        help="what scores hand-drawn boxes and names those sent without a label (default: the segmenter's "
+        "with --segmenter sam or null, else classical; null passes every box on the image; torchvision: "
+        "classical scores, names from the --detector-weights model's classifier)",
     )
     m.add_argument(
         "--sam-checkpoint",

@@ -159,12 +159,16 @@ class Settings(BaseModel):
                 "arch": self.detector_arch,
                 **sam,
             },
-            "validator": {"name": self.validator_backend, **sam},
+            # torchvision: the detector's weights name the boxes sent without a label (docs/protocol.md § Second round)
+            "validator": {"name": self.validator_backend, **sam, **self._tv_weights()},
             # The key only when set: builders and config files without the knob see what they always saw.
             "segmenter": {"name": self.segmenter, **sam, **self._delay(self.segmenter_delay_ms)},
             "deployments": self.models,
             "quality": {"policy": self.quality_gate_policy, "max_refinements": self.max_refinements},
         }
+
+    def _tv_weights(self) -> dict[str, Any]:
+        return {"weights": self.detector_weights, "arch": self.detector_arch} if self.detector_weights else {}
 
     @staticmethod
     def _delay(ms: int) -> dict[str, int]:

@@ -145,3 +145,17 @@ async def test_the_control_plane_never_approves_an_unlabelled_manual_box(store: 
     assert box.validation is not None and box.validation.status == "REJECTED"
     assert (box.validation.reason or "").startswith(NAME_THIS_BOX)
     assert unlabelled not in {b.box_id for b in st3.approved_box_list}
+
+
+def test_validator_torchvision_is_built_from_the_detector_weights() -> None:
+    """``hitl up --validator torchvision --detector-weights W``: the BoxValidator gets the weights and the
+    architecture to name boxes with; the other validators never see them."""
+    from hitl_review.deployments.executor import backend_kwargs
+
+    tv = Settings(validator="torchvision", detector_weights="/w/frcnn.pth", detector_arch="fasterrcnn_resnet50_fpn")
+    assert backend_kwargs(tv.backend_config()["validator"]) == (
+        "torchvision",
+        {"weights": "/w/frcnn.pth", "arch": "fasterrcnn_resnet50_fpn"},
+    )
+    classical = Settings(detector="torchvision", detector_weights="/w/frcnn.pth")
+    assert backend_kwargs(classical.backend_config()["validator"]) == ("classical", {})

@@ -5,15 +5,19 @@ label names and the score threshold checkable without trained weights."""
 
 from __future__ import annotations
 
+import io
 import math
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torchvision.models import get_model
 
-from hitl_review.deployments.backends.base import ModelLoadError, make_detector
+from hitl_review.deployments.backends.base import ModelLoadError, make_detector, make_validator
 from hitl_review.deployments.backends.tv_detector import TorchvisionDetector, coco_categories
+from hitl_review.deployments.executor import Models, run_node
+from hitl_review.statecore.artifacts import ArtifactStore
 
 ARCH = "fasterrcnn_mobilenet_v3_large_320_fpn"
 PERSON = 1
@@ -92,3 +96,42 @@ def test_wrong_or_missing_file_is_a_clear_error(weights, tmp_path):
         TorchvisionDetector(garbage, ARCH)
     with pytest.raises(ModelLoadError, match="unknown torchvision detection architecture"):
         TorchvisionDetector(weights, "yolov8")
+
+
+# --------------------------------------------------------------------------- naming manual boxes
+
+
+def test_classify_boxes_names_each_box_by_the_box_heads_classifier(detector, image, monkeypatch):
+    """The box is the region proposal: its pooled features go through the box head's classifier. The
+    biased random classifier makes "person" the answer at a known softmax probability."""
+    boxes = [{"box_id": "patch", "bbox": [60, 40, 160, 200]}, {"box_id": "off", "bbox": [300, 10, 400, 50]}]
+    named = detector.classify_boxes(image, boxes)
+    assert [n["box_id"] for n in named] == ["patch", "off"]
+    assert named[0]["label"] == "person" and named[0]["score"] == pytest.approx(PERSON_SCORE, abs=1e-3)
+    assert named[1] == {"box_id": "off", "label": None, "score": 0.0}  # outside the image: nothing to name
+    # Only allowed names: with include_labels the best allowed class and its (here tiny) probability.
+    monkeypatch.setattr(detector, "include_labels", {"cup"})
+    (cup,) = detector.classify_boxes(image, boxes[:1])
+    assert cup["label"] == "cup" and cup["score"] == pytest.approx(1 / (math.exp(BIAS) + 90), abs=1e-3)
+
+
+def test_torchvision_validator_names_unlabelled_boxes_through_the_validator_node(weights, image, tmp_path):
+    """``--validator torchvision``: the classical geometry, and the detector's classifier names a box sent
+    without a label; below ``naming_threshold`` the box goes back to the reviewer: "name this box"."""
+    store = ArtifactStore(f"file://{tmp_path}/artifacts")
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "PNG")
+    ref = {"sha256": "s" * 64, "width": 360, "height": 240, "url": store.url(store.put("img", buf.getvalue(), "png"))}
+    box = {"box_id": "box_a", "bbox": [50, 30, 170, 210], "label": None, "source": "manual"}
+    inp = {"image": ref, "round": 1, "items_to_validate": [box]}
+
+    validator = make_validator("torchvision", weights=weights, arch=ARCH, device="cpu")
+    assert validator.name == f"torchvision-{ARCH}" and validator.naming_threshold == 0.5
+    (v,) = run_node("VALIDATE_MANUAL_BOX_LIST", inp, Models(validator=validator), store)["results"]
+    assert v["passed"] is True and v["label"] == "person" and v["label_source"] == validator.name
+    assert v["label_score"] == pytest.approx(PERSON_SCORE, abs=1e-3)
+
+    validator.naming_threshold = 0.99  # the --config option naming_threshold
+    (v,) = run_node("VALIDATE_MANUAL_BOX_LIST", inp, Models(validator=validator), store)["results"]
+    assert v["passed"] is False and v["label"] is None
+    assert v["reason"].startswith(f"name this box: the {validator.name} validator's best guess, 'person', is 0.97 sure")

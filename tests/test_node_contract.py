@@ -104,7 +104,8 @@ def test_registry_names_and_errors():
     assert backend_class("segmenter", "classical").__name__ == "ClassicalSegmenter"
     with pytest.raises(ValueError, match="unknown segmenter backend 'nope'"):
         make_segmenter("nope")
-    assert set(BACKEND_MODULES["detector"]) == {"classical", "sam", "sam-auto", "torchvision"}
+    assert set(BACKEND_MODULES["detector"]) == {"classical", "sam", "sam-auto", "torchvision", "null"}
+    assert set(BACKEND_MODULES["validator"]) == {"classical", "sam", "sam-auto", "torchvision", "null"}
 
     @register("segmenter", "test-null")
     class Null:

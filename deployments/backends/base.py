@@ -225,7 +225,7 @@ _TORCHVISION = "hitl_review.deployments.backends.tv_detector"
 _NULL = "hitl_review.deployments.backends.null"  # no compute: measures the control plane alone
 BACKEND_MODULES: dict[Role, dict[str, str]] = {
     "detector": {"classical": _CLASSICAL, "sam-auto": _SAM, "sam": _SAM, "torchvision": _TORCHVISION, "null": _NULL},
-    "validator": {"classical": _CLASSICAL, "sam": _SAM, "sam-auto": _SAM, "null": _NULL},
+    "validator": {"classical": _CLASSICAL, "sam": _SAM, "sam-auto": _SAM, "null": _NULL, "torchvision": _TORCHVISION},
     "segmenter": {"classical": _CLASSICAL, "sam": _SAM, "sam-auto": _SAM, "null": _NULL},
 }
 DETECTORS = tuple(BACKEND_MODULES["detector"])
