@@ -8,6 +8,7 @@ the tests ran against. Dev tools (pytest, ruff, …) are left out. Run after cha
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata as md
 import re
 import subprocess
@@ -58,7 +59,12 @@ def runtime_closure() -> tuple[set[str], set[str]]:
     return seen - absent, absent
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description="Write constraints.txt: the runtime dependencies' versions as installed in this .venv "
+        "(the images install with pip -c constraints.txt). Run it after changing a dependency in pyproject.toml."
+    )
+    ap.parse_args(argv)
     wanted, absent = runtime_closure()
     frozen = subprocess.run(
         [sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True, check=True

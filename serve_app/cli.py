@@ -476,7 +476,8 @@ def _run_dispatcher(args: argparse.Namespace) -> int:
         if (exc.name or "").partition(".")[0] == "hitl_review":  # our own: a broken install, not an extra
             raise
         print(
-            f"hitl dispatcher: needs the server's packages: pip install 'hitl-review[server]' (missing: {exc.name})",
+            f"hitl dispatcher: needs the server's packages: pip install '.[server]' from the checkout "
+            f"(missing: {exc.name})",
             file=sys.stderr,
         )
         return 2

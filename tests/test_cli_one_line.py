@@ -104,7 +104,7 @@ def test_a_missing_module_of_our_own_is_a_broken_install_not_a_missing_extra():
 
 def test_dispatcher_from_the_base_install_names_the_extra(tmp_path: Path):
     proc = hitl("dispatcher", "--data-dir", str(tmp_path), "--redis-url", "redis://127.0.0.1:1/0", block=SERVER_MODULES)
-    one_line(proc, 2, "hitl dispatcher: ", "pip install 'hitl-review[server]'", "missing:")
+    one_line(proc, 2, "hitl dispatcher: ", "pip install '.[server]'", "missing:")
 
 
 def test_dispatcher_reads_hitl_redis_url_and_hitl_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
