@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from harness.tokens import TOKENS_SPEC
+from hitl_review.archive.db import Archive
 from hitl_review.serve_app.api import Runtime, create_app
 from hitl_review.serve_app.auth import Authenticator
 from hitl_review.serve_app.config import Settings
@@ -43,20 +44,28 @@ async def asgi_client(
 
 @asynccontextmanager
 async def asgi_transport(
-    url: str, data_dir: Path, config: StoreConfig | None = None, **more: Any
+    url: str,
+    data_dir: Path,
+    config: StoreConfig | None = None,
+    *,
+    store: Store | None = None,
+    archive: Archive | None = None,
+    **more: Any,
 ) -> AsyncIterator[httpx.ASGITransport]:
-    """The app, started (its lifespan entered), as an httpx transport: for the project's own client."""
+    """The app, started (its lifespan entered), as an httpx transport: for the project's own client.
+    ``store``: the test's own (it drives reports through it), else one on ``url`` configured by
+    ``config``; ``archive``: the app's archive (its read-through recovery and archived answers)."""
     settings = Settings(data_dir=data_dir, tokens=TOKENS_SPEC, redis_url=url, **more)
 
     async def build() -> Runtime:
-        store = Store.from_url(url, config or StoreConfig(retention_s=3600, node_timeout_s=60))
         return Runtime(
             settings=settings,
-            store=store,
+            store=store or Store.from_url(url, config or StoreConfig(retention_s=3600, node_timeout_s=60)),
             artifacts=ArtifactStore(settings.artifacts),
             auth=Authenticator.from_settings(settings.tokens, settings.data_dir, settings.loopback),
             events=_no_events,
             readiness=_ready,
+            archive=archive,
         )
 
     app = create_app(build)

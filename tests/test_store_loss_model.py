@@ -34,20 +34,17 @@ import httpx
 import pytest
 
 from harness.executor import report
-from harness.tokens import TOKENS_SPEC, auth
+from harness.tokens import auth
 from hitl_review.archive import migrate
 from hitl_review.archive.db import Archive
 from hitl_review.archive.mirror import reconcile
 from hitl_review.serve_app import durability
-from hitl_review.serve_app.api import Runtime, create_app
-from hitl_review.serve_app.auth import Authenticator
-from hitl_review.serve_app.config import Settings
-from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.models import NodeReport
 from hitl_review.statecore.states import TERMINAL
 from hitl_review.statecore.store import Store, StoreConfig
 
 from .api_util import png
+from .asgi_util import asgi_transport
 
 TERMINAL_NAMES = {s.value for s in TERMINAL}
 SEEDS = [int(s) for s in os.environ.get("HITL_MODEL_SEEDS", "1,2,3").split(",")]
@@ -59,20 +56,10 @@ BOXES = [
 ]
 
 
-async def _no_events(_job_id: str, _after: int) -> AsyncIterator[str]:
-    if False:  # an async generator that yields nothing
-        yield ""
-
-
-async def _ready() -> dict[str, Any]:
-    return {"models_ready": True}
-
-
 @asynccontextmanager
 async def strict_control_plane(url: str, data_dir: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Store, Archive]]:
     """The app under ``--durability strict`` with its SQLite archive; the store it writes with (the
     reports go through it, as the dispatcher's do) and the archive."""
-    settings = Settings(data_dir=data_dir, tokens=TOKENS_SPEC, redis_url=url, durability="strict")
     archive_url = f"sqlite:///{data_dir / 'archive.sqlite3'}"
     migrate.upgrade(archive_url)
     archive = Archive(archive_url)
@@ -81,22 +68,8 @@ async def strict_control_plane(url: str, data_dir: Path) -> AsyncIterator[tuple[
     await store.r.flushall()
     await store.ensure_groups()
     await durability.configure(store, "strict", 1.0, archive=archive)
-
-    async def build() -> Runtime:
-        return Runtime(
-            settings=settings,
-            store=store,
-            artifacts=ArtifactStore(settings.artifacts),
-            auth=Authenticator.from_settings(settings.tokens, settings.data_dir, settings.loopback),
-            events=_no_events,
-            readiness=_ready,
-            archive=archive,
-        )
-
-    app = create_app(build)
     try:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
+        async with asgi_transport(url, data_dir, store=store, archive=archive, durability="strict") as transport:
             async with httpx.AsyncClient(transport=transport, base_url="http://asgi", timeout=30) as client:
                 yield client, store, archive
     finally:
