@@ -1,13 +1,16 @@
 """What a piece of code sends to the real redis-server and gets back: round trips (one per packed send:
 a pipeline is one), commands by name and the size of the parsed replies. Counted on redis-py's
 connection class while the ``with`` block runs, so a test can say a read's cost does not grow with
-the data (issue 37), without a timing assertion."""
+the data (issue 37), without a timing assertion. Only what the block itself sends is counted (and the
+tasks it starts: a context variable they inherit), not what other loops of the process send meanwhile
+(a dispatcher or archiver another test left running, a server fixture in this process)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,9 +28,13 @@ class Traffic:
         return sum(self.commands.values())
 
 
+_COUNTING: ContextVar[Traffic | None] = ContextVar("redis_traffic", default=None)
+
+
 @contextmanager
 def traffic() -> Iterator[Traffic]:
     seen = Traffic()
+    token = _COUNTING.set(seen)
     pack, send, read = (
         AbstractConnection.pack_command,
         AbstractConnection.send_packed_command,
@@ -35,17 +42,20 @@ def traffic() -> Iterator[Traffic]:
     )
 
     def pack_command(self: Any, *args: Any) -> Any:
-        name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
-        seen.commands[name.upper()] += 1
+        if _COUNTING.get() is seen:
+            name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+            seen.commands[name.upper()] += 1
         return pack(self, *args)
 
     async def send_packed_command(self: Any, *args: Any, **kw: Any) -> Any:
-        seen.round_trips += 1
+        if _COUNTING.get() is seen:
+            seen.round_trips += 1
         return await send(self, *args, **kw)
 
     async def read_response(self: Any, *args: Any, **kw: Any) -> Any:
         reply = await read(self, *args, **kw)
-        seen.reply_chars += len(repr(reply))
+        if _COUNTING.get() is seen:
+            seen.reply_chars += len(repr(reply))
         return reply
 
     AbstractConnection.pack_command = pack_command  # type: ignore[method-assign]  # instrumentation, restored below
@@ -54,6 +64,7 @@ def traffic() -> Iterator[Traffic]:
     try:
         yield seen
     finally:
+        _COUNTING.reset(token)
         AbstractConnection.pack_command = pack  # type: ignore[method-assign]  # restored
         AbstractConnection.send_packed_command = send  # type: ignore[method-assign]  # restored
         AbstractConnection.read_response = read  # type: ignore[method-assign]  # restored

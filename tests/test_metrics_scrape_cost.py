@@ -6,7 +6,9 @@ partition, for the unwatched pauses), and the outbox's pending count took 64 rou
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import Counter
 
 from harness.bulk import bulk_waiting
 from hitl_review.serve_app import metrics
@@ -97,3 +99,23 @@ async def test_the_scrape_reads_work_on_a_cluster(cluster_store, image):
     got = await watchers.read(store.r)
     assert (got.waiting_unwatched, got.streams) == (2, 1) and got.oldest_unwatched_pause_age_s >= 0
     assert await store.outbox_pending() == 4  # the three reported commands were never acknowledged
+
+
+async def test_the_counter_counts_only_what_its_block_sends(store):
+    """Another loop of the process talking to Redis meanwhile (a dispatcher a test left running, an
+    in-process server) is not counted: a full run once saw its XAUTOCLAIM and XREADGROUP in a scrape."""
+    stop = asyncio.Event()
+
+    async def noise() -> None:
+        while not stop.is_set():
+            await store.r.ping()
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(noise())
+    await asyncio.sleep(0.01)
+    with traffic() as seen:
+        await store.r.get("hitl:test:nothing")
+        await asyncio.sleep(0.05)
+    stop.set()
+    await task
+    assert seen.commands == Counter({"GET": 1}) and seen.round_trips == 1, seen
