@@ -56,6 +56,12 @@ class Forbidden(HitlError):
     status = 403
 
 
+class CsrfFailed(Forbidden):
+    """A write signed in by a session cookie without the session's CSRF token, or from another origin."""
+
+    code = "CSRF_FAILED"
+
+
 class JobNotFound(HitlError):
     code = "JOB_NOT_FOUND"
     status = 404
