@@ -81,6 +81,15 @@ def add_auto_approve_arguments(m: Any) -> None:
         metavar="SHARE",
         help="share of the jobs the policy would approve that still go to a person, unmarked (default 0.05)",
     )
+    m.add_argument(
+        "--mask-spot-check",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="share of the masks the quality gate passed that still go to the mask review, unmarked (the review "
+        "then shows no gate verdict): the gate's recall on your work, in hitl learn report (default 0: off; "
+        "--quality-gate review-failing only)",
+    )
 
 
 def _archive(args: argparse.Namespace) -> Any:
@@ -147,16 +156,20 @@ def run_box_policy(args: argparse.Namespace) -> int:
 
 def run_report(args: argparse.Namespace) -> int:
     def run() -> int:
+        from .gate_report import gate_report, lines
         from .learn import policy_report
 
         archive = _archive(args)
         try:
             report = policy_report(archive, args.policy.read_text() if args.policy else None)
+            report.update(gate_report(archive))  # the gate's recall from its spot checks (statecore.gate_spot)
         finally:
             archive.close()
         if args.json:
             print(json.dumps(report))
             return 0
+        for line in lines(report):
+            print(line)
         for ref, r in report["policies"].items():
             print(
                 f"{ref}: {r['auto_approved']} jobs approved automatically; spot checks {r['spot_checks']}, "

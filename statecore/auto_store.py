@@ -115,6 +115,18 @@ async def counts(r: Any, ref: str) -> dict[str, int]:
     return {c: sum(int(row[i] or 0) for row in rows) for i, c in enumerate(COUNTERS)}
 
 
+GATE_COUNTERS = ("gate_spot", "gate_spot_fa")  # masks the gate passed that a person checked, and did not accept
+
+
+async def gate_counts(r: Any) -> dict[str, int]:
+    """The mask spot checks' counters (statecore.gate_spot) over every partition."""
+    async with r.pipeline(transaction=False) as pipe:
+        for p in range(keys.PARTITIONS):
+            pipe.hmget(keys.counts(p), list(GATE_COUNTERS))
+        rows = await pipe.execute()
+    return {c: sum(int(row[i] or 0) for row in rows) for i, c in enumerate(GATE_COUNTERS)}
+
+
 async def after_review(store: Any, job_id: str, event: dict[str, Any] | None) -> bool:
     """After a committed review of a spot check: the live check. True when it dropped the policy to
     ``shadow`` (with its entry in the policy's change stream and in the job's audit log)."""

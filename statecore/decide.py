@@ -139,6 +139,7 @@ def plan_create(
     quality_gate: str = "off",
     quorum_policy: str = "all",
     boxes: list[Detection] | None = None,
+    mask_spot: dict[str, Any] | None = None,
 ) -> tuple[Plan, NodeCommand | None]:
     """A new job: CREATED then at once DETECTING with DETECT_SUBJECTS in the outbox (version 1).
     With ``boxes`` (a pre-labelled job, statecore.prelabelled) no detector is asked: they are
@@ -155,6 +156,8 @@ def plan_create(
         policy["quality_gate"] = quality_gate
     if boxes is not None:  # the boxes' digest: the archive's creation fingerprint (job_fingerprint)
         policy[prelabelled.SOURCE] = prelabelled.boxes_hash(boxes)
+    if mask_spot:  # the mask spot checks' share and secret salt (statecore.gate_spot.policy_fields)
+        policy.update(mask_spot)
     plan = Plan(expect_version=0, status=S.DETECTING)
     transition(S.CREATED, S.DETECTING, job_id=job_id)
     # Fields at their default are left out (every byte of a waiting job counts; JobState.from_meta
@@ -179,6 +182,8 @@ def plan_create(
     created: dict[str, Any] = {"submitter": submitter, "width": image.width, "height": image.height}
     if boxes is not None:
         created["proposal_source"] = prelabelled.SOURCE
+    if mask_spot:  # the share (the deployment's, never the salt): the population of hitl learn report
+        created["mask_spot_check"] = mask_spot["mask_spot_check"]
     plan.events.append(("JOB_CREATED", created))
     plan.events.append(("STATUS_CHANGED", {"from": S.CREATED.value, "to": S.DETECTING.value}))
     if boxes is not None:

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from pydantic import TypeAdapter
 
+from . import gate_spot
 from .errors import JobNotFound
 from .ids import batch_of
 from .keys import SUBJECT_NODE_FIELD, SUBJECT_RESULT_FIELD
@@ -158,7 +159,7 @@ class JobState:
             reason_code=self.reason_code,
             cancel_requested=self.cancel_requested,
             empty_selection=self.empty_selection,
-            subjects=self.results,
+            subjects=gate_spot.shown(self),
             quorum=self.quorum_view(),
             decided_by=self.decided_by,
         )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from . import subject_nodes
+from . import gate_spot, subject_nodes
 from .errors import InvalidRequest
 from .ids import canonical_json
 from .jobstate import JobState
@@ -56,7 +56,8 @@ def open_if_needed(
     """Open the mask review when a subject of ``results`` needs a person (True), writing the results
     with those subjects ``WAITING_REVIEW``; False: nothing to review, ``results`` untouched."""
     mode = gate_mode(state)
-    listed = [r for r in results if needs_review(mode, r)]
+    # A passed mask drawn for a spot check (statecore.gate_spot) is listed as a failed one is.
+    listed = [r for r in results if needs_review(mode, r) or gate_spot.drawn(state, r)]
     if not listed:
         return False
     waiting = {r.box_id for r in listed}
@@ -66,6 +67,7 @@ def open_if_needed(
     ]
     plan.meta["results"] = dump(marked)
     move(plan, state, S.WAITING_MASK_REVIEW)
+    blind = gate_spot.blind(state)  # no verdict shown: a spot check looks like a failure
     subjects = [
         SubjectToReview(
             box_id=r.box_id,
@@ -73,8 +75,8 @@ def open_if_needed(
             bbox=r.bbox,
             mask_url=r.mask_url,
             cutout_url=r.cutout_url,
-            quality=r.quality,
-            reason=NO_VERDICT if r.quality is None else None,
+            quality=None if blind else r.quality,
+            reason=gate_spot.BLIND if blind else NO_VERDICT if r.quality is None else None,
         )
         for r in listed
     ]
@@ -150,6 +152,9 @@ def apply_decisions(
                     },
                 )
             )
+            spot = gate_spot.checked(state, r, d.decision)
+            if spot is not None:  # the person's word on a mask the gate passed, against the gate
+                plan.events.append((gate_spot.EVENT, spot))
     plan.meta["results"] = dump(results)
     refine = [d for d in decisions if d.decision == "REFINE"]
     boxes: dict[str, Box] = {b.box_id: b for b in state.approved_box_list}

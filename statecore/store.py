@@ -26,6 +26,7 @@ from . import (
     decide,
     durable,
     errors,
+    gate_spot,
     gates,
     keys,
     listing,
@@ -81,6 +82,10 @@ class StoreConfig:
     # or off (the gate only records); recorded in each job's policy when it is created. hitl up
     # passes its --quality-gate (review-failing by default).
     quality_gate: str = "off"
+    # The share of masks the gate passed that a person checks all the same, unmarked (statecore.gate_spot;
+    # hitl up's --mask-spot-check); recorded in each job's policy under review-failing.
+    mask_spot_check: float = 0.0
+    mask_spot_salt: Callable[[], str] = gate_spot.new_salt  # each job's secret (seeded in tests)
     # The box auto-approve policy, its configured mode and spot-check share (statecore.auto_store,
     # docs/learning.md): hitl up's --auto-approve, --auto-approve-policy, --spot-check. None: off.
     auto_approve: auto_store.AutoApproveConfig | None = None
@@ -88,6 +93,8 @@ class StoreConfig:
     def __post_init__(self) -> None:
         if self.quality_gate not in GATE_MODES:
             raise ValueError(f"quality_gate {self.quality_gate!r} must be one of {list(GATE_MODES)}")
+        if not 0 <= self.mask_spot_check <= 1:
+            raise ValueError(f"mask_spot_check {self.mask_spot_check} must lie in [0, 1]")
         if self.workflow_version not in self.continuable_workflow_versions:
             # Its own re-offers would be refused again at every submission: never done reviewing.
             raise ValueError(
@@ -298,6 +305,9 @@ class Store(
                 self.config.quality_gate,
                 quorum_policy,
                 boxes,
+                gate_spot.policy_fields(
+                    self.config.mask_spot_check, self.config.quality_gate, self.config.mask_spot_salt
+                ),
             )
             # a replay must match
             fingerprint = decide.create_fingerprint(image.sha256, review_quorum, quorum_policy, boxes)

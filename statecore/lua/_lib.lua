@@ -289,6 +289,10 @@ local function count_event(etype, data)
     redis.call('HINCRBY', K_COUNTS, 'node_results', 1)
   elseif POLICY_COUNTED[etype] then
     count_policy(POLICY_COUNTED[etype], data)
+  elseif etype == 'GATE_SPOT_CHECKED' then
+    -- A person's decision on a mask the gate passed (statecore.gate_spot): 'gate_spot', '_fa' when not accepted.
+    redis.call('HINCRBY', K_COUNTS, 'gate_spot', 1)
+    if cjson.decode(data).false_accept == true then redis.call('HINCRBY', K_COUNTS, 'gate_spot_fa', 1) end
   end
 end
 
