@@ -1,6 +1,6 @@
 """The archive's copy of the reviewer accounts added at run time (``schema.ReviewerAccount``): written
-when an account is added or removed (``serve_app.reviewer_routes``), read when Redis lost them
-(``serve_app.recovery``). Synchronous, as the rest of the archive: an async caller goes through
+when an account is added or removed (``serve_app.routes.reviewer_routes``), read when Redis lost them
+(``serve_app.recovery.recovery``). Synchronous, as the rest of the archive: an async caller goes through
 ``asyncio.to_thread``."""
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ log = logging.getLogger("hitl.journal")
 
 
 class Journal:
-    """``store.journal`` under ``--durability strict`` with an archive (serve_app.durability.configure)."""
+    """``store.journal`` under ``--durability strict`` with an archive (serve_app.recovery.durability.configure)."""
 
     def __init__(self, archive: Archive, on_error: Any = None, on_write: Any = None) -> None:
         self.archive = archive

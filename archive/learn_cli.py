@@ -58,7 +58,7 @@ def add_learn_command(sub: Any, **kw: Any) -> argparse.ArgumentParser:
 
 
 def add_auto_approve_arguments(m: Any) -> None:
-    """``hitl up``'s box auto-approve flags (serve_app.preflight checks them before Ray starts)."""
+    """``hitl up``'s box auto-approve flags (serve_app.ops.preflight checks them before Ray starts)."""
     m.add_argument(
         "--auto-approve",
         choices=("off", "shadow", "on"),
@@ -203,7 +203,7 @@ def run_mode(args: argparse.Namespace) -> int:
             return 2
         url = args.redis_url
         if not url:
-            from hitl_review.serve_app.config import load_deployment
+            from hitl_review.serve_app.ops.config import load_deployment
 
             settings = load_deployment(args.data_dir or os.environ.get("HITL_DATA_DIR") or ".hitl")
             url = settings.redis_url if settings else None

@@ -3,7 +3,7 @@
 Redis stays the only place where a pause is consumed; the archive keeps, asynchronously, what each
 live job looked like (its meta hash and pause history, as Redis holds them) so that a Redis that
 lost live jobs (a restart without persistence, a failover to an empty replica) can be given them
-back. :class:`Mirror` runs in the archiver's loop (``serve_app.archive_loop``) once per inspector
+back. :class:`Mirror` runs in the archiver's loop (``serve_app.work.archive_loop``) once per inspector
 period over the partitions whose archiver lease it holds (never on the intervention's path): it
 reads the live indexes and the mirror's own rows of those partitions, and writes the jobs whose
 version moved since it last wrote them. The rows are read back from the database, not from the
@@ -268,7 +268,7 @@ async def reconcile(
     the archive has no copy: its row says so, or its archived audit does), ``NOTHING_TO_RUN``. A job
     that ended is never restored, whatever its row last said: a cancelled job never moves again.
     ``actor``: whom a restored job's first audit entry names (an admin's reconcile, or the automatic
-    recovery: ``serve_app.recovery``)."""
+    recovery: ``serve_app.recovery.recovery``)."""
     only = None if job_ids is None else sorted(set(job_ids))
 
     def load() -> tuple[list[LiveMirror], set[str], set[str]]:

@@ -1,7 +1,7 @@
 """Reading a job back from the archive with the API's own bodies (docs/archive.md § Reads), for the
 routes to answer from when Redis no longer holds the job: ``GET /jobs/{id}`` (``job(...).snapshot``),
 ``/results``, ``/events`` (the history; the stream ends after its ``JOB_FINISHED``) and ``/audit``;
-and what the writes answer a forgotten job with (``serve_app.archived_writes``): the creation under
+and what the writes answer a forgotten job with (``serve_app.recovery.archived_writes``): the creation under
 a submitter's ``Idempotency-Key`` (:func:`creation`) and a recorded intervention
 (:func:`intervention_record`).
 

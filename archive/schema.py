@@ -141,7 +141,7 @@ class LiveMirror(Base):
 class ReviewerAccount(Base):
     """A reviewer account added at run time (``hitl admin reviewers add``), as Redis holds it: its name,
     role and the SHA-256 of its token (never the token). Redis is where it is looked up; this copy is
-    what a Redis that came back empty gets the accounts from again (``serve_app.recovery``), so an
+    what a Redis that came back empty gets the accounts from again (``serve_app.recovery.recovery``), so an
     emptied Redis does not lock the team out (docs/protocol.md § Reviewer accounts)."""
 
     __tablename__ = "reviewer_accounts"

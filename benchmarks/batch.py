@@ -56,7 +56,7 @@ from harness.hitl_up import HitlUp
 from harness.uvicorn import UvicornServer
 from hitl_review.client import HitlClient
 from hitl_review.client.batch import run_batch
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 TARGET_RATIO = 0.80
 WIDTH, HEIGHT = 160, 120

@@ -35,7 +35,7 @@ from harness.postgres import PostgresServer, find_pg_bin
 from hitl_review.archive import migrate
 from hitl_review.archive.archiver import JobRecord, archive_job, read_job, write_record
 from hitl_review.archive.db import Archive
-from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app.ops.redis_server import RedisServer
 from hitl_review.statecore.models import ImageRef, InterventionRequest
 from hitl_review.statecore.store import Store, StoreConfig
 

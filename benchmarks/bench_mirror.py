@@ -24,7 +24,7 @@ from harness.executor import report
 from hitl_review.archive import migrate
 from hitl_review.archive.db import Archive
 from hitl_review.archive.mirror import Mirror
-from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app.ops.redis_server import RedisServer
 from hitl_review.statecore import keys
 from hitl_review.statecore.models import ImageRef, InterventionRequest
 from hitl_review.statecore.store import Store, StoreConfig

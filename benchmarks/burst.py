@@ -16,7 +16,7 @@ reviewers answering every pause, through to a terminal state. What it measures, 
   ``hitl up``): the ideal counts nothing else. The classical detector's and GrabCut segmenter's own
   compute comes on top of it, ~0.5-1 s of CPU per 640x480 image, which on a small host (2 cores) caps
   throughput far below what the delays allow and makes the efficiency meaningless; so the jobs' images
-  are small composites (``serve_app.samples.product_composite``), ``--image-size`` (default 320x240).
+  are small composites (``serve_app.ops.samples.product_composite``), ``--image-size`` (default 320x240).
   The table names the delays and the image size, and also gives the ideal with the replicas' measured
   mean run times (delay + own compute + contention for the cores);
 - **jobs by terminal status** and by ``reason_code``: FAILED, TIMED_OUT, EXECUTOR_LOST (target 0 each);
@@ -69,7 +69,7 @@ from harness.burst_phases import burst_phase, cancel_phase
 from harness.burst_report import print_table, targets
 from harness.burst_stack import Stack
 from harness.hitl_up import HitlUp
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 
 def hitl_flags(args: argparse.Namespace) -> list[str]:

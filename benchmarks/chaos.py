@@ -55,7 +55,7 @@ import redis
 
 from harness.hitl_up import HitlUp
 from hitl_review.client.approve_calls import answer_keeping
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.statecore import keys
 from hitl_review.statecore.store import Store
 from loadtest.check_invariants import check

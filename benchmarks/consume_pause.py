@@ -43,7 +43,7 @@ from typing import Any
 import redis
 
 from harness.executor import report
-from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app.ops.redis_server import RedisServer
 from hitl_review.statecore import decide, keys, scripts
 from hitl_review.statecore.ids import now_iso, payload_hash
 from hitl_review.statecore.models import ImageRef, InterventionRequest, NodeReport

@@ -70,7 +70,7 @@ from harness.reviewer_page import (
     laid_out,
     shown_job,
 )
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 CHROMIUM = os.environ.get("HITL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]

@@ -38,7 +38,7 @@ import httpx
 
 from harness.hitl_up import HitlUp
 from harness.sse import read_events
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 
 def log(msg: str) -> None:
@@ -105,7 +105,7 @@ def table(rows: list[dict[str, Any]], delay_ms: int) -> str:
 async def store_only(counts: list[int], writers: int) -> list[dict[str, Any]]:
     """``subject_race.race`` for each count, one fresh job each, on a redis-server of its own."""
     from benchmarks.subject_race import race
-    from hitl_review.serve_app.redis_server import RedisServer
+    from hitl_review.serve_app.ops.redis_server import RedisServer
     from hitl_review.statecore.store import Store, StoreConfig
 
     rows = []

@@ -207,7 +207,7 @@ MODEL_DEPLOYMENTS: tuple[tuple[Role, Any], ...] = (
 
 def configured_max_ongoing(config: Mapping[str, Any]) -> dict[str, int]:
     """Each model deployment's ``max_ongoing_requests`` as ``build_model_deployments`` sets it: what a
-    dispatcher assumes per replica until Serve's controller says (serve_app.capacity)."""
+    dispatcher assumes per replica until Serve's controller says (serve_app.work.capacity)."""
     out: dict[str, int] = {}
     for role, cls in MODEL_DEPLOYMENTS:
         overrides = deployment_overrides(config, role, cls.name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import NoReturn
 
-from hitl_review.serve_app.redis_server import find_binary
+from hitl_review.serve_app.ops.redis_server import find_binary
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from hitl_review.serve_app.ports import quiet_port
+from hitl_review.serve_app.ops.ports import quiet_port
 
 from .proc import Child
 from .tokens import token_file

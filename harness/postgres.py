@@ -1,6 +1,6 @@
 """A real PostgreSQL on loopback for the tests and benchmarks of the archive (docs/archive.md).
 
-``initdb`` + ``pg_ctl`` in a temporary directory on a free port, as ``serve_app.redis_server`` does
+``initdb`` + ``pg_ctl`` in a temporary directory on a free port, as ``serve_app.ops.redis_server`` does
 for redis-server: trust authentication, listening on 127.0.0.1 only, its socket in the directory.
 Debian puts the binaries under ``/usr/lib/postgresql/<version>/bin`` (not on PATH).
 
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hitl_review.serve_app.ports import free_port
+from hitl_review.serve_app.ops.ports import free_port
 
 RUN_AS = "postgres"  # the account Debian's postgresql package creates
 

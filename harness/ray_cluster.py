@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from hitl_review.serve_app.ports import quiet_port
+from hitl_review.serve_app.ops.ports import quiet_port
 
 from .proc import Child
 

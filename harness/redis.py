@@ -1,6 +1,6 @@
 """A 3-master Redis Cluster on loopback for the tests (the scripts must stay within one hash slot).
 
-Single servers are the product's own ``serve_app.redis_server.RedisServer`` (the embedded Redis of
+Single servers are the product's own ``serve_app.ops.redis_server.RedisServer`` (the embedded Redis of
 ``hitl up``); the cluster is three of them joined with ``redis-cli --cluster create``.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from hitl_review.serve_app.redis_server import RedisServer, find_binary
+from hitl_review.serve_app.ops.redis_server import RedisServer, find_binary
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The Ray Serve application: API ingress, SSE deployment, model deployments.
 
-- ``Api`` (ingress): the FastAPI app of ``serve_app.api``; each replica also runs
+- ``Api`` (ingress): the FastAPI app of ``serve_app.routes.api``; each replica also runs
   one outbox dispatcher, so two API replicas are two dispatchers on one
   consumer group. Its ``max_ongoing_requests`` is high and it is not autoscaled
   on requests: held SSE passthroughs must neither starve it nor scale it.
@@ -10,7 +10,7 @@
   autoscaled, on GPUs when present.
 - ``Archiver`` (with archiving on): its own loop copies finished jobs into the
   archive, off the Api replicas' interpreters and apart from the dispatchers
-  (``serve_app.archiver_deployment``).
+  (``serve_app.work.archiver_deployment``).
 
 The ingress builds its FastAPI app on the replica (``__serve_build_asgi_app__``)
 so the app's lifespan can use the replica's own handles.
@@ -47,20 +47,20 @@ from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.execution import RunSpec
 from hitl_review.statecore.models import ImageRef, NodeCommand
 
-from . import durability
-from .api import Runtime, create_app
-from .archive_loop import archive_loop
-from .archiver_deployment import Archiver
-from .archiving import open_archive
-from .auth import Authenticator
-from .capacity import ServeCapacity
-from .config import ENV_FALLBACK, Settings
-from .events import EventHub, sse_lines
-from .logging_setup import configure_component, drop_serve_access_lines
-from .ray_runtime import reuse_ingress_address, shared_archive_problem
-from .runtime import make_dispatcher
-from .serve_options import CONTROL_PLANE
-from .stores import store_for
+from .observability.logging_setup import configure_component, drop_serve_access_lines
+from .ops.config import ENV_FALLBACK, Settings
+from .recovery import durability
+from .routes.api import Runtime, create_app
+from .routes.auth import Authenticator
+from .routes.events import EventHub, sse_lines
+from .serving.ray_runtime import reuse_ingress_address, shared_archive_problem
+from .serving.runtime import make_dispatcher
+from .serving.serve_options import CONTROL_PLANE
+from .serving.stores import store_for
+from .work.archive_loop import archive_loop
+from .work.archiver_deployment import Archiver
+from .work.archiving import open_archive
+from .work.capacity import ServeCapacity
 
 log = logging.getLogger("hitl.application")
 
@@ -128,7 +128,7 @@ class ServeRunner:
         return NODE_DEPLOYMENT.get(node_type)
 
     def limits(self) -> dict[str, int]:
-        """Calls this dispatcher may have outstanding per deployment (serve_app.capacity)."""
+        """Calls this dispatcher may have outstanding per deployment (serve_app.work.capacity)."""
         return self.capacity.limits() if self.capacity is not None else {}
 
     async def run(self, cmd: NodeCommand, spec: RunSpec) -> dict[str, Any]:
@@ -166,14 +166,14 @@ class Api:
     ) -> None:
         self.settings = Settings.model_validate_json(settings_json)
         configure_component(self.settings.log_format, self.settings.log_level)  # as the launcher writes
-        drop_serve_access_lines()  # serve_app.request_log writes the line of each request instead
+        drop_serve_access_lines()  # serve_app.observability.request_log writes the line of each request instead
         self.events_handle = events
         reuse_ingress_address()  # the API port again at once after a crash (before Serve binds it)
         # The Archiver deployment runs its own loop; bound here so Serve deploys it. None: --no-archive.
         self.archiver = archiver
         from hitl_review.deployments.serve import configured_max_ongoing
 
-        # Outstanding calls per model deployment follow what Serve can start now (serve_app.capacity).
+        # Outstanding calls per model deployment follow what Serve can start now (serve_app.work.capacity).
         capacity = ServeCapacity(
             APP_NAME, configured_max_ongoing(self.settings.backend_config()), share=self.settings.api_replicas
         )
@@ -280,7 +280,7 @@ def build_application(settings: Settings, gpu: bool | None = None) -> Any:
     )
 
 
-# ENV_FALLBACK (serve_app.config): the environment variables an argument falls back to when it is not
+# ENV_FALLBACK (serve_app.ops.config): the environment variables an argument falls back to when it is not
 # given (first one set wins), the same table ``hitl up`` reads them by.
 # ``${NAME}`` in these arguments is replaced by the environment variable NAME of the building process
 # (a Secret on KubeRay), so a config file can name a Redis that requires a password without holding it.

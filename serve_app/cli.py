@@ -21,7 +21,7 @@ from hitl_review.archive.cli import add_export_command, add_upgrade_command
 from hitl_review.archive.learn_cli import add_auto_approve_arguments, add_learn_command
 from hitl_review.client.commands import HelpFormatter, add_client_commands
 
-from .standalone import add_arguments as add_dispatcher_arguments
+from .work.standalone import add_arguments as add_dispatcher_arguments
 
 DESCRIPTION = """\
 hitl-review: human-in-the-loop review for image cut-out. A detector proposes boxes, a person approves, \
@@ -426,10 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_up(args: argparse.Namespace) -> int:
     """``hitl up`` / ``hitl demo``: the server is imported only now. What cannot start is said in one
-    line (``serve_app.preflight``): exit status 2 for a usage error, 1 for a start that failed."""
+    line (``serve_app.ops.preflight``): exit status 2 for a usage error, 1 for a start that failed."""
     try:
-        from .launcher import settings_from_args, up
-        from .preflight import UpError, check, exit_code_of
+        from .ops.launcher import settings_from_args, up
+        from .ops.preflight import UpError, check, exit_code_of
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] == "hitl_review":  # our own: a broken install, not an extra
             raise
@@ -468,7 +468,7 @@ def _run_up(args: argparse.Namespace) -> int:
 
 def _run_dispatcher(args: argparse.Namespace) -> int:
     """``hitl dispatcher``: the server's packages are imported only now; a missing extra is named."""
-    from .standalone import run
+    from .work.standalone import run
 
     try:
         return run(args)
@@ -487,7 +487,7 @@ def _demo_submitter(data_dir: Path) -> Callable[[str, str | None], None]:
     def submit(api_url: str, token: str | None) -> None:
         from hitl_review.client import HitlClient
 
-        from .samples import write_samples
+        from .ops.samples import write_samples
 
         paths = write_samples(data_dir / "samples")
         with HitlClient(api_url, token) as c:

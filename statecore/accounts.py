@@ -10,7 +10,7 @@ so a name and its token come and go together, on a Redis Cluster too. The archiv
 (``archive.accounts``), written back by :func:`restore` when Redis comes back without the HASH.
 
 Every API replica reads the same HASH: an account added or removed is in force on all of them as
-soon as their short cache of looked-up tokens (``serve_app.auth``) lets go of the old answer.
+soon as their short cache of looked-up tokens (``serve_app.routes.auth``) lets go of the old answer.
 """
 
 from __future__ import annotations

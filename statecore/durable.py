@@ -1,5 +1,5 @@
 """What keeps the store honest when Redis misbehaves: the pool's timeouts and retry, and the
-after-write sync of ``--durability strict`` (serve_app.durability chooses the command).
+after-write sync of ``--durability strict`` (serve_app.recovery.durability chooses the command).
 
 - ``pool_options``: socket connect and read timeouts, so a Redis that is down or hung (SIGSTOP)
   raises redis' ConnectionError/TimeoutError within ``timeout_s`` (the API answers 503
@@ -91,7 +91,7 @@ JOURNAL_ANSWERS = frozenset({"OK", "REPLAY", "DUPLICATE", "ALREADY"})
 def synced(store: Any, script: Any, name: str = "") -> Callable[..., Awaitable[Any]]:
     """``script`` followed by ``store.sync_command`` when one is set (not on a cluster), then, for a
     script of :data:`JOURNALED`, by ``store.journal`` when one is set (``--durability strict`` with
-    an archive: serve_app.durability.configure)."""
+    an archive: serve_app.recovery.durability.configure)."""
 
     async def run(*, keys: list[str], args: list[Any]) -> Any:
         if store.sync_command is None or store.cluster:

@@ -37,7 +37,7 @@ class HistoryMixin:
 
     async def stream_events(self, job_id: str, after: int = 0, poll_s: float = 0.2) -> AsyncIterator[Event]:
         """The whole history after ``after``; then, for a live job, live events until JOB_FINISHED.
-        A simple polling reader for scripts; the SSE server uses serve_app.events.EventHub."""
+        A simple polling reader for scripts; the SSE server uses serve_app.routes.events.EventHub."""
         last = after
         finished = False
         for ev in await self.events_after(job_id, after):

@@ -132,7 +132,7 @@ class Store(
         self.sync_command: tuple[Any, ...] | None = None  # --durability strict: see statecore.durable
         self.sync_acks = 0
         # Asked when a job is not in Redis: True when it is there again (restored from the archive's
-        # live mirror: serve_app.recovery, docs/protocol.md § Redis outages). None: a miss is a miss.
+        # live mirror: serve_app.recovery.recovery, docs/protocol.md § Redis outages). None: a miss is a miss.
         self.on_missing: Callable[[str], Awaitable[bool]] | None = None
         # --durability strict with an archive: awaited after each journaled script (statecore.durable.synced),
         # the live mirror's row of the job before the answer returns (archive/journal.py). None: no journal.

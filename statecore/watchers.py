@@ -1,7 +1,7 @@
 """Who still watches a job (seed 000: alert on a pause's age and on whether anyone still follows
 the job), kept in Redis so that it adds up whichever replica streams the events.
 
-Every SSE server (``serve_app.events.EventHub``) writes, every ``BEACON_S``, the jobs it streams
+Every SSE server (``serve_app.routes.events.EventHub``) writes, every ``BEACON_S``, the jobs it streams
 into their partition's ``watched`` ZSET with an expiry ``WATCH_TTL_S`` ahead, and its count of open
 streams into one hash. A job is watched while an expiry lies ahead; a server that died stops
 renewing, so its jobs count as unwatched within ``WATCH_TTL_S``. ``read`` gives the deployment's

@@ -12,7 +12,7 @@ from PIL import Image
 
 from harness.sse import read_events
 from harness.tokens import auth
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.statecore.states import TERMINAL
 
 

@@ -13,9 +13,9 @@ import httpx
 
 from harness.tokens import TOKENS_SPEC
 from hitl_review.archive.db import Archive
-from hitl_review.serve_app.api import Runtime, create_app
-from hitl_review.serve_app.auth import Authenticator
-from hitl_review.serve_app.config import Settings
+from hitl_review.serve_app.ops.config import Settings
+from hitl_review.serve_app.routes.api import Runtime, create_app
+from hitl_review.serve_app.routes.auth import Authenticator
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.store import Store, StoreConfig
 

@@ -25,7 +25,7 @@ from hitl_review.client import (
     new_intervention_id,
 )
 from hitl_review.serve_app.cli import main as hitl_main
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.statecore.models import JobSnapshot
 
 ROOT = Path(__file__).resolve().parents[1]

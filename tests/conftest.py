@@ -20,7 +20,7 @@ from harness.tokens import TOKENS_SPEC
 from harness.uvicorn import LocalServer
 from hitl_review.archive import migrate
 from hitl_review.archive.db import Archive
-from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app.ops.redis_server import RedisServer
 from hitl_review.statecore.models import ImageRef
 from hitl_review.statecore.store import Store, StoreConfig
 from tests.browser_stack import stop_shared
@@ -31,7 +31,7 @@ from tests.client_fakes import CLIENT_KINDS, ClientFactory, client_factory
 @pytest.fixture(autouse=True)
 def hitl_logger_restored() -> Iterator[None]:
     """A test that builds a Serve replica in-process configures the ``hitl`` logger for a replica
-    (its own stderr handler, no propagation: serve_app.logging_setup.configure_component); put it
+    (its own stderr handler, no propagation: serve_app.observability.logging_setup.configure_component); put it
     back, so later tests' log capture and files see the lines again."""
     logger = logging.getLogger("hitl")
     saved = (logger.handlers[:], logger.level, logger.propagate)

@@ -21,7 +21,7 @@ import pytest
 from hitl_review.archive import accounts as kept_accounts
 from hitl_review.archive import migrate
 from hitl_review.archive.db import Archive
-from hitl_review.serve_app.recovery import Recovery
+from hitl_review.serve_app.recovery.recovery import Recovery
 from hitl_review.statecore import accounts, keys
 from hitl_review.statecore.store import Store
 

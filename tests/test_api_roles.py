@@ -10,7 +10,7 @@ import pytest
 from fastapi.routing import APIRoute
 
 from harness.tokens import auth
-from hitl_review.serve_app.api import PUBLIC, ROUTE_ROLES, create_app
+from hitl_review.serve_app.routes.api import PUBLIC, ROUTE_ROLES, create_app
 
 
 async def _no_runtime():  # the app is only inspected, never started

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 from starlette.requests import Request
 
-from hitl_review.serve_app import api as serve_api
+from hitl_review.serve_app.routes import api as serve_api
 from hitl_review.statecore.errors import PayloadTooLarge
 
 from .api_util import auth, get, submit, wait_status
@@ -90,7 +90,7 @@ def test_a_streamed_body_over_the_limit_is_413_and_nothing_is_created(c, api_ser
 
 async def test_read_upload_never_pulls_or_buffers_more_than_the_limit():
     """The reader stops pulling body chunks once the image part passes the limit."""
-    from hitl_review.serve_app.uploads import read_upload
+    from hitl_review.serve_app.routes.uploads import read_upload
 
     limit, chunk = 200_000, 8192
     pulled = 0

@@ -37,7 +37,7 @@ from hitl_review.archive.archiver import (
 from hitl_review.archive.cli import add_upgrade_command
 from hitl_review.archive.db import Archive
 from hitl_review.archive.schema import ArchivedEvent, ArchivedJob, ArchivedPause, ArtifactRef, AuditEntry, Base
-from hitl_review.serve_app.events import sse_frame
+from hitl_review.serve_app.routes.events import sse_frame
 from hitl_review.statecore.models import JobResults, NodeReport
 from hitl_review.statecore.states import JobStatus as S
 from hitl_review.statecore.store import Store

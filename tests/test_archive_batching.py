@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest_asyncio
 
-from hitl_review.serve_app.archive_loop import ArchiveLoop
+from hitl_review.serve_app.work.archive_loop import ArchiveLoop
 from hitl_review.statecore import archive_queue, deadletters, keys
 from hitl_review.statecore.store import Store, StoreConfig
 

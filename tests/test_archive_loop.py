@@ -1,6 +1,6 @@
 """The archiver's own path (docs/protocol.md § Archive), against a real redis-server and a real SQLite
 archive: finished jobs' copies wait in the partitions' archive streams, apart from the node commands,
-and the archiver's loop (``serve_app.archive_loop.ArchiveLoop``) reads them with its own consumer
+and the archiver's loop (``serve_app.work.archive_loop.ArchiveLoop``) reads them with its own consumer
 group.
 
 - A blocked archive (the database refusing every write) while 40 jobs are cancelled at once: the
@@ -26,9 +26,9 @@ from sqlalchemy import select
 from hitl_review.archive import migrate, reads
 from hitl_review.archive.db import Archive
 from hitl_review.archive.schema import LiveMirror
-from hitl_review.serve_app.archive_loop import ArchiveLoop
-from hitl_review.serve_app.archiving import archive_job
-from hitl_review.serve_app.dispatcher import Dispatcher
+from hitl_review.serve_app.work.archive_loop import ArchiveLoop
+from hitl_review.serve_app.work.archiving import archive_job
+from hitl_review.serve_app.work.dispatcher import Dispatcher
 from hitl_review.statecore import archive_queue, deadletters, keys
 from hitl_review.statecore.models import NodeCommand
 from hitl_review.statecore.store import Store, StoreConfig

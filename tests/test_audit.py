@@ -24,8 +24,8 @@ from hitl_review.archive.archiver import copy_job
 from hitl_review.archive.db import Archive
 from hitl_review.archive.schema import AuditEntry
 from hitl_review.serve_app import cli
-from hitl_review.serve_app.archiving import archive_job
-from hitl_review.serve_app.audit_routes import verify_job
+from hitl_review.serve_app.routes.audit_routes import verify_job
+from hitl_review.serve_app.work.archiving import archive_job
 from hitl_review.statecore import archive_queue, audit, errors, keys
 from hitl_review.statecore.models import NodeReport
 from hitl_review.statecore.store import Store

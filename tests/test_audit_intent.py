@@ -22,7 +22,7 @@ from hitl_review.archive import migrate
 from hitl_review.archive.archiver import copy_job
 from hitl_review.archive.db import Archive
 from hitl_review.archive.schema import AuditEntry
-from hitl_review.serve_app.audit_routes import verify_job
+from hitl_review.serve_app.routes.audit_routes import verify_job
 from hitl_review.statecore import audit, keys
 from hitl_review.statecore.ids import payload_hash
 from hitl_review.statecore.models import InterventionRequest

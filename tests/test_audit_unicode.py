@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hitl_review.archive import migrate
 from hitl_review.archive.archiver import copy_job
 from hitl_review.archive.db import Archive
-from hitl_review.serve_app.audit_routes import verify_job
+from hitl_review.serve_app.routes.audit_routes import verify_job
 from hitl_review.statecore import audit, errors
 from hitl_review.statecore.models import ImageRef, NodeReport
 from hitl_review.statecore.store import Store, StoreConfig
@@ -29,7 +29,7 @@ IMAGE = ImageRef(sha256="b" * 64, width=640, height=480, url="/api/v1/artifacts/
 NAME_MAX = 200  # the archive's actor column (archive/schema.py)
 LABEL_MAX = 200  # Subject.label
 
-# What a token's name can be (serve_app.auth.parse_tokens: ``name:role:token,…``, the entry stripped):
+# What a token's name can be (serve_app.routes.auth.parse_tokens: ``name:role:token,…``, the entry stripped):
 # no ':' or ',', no leading whitespace; a str Redis can store (no lone surrogates), no NUL (PostgreSQL).
 _NAME_CHARS = st.characters(codec="utf-8", exclude_characters=":,\x00")
 _TRICKY = ["张伟", "e\u0301", "\U0001f600", "\U00010348", "\u200b", "ש\u05b8ל", "a\u0300\u0301\u0302", '\\"/']

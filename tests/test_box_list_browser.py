@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from harness.hitl_up import HitlUp
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.ui.box_list import HIDDEN_RULE
 from hitl_review.ui.panel import ROUND1_TEXT
 

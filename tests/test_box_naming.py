@@ -20,7 +20,7 @@ from harness.tokens import TOKENS
 from hitl_review.client import AsyncHitlClient, new_intervention_id
 from hitl_review.deployments.backends.classical import ClassicalValidator
 from hitl_review.deployments.executor import Models, run_node
-from hitl_review.serve_app.config import Settings
+from hitl_review.serve_app.ops.config import Settings
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.models import JobSnapshot
 from hitl_review.statecore.nodes import NAME_THIS_BOX

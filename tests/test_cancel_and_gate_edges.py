@@ -17,7 +17,7 @@ import uuid
 import pytest_asyncio
 
 from harness.executor import report
-from hitl_review.serve_app.inspector import Inspector
+from hitl_review.serve_app.work.inspector import Inspector
 from hitl_review.statecore import keys
 from hitl_review.statecore.models import InterventionRequest, NodeCommand, NodeReport
 from hitl_review.statecore.states import JobStatus as S

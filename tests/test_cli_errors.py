@@ -20,10 +20,11 @@ import pytest
 import yaml
 
 from harness.ci import require_binary
-from hitl_review.serve_app import cli, config
-from hitl_review.serve_app.config import Settings
-from hitl_review.serve_app.ports import free_port, quiet_port
-from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app import cli
+from hitl_review.serve_app.ops import config
+from hitl_review.serve_app.ops.config import Settings
+from hitl_review.serve_app.ops.ports import free_port, quiet_port
+from hitl_review.serve_app.ops.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 # From the caller's shell they would point `hitl up` elsewhere.
@@ -131,7 +132,7 @@ def test_an_unreachable_or_wrong_password_redis_url_is_one_line(tmp_path: Path):
 def test_hitl_redis_url_is_read_by_hitl_up_as_by_the_serve_builder(monkeypatch: pytest.MonkeyPatch):
     """docs/scaling.md says HITL_REDIS_URL (or REDIS_URL): ``hitl up`` reads it too, first."""
     from hitl_review.serve_app.application import ENV_FALLBACK
-    from hitl_review.serve_app.launcher import settings_from_args
+    from hitl_review.serve_app.ops.launcher import settings_from_args
 
     for name in FOREIGN_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -145,7 +146,7 @@ def test_hitl_redis_url_is_read_by_hitl_up_as_by_the_serve_builder(monkeypatch: 
 
 
 def test_a_missing_redis_server_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
-    from hitl_review.serve_app import redis_server
+    from hitl_review.serve_app.ops import redis_server
 
     for name in FOREIGN_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -190,7 +191,7 @@ def readyz() -> Iterator[tuple[str, type[_Readyz]]]:
 
 
 def test_ready_is_said_only_for_this_hitl_ups_own_instance(readyz):
-    from hitl_review.serve_app.launcher import _wait_ready
+    from hitl_review.serve_app.ops.launcher import _wait_ready
 
     url, handler = readyz
     handler.body = {"ready": True, "instance": "ours"}

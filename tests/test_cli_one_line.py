@@ -17,7 +17,7 @@ import pytest
 
 from hitl_review.archive import cli as archive_cli
 from hitl_review.serve_app import cli
-from hitl_review.serve_app.ports import free_port, quiet_port
+from hitl_review.serve_app.ops.ports import free_port, quiet_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FOREIGN_ENV = ("REDIS_URL", "HITL_REDIS_URL", "HITL_TOKENS", "HITL_DATA_DIR", "HITL_ARTIFACTS", "HITL_ARCHIVE_URL")
@@ -108,7 +108,7 @@ def test_dispatcher_from_the_base_install_names_the_extra(tmp_path: Path):
 
 
 def test_dispatcher_reads_hitl_redis_url_and_hitl_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from hitl_review.serve_app.standalone import settings_for
+    from hitl_review.serve_app.work.standalone import settings_for
 
     for name in FOREIGN_ENV:
         monkeypatch.delenv(name, raising=False)

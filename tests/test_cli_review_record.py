@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hitl_review.serve_app import cli
-from hitl_review.serve_app.launcher import settings_from_args
+from hitl_review.serve_app.ops.launcher import settings_from_args
 
 
 def parse(*argv: str):

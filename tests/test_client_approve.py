@@ -19,7 +19,7 @@ from harness.tokens import TOKENS, TOKENS_SPEC
 from harness.uvicorn import LocalServer
 from hitl_review.client import HitlClient, new_intervention_id
 from hitl_review.client.approve_calls import NothingToApprove
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SEED = 12

@@ -45,7 +45,7 @@ from hitl_review.client import (
     ServerError,
     new_intervention_id,
 )
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.statecore.models import JobSnapshot
 from tests.client_integration_util import (
     HEIGHT,

@@ -1,11 +1,11 @@
-"""What a cluster needs of this project comes from one place, ``serve_app.ray_runtime.REPLICA_PACKAGES``
+"""What a cluster needs of this project comes from one place, ``serve_app.serving.ray_runtime.REPLICA_PACKAGES``
 (issue 20): the import graph of the Serve application (its builder, the Api and Archiver replicas, the
 model deployments), the runtime environment ``hitl up --ray-address`` ships to a joined cluster, and
 the KubeRay image (deploy/kuberay/Dockerfile) must all agree with it. The reviewer UI's image
 (deploy/kuberay/ui.Dockerfile) must hold what ``python -m hitl_review.ui`` imports.
 
 The graph is grimp's (tests/test_architecture.py builds the same one): it follows imports inside
-functions too, which is how the replicas reach ``archive`` (``serve_app.archiving`` opens the archive
+functions too, which is how the replicas reach ``archive`` (``serve_app.work.archiving`` opens the archive
 when a replica starts); a subprocess that imports the entry modules checks that the graph misses
 nothing a plain import pulls in."""
 
@@ -22,8 +22,8 @@ from pathlib import Path
 import grimp
 import pytest
 
-from hitl_review.serve_app import ray_runtime
-from hitl_review.serve_app.ray_runtime import REPLICA_PACKAGES
+from hitl_review.serve_app.serving import ray_runtime
+from hitl_review.serve_app.serving.ray_runtime import REPLICA_PACKAGES
 from tests.test_architecture import PACKAGES, PRODUCT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ KUBERAY = ROOT / "deploy" / "kuberay"
 # serve_app.application:build_app), the Archiver's, and the model deployments'.
 SERVE_ENTRIES = (
     "hitl_review.serve_app.application",
-    "hitl_review.serve_app.archiver_deployment",
+    "hitl_review.serve_app.work.archiver_deployment",
     "hitl_review.deployments.serve",
 )
 UI_ENTRIES = ("hitl_review.ui.__main__",)

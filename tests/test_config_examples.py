@@ -8,7 +8,7 @@ import pytest
 
 from hitl_review.deployments.executor import deployment_overrides
 from hitl_review.deployments.serve import deployment_options
-from hitl_review.serve_app.config import Settings, load_config_file
+from hitl_review.serve_app.ops.config import Settings, load_config_file
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "config"
 

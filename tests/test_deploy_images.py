@@ -182,7 +182,7 @@ def test_the_build_context_leaves_out_what_no_image_needs():
         "hitl_review.egg-info/PKG-INFO",
     ):
         assert ignored(path), path
-    for path in ("pyproject.toml", "README.md", "serve_app/api.py", "hitl_review/__init__.py", "ui/app.py"):
+    for path in ("pyproject.toml", "README.md", "serve_app/routes/api.py", "hitl_review/__init__.py", "ui/app.py"):
         assert not ignored(path), path
 
 

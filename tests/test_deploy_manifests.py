@@ -37,11 +37,11 @@ from ray.serve._private.build_app import build_app
 from ray.serve.schema import DeploymentSchema, ServeDeploySchema
 
 from harness.ci import require_binary
-from hitl_review.serve_app import ray_runtime
 from hitl_review.serve_app.application import ENV_FALLBACK, Api, AppArgs, refuse_volatile_redis
-from hitl_review.serve_app.config import Settings
-from hitl_review.serve_app.ports import free_port
-from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app.ops.config import Settings
+from hitl_review.serve_app.ops.ports import free_port
+from hitl_review.serve_app.ops.redis_server import RedisServer
+from hitl_review.serve_app.serving import ray_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = ROOT / "deploy" / "serve-config.yaml"

@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.ci import require_binary
 from harness.tokens import TOKENS
 from hitl_review.client import HitlClient, new_intervention_id
-from hitl_review.serve_app import metrics
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.observability import metrics
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.statecore.counters import STATUSES, TOTALS, Coverage, Snapshot
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -55,7 +55,7 @@ def _redis_held() -> set[str]:
     for fam in [*state.collect(), *stuck.collect()]:
         names.add(fam.name)
         names.update(s.name for s in fam.samples)
-    # Counters and histograms each process adds into Redis (serve_app/shared_metrics.py).
+    # Counters and histograms each process adds into Redis (serve_app/observability/shared_metrics.py).
     for fam in metrics.LOCAL.collect():
         names.update(fam.name + suffix for suffix in ("", "_total", "_bucket", "_count", "_sum"))
     return names - {"hitl_metrics_store_up"}  # each replica's own view of Redis

@@ -9,8 +9,8 @@ import time
 
 from harness.proc import Child
 from hitl_review.deployments.executor import build_models
-from hitl_review.serve_app.dispatcher import Dispatcher, LocalRunner
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
+from hitl_review.serve_app.work.dispatcher import Dispatcher, LocalRunner
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.models import ImageRef
 
@@ -31,7 +31,7 @@ async def test_killed_dispatcher_command_completes_once(store, redis_server, tmp
         [
             sys.executable,
             "-m",
-            "hitl_review.serve_app.standalone",
+            "hitl_review.serve_app.work.standalone",
             "--redis-url",
             redis_server.url,
             "--data-dir",

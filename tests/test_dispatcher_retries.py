@@ -9,7 +9,7 @@ import asyncio
 import time
 from typing import Any
 
-from hitl_review.serve_app.dispatcher import Dispatcher
+from hitl_review.serve_app.work.dispatcher import Dispatcher
 from hitl_review.statecore.execution import RunSpec, run_started
 from hitl_review.statecore.models import NodeCommand
 from hitl_review.statecore.store import Store, StoreConfig

@@ -1,4 +1,4 @@
-"""``--durability strict`` and the external-Redis check (serve_app.durability), on real redis-servers:
+"""``--durability strict`` and the external-Redis check (serve_app.recovery.durability), on real redis-servers:
 strict waits, on the write's own connection, for the replicas (WAIT) where the server has no
 WAITAOF (Redis < 7.2), so a write a replica did not confirm is a 503, never a silent 200; a Redis
 that could lose or evict keys is refused unless ``--allow-volatile-redis``."""
@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from harness.ci import require_binary
-from hitl_review.serve_app import durability
-from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app.ops.redis_server import RedisServer
+from hitl_review.serve_app.recovery import durability
 from hitl_review.statecore import errors
 from hitl_review.statecore.models import ImageRef
 from hitl_review.statecore.store import Store

@@ -13,7 +13,7 @@ import torch
 
 from harness.hitl_up import HitlUp
 from hitl_review.deployments.backends import sam as S
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ from PIL import Image
 
 from harness.hitl_up import HitlUp
 from harness.sse import read_events
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -299,7 +299,7 @@ def test_whole_flow_through_ray_serve(data_dir):
         assert "hitl_interventions_total" in api.c.get("/metrics").text
 
         # Finished jobs are copied into the archive by the Archiver deployment, a replica of its own
-        # (serve_app.archiver_deployment), not by the Api replica that answers reviewers.
+        # (serve_app.work.archiver_deployment), not by the Api replica that answers reviewers.
         names = set()
         for proc in up2.child.tree():
             with contextlib.suppress(psutil.Error):  # a worker that exited meanwhile

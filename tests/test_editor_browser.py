@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from harness.hitl_up import HitlUp
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.ui.panel import ROUND1_TEXT
 
 from .browser_stack import page_maker, shared_ui_up

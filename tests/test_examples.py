@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from harness.tokens import TOKENS
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -24,7 +24,7 @@ import pytest
 from harness.proc import Child
 from harness.tokens import TOKENS_SPEC
 from harness.uvicorn import LocalServer
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.statecore import keys
 from hitl_review.statecore.models import NodeCommand
 from hitl_review.statecore.store import Store
@@ -43,7 +43,7 @@ def _dispatcher(redis_url: str, data_dir: Path, name: str) -> Child:
         [
             sys.executable,
             "-m",
-            "hitl_review.serve_app.standalone",
+            "hitl_review.serve_app.work.standalone",
             "--redis-url",
             redis_url,
             "--data-dir",

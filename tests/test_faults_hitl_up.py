@@ -16,7 +16,7 @@ import pytest
 
 from harness.ci import require_binary
 from harness.hitl_up import HitlUp
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 pytestmark = [pytest.mark.faults, pytest.mark.ray, pytest.mark.slow]
 

@@ -31,7 +31,7 @@ import redis
 
 from harness.ci import require_binary
 from harness.hitl_up import HitlUp
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.statecore import keys
 
 pytestmark = [pytest.mark.faults, pytest.mark.ray, pytest.mark.slow]

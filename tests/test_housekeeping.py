@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hitl_review.serve_app.inspector import Inspector
+from hitl_review.serve_app.work.inspector import Inspector
 from hitl_review.statecore import keys
 from hitl_review.statecore.store import Store, StoreConfig
 

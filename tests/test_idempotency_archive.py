@@ -30,9 +30,9 @@ from harness.tokens import TOKENS_SPEC, auth
 from hitl_review.archive import migrate
 from hitl_review.archive.archiver import archive_job
 from hitl_review.archive.db import Archive
-from hitl_review.serve_app.api import Runtime, create_app
-from hitl_review.serve_app.auth import Authenticator
-from hitl_review.serve_app.config import Settings
+from hitl_review.serve_app.ops.config import Settings
+from hitl_review.serve_app.routes.api import Runtime, create_app
+from hitl_review.serve_app.routes.auth import Authenticator
 from hitl_review.statecore import keys
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.store import Store, StoreConfig

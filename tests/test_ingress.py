@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hitl_review.serve_app.cli import build_parser
-from hitl_review.serve_app.config import Settings
-from hitl_review.serve_app.ray_runtime import RayInfo, choose_ingress, direct_ingress_env, serve_http_options
+from hitl_review.serve_app.ops.config import Settings
+from hitl_review.serve_app.serving.ray_runtime import RayInfo, choose_ingress, direct_ingress_env, serve_http_options
 
 
 def settings(**kw) -> Settings:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from hitl_review.serve_app.inspector import Inspector
+from hitl_review.serve_app.work.inspector import Inspector
 from hitl_review.statecore import keys
 from hitl_review.statecore.heartbeat import Heartbeat, HeartbeatSpec, beat
 from hitl_review.statecore.models import NodeReport

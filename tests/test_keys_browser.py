@@ -35,7 +35,7 @@ import pytest
 
 from harness.hitl_up import HitlUp
 from hitl_review.client import HitlClient
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.ui.annotator import Edits
 from hitl_review.ui.editor import draft_key, edits_to_json
 from hitl_review.ui.panel import ROUND1_TEXT

@@ -22,8 +22,8 @@ from hitl_review.archive import migrate
 from hitl_review.archive.db import Archive
 from hitl_review.archive.mirror import reconcile
 from hitl_review.archive.schema import LiveMirror
-from hitl_review.serve_app.archive_loop import ArchiveLoop
-from hitl_review.serve_app.inspector import Inspector
+from hitl_review.serve_app.work.archive_loop import ArchiveLoop
+from hitl_review.serve_app.work.inspector import Inspector
 from hitl_review.statecore import archive_queue, keys
 from hitl_review.statecore.ids import now_iso
 from hitl_review.statecore.store import Store

@@ -40,7 +40,7 @@ class Captured(logging.Handler):
 
 @pytest.fixture
 def captured() -> Iterator[Captured]:
-    from hitl_review.serve_app.logging_setup import RequestIdFilter
+    from hitl_review.serve_app.observability.logging_setup import RequestIdFilter
 
     handler = Captured()
     handler.addFilter(RequestIdFilter())
@@ -108,7 +108,7 @@ async def test_an_intervention_is_one_line_with_job_reviewer_outcome_latency_and
     assert job_id in msg and "rev1" in msg and "OK" in msg
 
     # The JSON formatter writes every one of those fields.
-    from hitl_review.serve_app.logging_setup import JsonFormatter
+    from hitl_review.serve_app.observability.logging_setup import JsonFormatter
 
     obj = json.loads(JsonFormatter().format(first))
     assert obj["request_id"] == "rid-intervene-1" and obj["job_id"] == job_id and obj["reviewer"] == "rev1"
@@ -144,9 +144,9 @@ async def test_under_serves_http_server_the_id_is_echoed_once(redis_server, tmp_
     no second header."""
     http_util = pytest.importorskip("ray.serve._private.http_util")
     from harness.tokens import TOKENS_SPEC
-    from hitl_review.serve_app.api import Runtime, create_app
-    from hitl_review.serve_app.auth import Authenticator
-    from hitl_review.serve_app.config import Settings
+    from hitl_review.serve_app.ops.config import Settings
+    from hitl_review.serve_app.routes.api import Runtime, create_app
+    from hitl_review.serve_app.routes.auth import Authenticator
     from hitl_review.statecore.artifacts import ArtifactStore
     from hitl_review.statecore.store import Store
 
@@ -178,7 +178,7 @@ async def test_under_serves_http_server_the_id_is_echoed_once(redis_server, tmp_
 
 
 def test_serves_own_access_line_is_dropped_in_the_api_replica():
-    from hitl_review.serve_app.logging_setup import drop_serve_access_lines
+    from hitl_review.serve_app.observability.logging_setup import drop_serve_access_lines
 
     serve_logger = logging.getLogger("ray.serve")
     seen: list[str] = []
@@ -205,7 +205,7 @@ def test_serves_own_access_line_is_dropped_in_the_api_replica():
 
 
 def test_json_lines_carry_ts_level_logger_msg_extras_and_the_exception():
-    from hitl_review.serve_app.logging_setup import REQUEST_ID, RequestIdFilter, make_handler
+    from hitl_review.serve_app.observability.logging_setup import REQUEST_ID, RequestIdFilter, make_handler
 
     out = io.StringIO()
     handler = make_handler(logging.StreamHandler(out), "json")
@@ -236,7 +236,7 @@ def test_json_lines_carry_ts_level_logger_msg_extras_and_the_exception():
 
 
 def test_text_lines_read_as_before_with_the_request_id_appended():
-    from hitl_review.serve_app.logging_setup import REQUEST_ID, make_handler
+    from hitl_review.serve_app.observability.logging_setup import REQUEST_ID, make_handler
 
     out = io.StringIO()
     handler = make_handler(logging.StreamHandler(out), "text")
@@ -257,7 +257,7 @@ def test_text_lines_read_as_before_with_the_request_id_appended():
 
 
 def test_the_default_format_is_json_off_a_terminal_and_text_on_one():
-    from hitl_review.serve_app.logging_setup import resolve_format
+    from hitl_review.serve_app.observability.logging_setup import resolve_format
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
@@ -273,7 +273,7 @@ def test_the_default_format_is_json_off_a_terminal_and_text_on_one():
 
 def test_hitl_up_takes_log_format():
     from hitl_review.serve_app.cli import build_parser
-    from hitl_review.serve_app.launcher import settings_from_args
+    from hitl_review.serve_app.ops.launcher import settings_from_args
 
     args = build_parser().parse_args(["up", "--log-format", "json"])
     assert args.log_format == "json" and settings_from_args(args).log_format == "json"
@@ -299,7 +299,7 @@ def root_logging() -> Iterator[None]:
 
 
 def test_hitl_log_rotates(tmp_path: Path, root_logging):
-    from hitl_review.serve_app.logging_setup import setup_logging
+    from hitl_review.serve_app.observability.logging_setup import setup_logging
 
     assert setup_logging(tmp_path, log_format="json", max_bytes=2000, backups=2, stream=io.StringIO()) == "json"
     assert logging.getLogger("httpx").level == logging.WARNING  # not a line per poll of /readyz
@@ -314,7 +314,7 @@ def test_hitl_log_rotates(tmp_path: Path, root_logging):
 
 
 def test_rotate_file_keeps_n_backups_and_leaves_a_small_file(tmp_path: Path):
-    from hitl_review.serve_app.logging_setup import rotate_file
+    from hitl_review.serve_app.observability.logging_setup import rotate_file
 
     path = tmp_path / "redis.log"
     assert rotate_file(path, max_bytes=10, backups=2) is False  # not there: nothing to do
@@ -332,7 +332,7 @@ def test_rotate_file_keeps_n_backups_and_leaves_a_small_file(tmp_path: Path):
 def test_redis_log_is_rotated_while_redis_runs(tmp_path: Path):
     """redis-server opens its logfile for every line, so a renamed redis.log is followed by a new one."""
     from harness.ci import require_binary
-    from hitl_review.serve_app.redis_server import RedisServer
+    from hitl_review.serve_app.ops.redis_server import RedisServer
 
     require_binary("redis-server")
     server = RedisServer(tmp_path / "redis", log_max_bytes=1, log_backups=3).start()
@@ -359,7 +359,7 @@ def test_redis_log_is_rotated_while_redis_runs(tmp_path: Path):
 
 
 def test_ui_output_goes_to_a_file(tmp_path: Path):
-    from hitl_review.serve_app.launcher import ui_log
+    from hitl_review.serve_app.ops.launcher import ui_log
 
     first = ui_log(tmp_path)
     first.write(b"Running on local URL\n")

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from harness.hitl_up import HitlUp
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.ui.mask_render import window_for
 from hitl_review.ui.mask_review import MASK_STAGE, MASK_STAGE_TEXT
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.executor import report
-from hitl_review.serve_app import metrics
-from hitl_review.serve_app.redis_server import RedisServer
-from hitl_review.serve_app.writeback import WriteBack
+from hitl_review.serve_app.observability import metrics
+from hitl_review.serve_app.ops.redis_server import RedisServer
+from hitl_review.serve_app.work.writeback import WriteBack
 from hitl_review.statecore import counters, keys
 from hitl_review.statecore.states import TERMINAL, WAITING
 from hitl_review.statecore.store import Store, StoreConfig

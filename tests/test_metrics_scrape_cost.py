@@ -10,7 +10,7 @@ import asyncio
 import time
 
 from harness.bulk import bulk_waiting
-from hitl_review.serve_app import metrics
+from hitl_review.serve_app.observability import metrics
 from hitl_review.statecore import counters, keys, watchers
 
 from .helpers import waiting_job
@@ -20,7 +20,7 @@ WINDOW_S = 3600.0
 
 
 async def route_reads(store) -> None:
-    """What the /metrics route (serve_app/api.py ``prometheus``) reads from Redis, in its order."""
+    """What the /metrics route (serve_app/routes/api.py ``prometheus``) reads from Redis, in its order."""
     metrics.REDIS_STATE.update(await counters.read(store.r, WINDOW_S))
     await metrics.refresh_stuck(store.r, WINDOW_S)
     metrics.OUTBOX_LAG.set(await store.outbox_pending())

@@ -16,7 +16,7 @@ from PIL import Image
 
 from hitl_review.deployments.backends.base import DelayedDetector, make_detector
 from hitl_review.deployments.executor import Models, build_models, load_image, run_node
-from hitl_review.serve_app.config import Settings
+from hitl_review.serve_app.ops.config import Settings
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.errors import NodeExecutionError
 

@@ -22,9 +22,9 @@ from hitl_review.deployments.backends.base import (
 )
 from hitl_review.deployments.executor import build_models
 from hitl_review.deployments.serve import build_model_deployments
-from hitl_review.serve_app import preflight
 from hitl_review.serve_app.cli import build_parser
-from hitl_review.serve_app.launcher import settings_from_args
+from hitl_review.serve_app.ops import preflight
+from hitl_review.serve_app.ops.launcher import settings_from_args
 
 
 @pytest.mark.parametrize("shape", [(480, 640, 3), (37, 23, 3), (2, 2, 3)])

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from harness.ci import require_binary
-from hitl_review.serve_app.dispatcher import Dispatcher
-from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app.ops.redis_server import RedisServer
+from hitl_review.serve_app.work.dispatcher import Dispatcher
 from hitl_review.statecore import keys, scripts
 from hitl_review.statecore.execution import RunSpec, run_started, start
 from hitl_review.statecore.heartbeat import Heartbeat

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from hitl_review.serve_app.dispatcher import Dispatcher
-from hitl_review.serve_app.inspector import Inspector
+from hitl_review.serve_app.work.dispatcher import Dispatcher
+from hitl_review.serve_app.work.inspector import Inspector
 from hitl_review.statecore.execution import RunSpec, run_started
 from hitl_review.statecore.models import NodeCommand
 from hitl_review.statecore.store import Store, StoreConfig

@@ -170,7 +170,7 @@ async def test_notes_refused_where_they_make_no_sense(api, store, image):
 def test_the_client_flags_comments_skips_and_lists_flagged_jobs(api_server):
     """The synchronous client's calls on the real control plane under uvicorn (tests/conftest.py)."""
     from hitl_review.client import HitlClient
-    from hitl_review.serve_app.samples import product_composite
+    from hitl_review.serve_app.ops.samples import product_composite
 
     from .client_integration_util import TOKENS, wait_until
 
@@ -200,7 +200,7 @@ def test_the_cli_flags_comments_and_lists_flagged_jobs(api_server, monkeypatch, 
     import json
 
     from hitl_review.client import HitlClient
-    from hitl_review.serve_app.samples import product_composite
+    from hitl_review.serve_app.ops.samples import product_composite
 
     from .client_integration_util import TOKENS, run_cli, wait_until
 

@@ -25,7 +25,7 @@ import pytest
 from harness.hitl_up import HitlUp
 from harness.tokens import TOKENS
 from hitl_review.client import HitlClient
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.ui.panel import ROUND1_TEXT
 
 from .browser_stack import shared_ui_up, signed_in_maker

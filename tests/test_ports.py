@@ -1,6 +1,6 @@
 """``hitl up`` says in one line, before Redis or Ray start, when a port it must listen on is taken;
 the connections a crashed predecessor left on its port (TIME_WAIT) do not count as taken
-(``serve_app.ports``; the restart itself: tests/test_restart_same_port.py)."""
+(``serve_app.ops.ports``; the restart itself: tests/test_restart_same_port.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hitl_review.serve_app import ports
+from hitl_review.serve_app.ops import ports
 
 
 def listening(reuse: bool = True) -> socket.socket:
@@ -92,7 +92,7 @@ def test_a_deploy_failing_for_the_api_port_names_its_holder(monkeypatch: pytest.
     (Serve's status is not asked here: with no cluster it would start a Ray of its own.)"""
     from ray import serve
 
-    from hitl_review.serve_app import preflight
+    from hitl_review.serve_app.ops import preflight
 
     def no_cluster() -> None:
         raise ConnectionError("no Ray cluster in this test")

@@ -24,11 +24,11 @@ from hitl_review.deployments.backends.classical import ClassicalSegmenter
 from hitl_review.deployments.executor import Models
 from hitl_review.deployments.quality.metrics import mask_iou
 from hitl_review.deployments.quality.subject import QualityGate
-from hitl_review.serve_app.api import Runtime, create_app
-from hitl_review.serve_app.auth import Authenticator
-from hitl_review.serve_app.config import Settings
-from hitl_review.serve_app.dispatcher import LocalRunner
-from hitl_review.serve_app.preview_routes import BURST, RateLimiter
+from hitl_review.serve_app.ops.config import Settings
+from hitl_review.serve_app.routes.api import Runtime, create_app
+from hitl_review.serve_app.routes.auth import Authenticator
+from hitl_review.serve_app.routes.preview_routes import BURST, RateLimiter
+from hitl_review.serve_app.work.dispatcher import LocalRunner
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.models import ImageRef
 from hitl_review.statecore.store import Store, StoreConfig

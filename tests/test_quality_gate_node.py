@@ -18,7 +18,7 @@ from hitl_review.deployments.executor import Models, build_models, process_boxes
 from hitl_review.deployments.quality.metrics import mask_iou
 from hitl_review.deployments.quality.refine import STRATEGIES
 from hitl_review.deployments.quality.subject import QualityGate
-from hitl_review.serve_app.config import Settings
+from hitl_review.serve_app.ops.config import Settings
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.models import ImageRef
 from hitl_review.statecore.nodes import NodeBox, ProcessInput

@@ -116,8 +116,8 @@ def test_the_training_script_writes_weights_that_load(tmp_path: Path, capsys: py
 
 
 def test_hitl_up_refuses_gate_v5_where_its_network_cannot_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hitl_review.serve_app.config import Settings
-    from hitl_review.serve_app.preflight import UpError, check_quality_gate
+    from hitl_review.serve_app.ops.config import Settings
+    from hitl_review.serve_app.ops.preflight import UpError, check_quality_gate
 
     check_quality_gate(Settings(quality_gate_policy="gate-v5"))  # torch and the weights are here: accepted
 
@@ -139,7 +139,7 @@ def test_gate_v5_judges_the_cut_outs_in_the_segmenter_replica(tmp_path: Path) ->
     import httpx
 
     from harness.hitl_up import HitlUp
-    from hitl_review.serve_app.samples import product_composite
+    from hitl_review.serve_app.ops.samples import product_composite
     from tests.test_e2e_serve import Api, keep
 
     up = HitlUp(tmp_path / "data", "--quality-gate-policy", "gate-v5", "--quality-gate", "off").start()

@@ -29,10 +29,10 @@ from harness.hitl_up import HitlUp
 from harness.ray_cluster import RayCluster, ray_cli
 from harness.redis import RedisCluster
 from harness.tokens import TOKENS_SPEC
-from hitl_review.serve_app import ray_runtime
-from hitl_review.serve_app.config import Settings
-from hitl_review.serve_app.launcher import ready_line
-from hitl_review.serve_app.ports import free_port
+from hitl_review.serve_app.ops.config import Settings
+from hitl_review.serve_app.ops.launcher import ready_line
+from hitl_review.serve_app.ops.ports import free_port
+from hitl_review.serve_app.serving import ray_runtime
 from tests.api_util import blank_with_product, intervene, keep_all, submit, wait_done, wait_status
 
 OTHER_APP = """

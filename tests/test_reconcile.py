@@ -33,7 +33,7 @@ from hitl_review.archive.archiver import archive_job
 from hitl_review.archive.db import Archive
 from hitl_review.archive.mirror import Mirror, mirror_now, reconcile, write_live
 from hitl_review.archive.schema import LiveMirror
-from hitl_review.serve_app.recovery import Recovery
+from hitl_review.serve_app.recovery.recovery import Recovery
 from hitl_review.statecore import errors, keys
 from hitl_review.statecore.store import Store
 from loadtest.check_invariants import check

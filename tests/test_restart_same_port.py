@@ -21,7 +21,7 @@ import pytest
 from harness.ci import require_binary
 from harness.hitl_up import HitlUp
 from harness.tokens import TOKENS_SPEC, auth
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 from .api_util import intervene, keep_all, wait_done, wait_status
 

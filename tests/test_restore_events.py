@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from hitl_review.archive import migrate, reads
 from hitl_review.archive.archiver import copy_job
 from hitl_review.archive.db import Archive
-from hitl_review.serve_app.events import EventHub
+from hitl_review.serve_app.routes.events import EventHub
 from hitl_review.statecore import audit, keys
 from hitl_review.statecore.models import Event
 from hitl_review.statecore.restore import EVENT_ID_GAP, restore

@@ -30,7 +30,7 @@ import pytest
 from harness.hitl_up import HitlUp
 from harness.tokens import TOKENS
 from hitl_review.client import HitlClient, new_intervention_id
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.ui.claims import CLAIM_RENEW_S
 from hitl_review.ui.panel import ROUND1_TEXT, ROUND2_TEXT
 

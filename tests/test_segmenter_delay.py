@@ -12,7 +12,7 @@ from hitl_review.deployments.backends.base import DelayedSegmenter
 from hitl_review.deployments.executor import build_models
 from hitl_review.deployments.serve import build_model_deployments
 from hitl_review.serve_app.cli import build_parser
-from hitl_review.serve_app.launcher import settings_from_args
+from hitl_review.serve_app.ops.launcher import settings_from_args
 
 
 def test_segmenter_delay_from_the_command_line_to_the_backend(tmp_path):

@@ -28,9 +28,9 @@ from harness.ci import require_binary
 from harness.proc import Child
 from harness.ray_cluster import RayCluster, ray_cli
 from harness.tokens import token_file
-from hitl_review.serve_app.ports import quiet_port
-from hitl_review.serve_app.redis_server import RedisServer
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.ports import quiet_port
+from hitl_review.serve_app.ops.redis_server import RedisServer
+from hitl_review.serve_app.ops.samples import product_composite
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""Counters and histograms add up across processes in Redis (serve_app.shared_metrics): two
+"""Counters and histograms add up across processes in Redis (serve_app.observability.shared_metrics): two
 processes' increments, flushed, read the same totals from either, so two scrapes through a load
 balancer agree (the two-replica run under Ray Serve: tests/test_metrics_replicas.py)."""
 
@@ -8,11 +8,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hitl_review.serve_app.shared_metrics import KEY, Shared
+from hitl_review.serve_app.observability.shared_metrics import KEY, Shared
 
 
 def process() -> tuple[Shared, Counter, Histogram, CollectorRegistry]:
-    """One process's metrics as serve_app.metrics defines them: a local registry, the shared
+    """One process's metrics as serve_app.observability.metrics defines them: a local registry, the shared
     collector rendered in another."""
     local = CollectorRegistry()
     c = Counter("t_interventions_total", "doc", ["outcome"], registry=local)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from hitl_review.serve_app.events import sse_frame, sse_lines
+from hitl_review.serve_app.routes.events import sse_frame, sse_lines
 from hitl_review.statecore.models import Event
 
 

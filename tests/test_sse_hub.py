@@ -1,11 +1,11 @@
-"""The SSE hub (serve_app.events.EventHub) against a real redis-server: streams that race a job's
+"""The SSE hub (serve_app.routes.events.EventHub) against a real redis-server: streams that race a job's
 end still end with JOB_FINISHED, and the hub forgets a job once its last subscriber leaves."""
 
 from __future__ import annotations
 
 import asyncio
 
-from hitl_review.serve_app.events import EventHub
+from hitl_review.serve_app.routes.events import EventHub
 from hitl_review.statecore.models import Event
 from hitl_review.statecore.store import Store
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from harness.proc import Child
-from hitl_review.serve_app.config import Settings, save_deployment
-from hitl_review.serve_app.samples import product_composite
-from hitl_review.serve_app.standalone import parser, settings_for
+from hitl_review.serve_app.ops.config import Settings, save_deployment
+from hitl_review.serve_app.ops.samples import product_composite
+from hitl_review.serve_app.work.standalone import parser, settings_for
 from hitl_review.statecore import keys
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.models import ImageRef, InterventionRequest, Subject

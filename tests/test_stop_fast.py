@@ -22,8 +22,8 @@ import pytest
 
 from harness.ci import require_binary
 from harness.hitl_up import HitlUp, ray_token_header
-from hitl_review.serve_app.ray_runtime import DEFAULT_DASHBOARD_PORT
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
+from hitl_review.serve_app.serving.ray_runtime import DEFAULT_DASHBOARD_PORT
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""The stop's steps without Ray (``serve_app.stopping``): a step past its limit is left behind, a
+"""The stop's steps without Ray (``serve_app.ops.stopping``): a step past its limit is left behind, a
 second signal (``hurry``) cuts the step under way and skips the rest, the budget caps every step,
 and what is left of the processes started is SIGKILLed by PID, also one that ignores SIGTERM."""
 
@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from hitl_review.serve_app.stopping import Stopper
+from hitl_review.serve_app.ops.stopping import Stopper
 
 
 def test_a_step_past_its_limit_is_left_behind():
@@ -49,7 +49,7 @@ def test_the_budget_caps_every_step():
 STRAGGLERS = """
 import subprocess, sys, time
 import psutil
-from hitl_review.serve_app.stopping import Stopper
+from hitl_review.serve_app.ops.stopping import Stopper
 code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
 procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
 for p in procs:

@@ -38,7 +38,7 @@ from harness.tokens import auth
 from hitl_review.archive import migrate
 from hitl_review.archive.db import Archive
 from hitl_review.archive.mirror import reconcile
-from hitl_review.serve_app import durability
+from hitl_review.serve_app.recovery import durability
 from hitl_review.statecore.models import NodeReport
 from hitl_review.statecore.states import TERMINAL
 from hitl_review.statecore.store import Store, StoreConfig

@@ -10,7 +10,7 @@ from pathlib import Path
 from harness.executor import report
 from harness.tokens import auth
 from hitl_review.archive.mirror import mirror_now, reconcile
-from hitl_review.serve_app import metrics
+from hitl_review.serve_app.observability import metrics
 from hitl_review.statecore import keys
 from hitl_review.statecore.models import NodeReport
 

@@ -25,8 +25,8 @@ import redis
 
 from harness.ci import require_binary
 from harness.tokens import auth
-from hitl_review.serve_app.redis_server import RedisServer
-from hitl_review.serve_app.writeback import WriteBack
+from hitl_review.serve_app.ops.redis_server import RedisServer
+from hitl_review.serve_app.work.writeback import WriteBack
 from hitl_review.statecore import errors
 from hitl_review.statecore.durable import store_unavailable
 from hitl_review.statecore.store import Store, StoreConfig

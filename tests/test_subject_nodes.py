@@ -12,7 +12,7 @@ import asyncio
 import pytest
 import pytest_asyncio
 
-from hitl_review.serve_app.inspector import Inspector
+from hitl_review.serve_app.work.inspector import Inspector
 from hitl_review.statecore import keys
 from hitl_review.statecore.errors import VersionConflict
 from hitl_review.statecore.models import NodeCommand, NodeReport

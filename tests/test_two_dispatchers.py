@@ -8,7 +8,7 @@ import httpx
 from harness.sse import read_events
 from harness.tokens import TOKENS_SPEC, auth
 from harness.uvicorn import LocalServer
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 from .api_util import intervene, keep_all, submit, wait_status
 

@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from harness.hitl_up import HitlUp
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.statecore import keys
 from hitl_review.ui.panel import ROUND1_TEXT, ROUND2_TEXT
 
@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.slow]
 # already waiting when the page first shows it and the live-panel case is never exercised.
 DETECTOR_DELAY_MS = 4000
 
-# Empty studio background: product_composite puts its objects below y≈70 (see serve_app/samples.py),
+# Empty studio background: product_composite puts its objects below y≈70 (see serve_app/ops/samples.py),
 # so these strips along the top edge hold nothing the validator can name.
 GHOST_LEFT = [20.0, 10.0, 200.0, 60.0]
 GHOST_RIGHT = [430.0, 10.0, 620.0, 60.0]

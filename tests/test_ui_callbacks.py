@@ -15,7 +15,7 @@ from PIL import Image
 
 from harness.tokens import TOKENS
 from hitl_review.client import HitlClient, new_intervention_id
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 from hitl_review.ui.annotator import (
     AUTO_TARGET,
     edits_between,

@@ -9,8 +9,8 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from hitl_review.serve_app import metrics
-from hitl_review.serve_app.events import EventHub
+from hitl_review.serve_app.observability import metrics
+from hitl_review.serve_app.routes.events import EventHub
 from hitl_review.statecore import watchers
 
 from .helpers import waiting_job

@@ -106,7 +106,7 @@ def test_the_demo_extra_installs_no_torch():
 
     demo = closure("demo")
     assert not [r for r in demo if r.startswith(("torch", "segment-anything", "pycocotools"))], demo
-    assert any(r.startswith("scikit-image") for r in demo)  # the demo's photographs (serve_app/samples.py)
+    assert any(r.startswith("scikit-image") for r in demo)  # the demo's photographs (serve_app/ops/samples.py)
     makefile = (ROOT / "Makefile").read_text()
     assert "install -q -e '.[demo]'" in makefile and "'.[demo,models,export,dev]'" in makefile
 

@@ -19,8 +19,8 @@ from harness.ci import require_binary
 from harness.tokens import TOKENS_SPEC, auth
 from harness.uvicorn import LocalServer
 from hitl_review.serve_app import cli
-from hitl_review.serve_app.dispatcher import Dispatcher
-from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app.ops.redis_server import RedisServer
+from hitl_review.serve_app.work.dispatcher import Dispatcher
 from hitl_review.statecore import counters, deadletters
 from hitl_review.statecore.execution import RunSpec, run_started
 from hitl_review.statecore.models import NodeCommand, NodeReport
@@ -243,8 +243,8 @@ def _dead_in_spool(spool: Path) -> bool:
 
 
 def test_max_deliveries_and_the_data_dir_reach_the_dispatcher(tmp_path):
-    from hitl_review.serve_app.launcher import settings_from_args
-    from hitl_review.serve_app.runtime import make_dispatcher
+    from hitl_review.serve_app.ops.launcher import settings_from_args
+    from hitl_review.serve_app.serving.runtime import make_dispatcher
 
     settings = settings_from_args(cli.build_parser().parse_args(["up", "--max-deliveries", "3"]))
     assert settings.max_deliveries == 3

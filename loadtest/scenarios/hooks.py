@@ -92,7 +92,7 @@ def _options(parser: Any) -> None:
 
 
 def _init(environment: Any, **_kw: Any) -> None:
-    from hitl_review.serve_app.samples import product_composite
+    from hitl_review.serve_app.ops.samples import product_composite
 
     opts = environment.parsed_options
     SH.token = resolve_token()

@@ -1,6 +1,6 @@
 -- create_job: a new job, its first outbox command (DETECT_SUBJECTS; none for a pre-labelled job,
 -- which opens its first pause instead) and events, atomically.
--- KEYS: see _lib.lua; KEYS[20] present when the submitter sent an Idempotency-Key.
+-- KEYS: see _lib.lua; KEYS[21] present when the submitter sent an Idempotency-Key.
 -- ARGV[5] plan JSON   ARGV[6] the creation's fingerprint (decide.create_fingerprint: the image's
 -- sha256, and the review quorum when it is not 1; kept as the record's image_sha)
 -- ARGV[7] response body   ARGV[8] created_at (ms)   ARGV[9] the audit outcome when not CREATED (a

@@ -6,7 +6,7 @@
 -- every id the lost list can have held), so the ids go on increasing and a reader finds event id i
 -- at position i - event_base (_lib.lua's append_event, statecore.eventrefs.read_after)
 -- ARGV[10] the mirrored records (JSON object): "idem" (intervention_id -> record, as K_IDEM holds them)
--- and "create" (the creation record's fields, written to KEYS[20] when the job has an Idempotency-Key),
+-- and "create" (the creation record's fields, written to KEYS[21] when the job has an Idempotency-Key),
 -- so a retried intervention, vote or creation is answered as it was before the loss
 -- The restored job's audit starts a new chain (its first entry: RESTORE; the earlier entries went with
 -- Redis, and the archive holds those of finished jobs only).
