@@ -15,6 +15,24 @@ hidden one's mask is what stays visible.
   photo and procedural textures, glossy highlights, on cluttered, low-contrast or gradient
   backgrounds with hard shadows, and overlapping subjects.
 
+Stress splits (a shop no shipped gate was calibrated or trained on; ``benchmarks/cutout_quality.py
+--splits new,photos --loose 0.10,0.25``, ``benchmarks/learning_loop.py``), never used by gate-v1 … v5:
+
+- ``new``: outlines none of the above has (``NEW_SHAPES``: clothing, furniture, bags, plants,
+  lettering) on backgrounds none has (``NEW_BACKGROUNDS``: wood, fabric, dark studio, tiles, a sharp
+  photograph), placed far enough from the frame that a box 25 % loose per side still fits;
+- ``photos``: scikit-image's bundled real photographs (``PHOTO_SOURCES``). ``coins`` (a real
+  photograph of real coins): each coin's truth is *derived*, not exact — the watershed of the Sobel
+  elevation from markers below 30 and above 150, holes filled (scikit-image's own coins tutorial;
+  24 coins of 1,077-3,141 px, checked by eye); a window of it, scaled 1.5-2.5x. ``photo_cutout``:
+  a new outline cut from one photograph (astronaut, coffee, chelsea, rocket, immunohistochemistry)
+  and pasted, unblurred, on a sharp window of another: real photographic texture on both sides of
+  the edge, exact truth by construction. No hand-drawn masks: none of the bundled photographs ships
+  one, and an outline drawn here by eye would be a guess passed off as truth.
+
+Boxes: ``loose_box`` moves each side of the true box out by a seeded share of the box's width
+(left, right) or height (top, bottom), ``LOOSE`` = 10-25 % by default, clipped to the frame.
+
     python benchmarks/cutout_data.py --n 300 --seed 0 --out /tmp/cutout_set   # PNGs + labels.json
 """
 
@@ -32,6 +50,12 @@ import cv2
 import numpy as np
 
 SPLITS = ("easy", "hard")
+STRESS_SPLITS = ("new", "photos")  # stable names: benchmarks/learning_loop.py imports them
+ALL_SPLITS = SPLITS + STRESS_SPLITS  # the order seeds each image's generator: append only
+NEW_SHAPES = ("tshirt", "trousers", "dress", "sofa", "table", "shelf", "handbag", "backpack", "plant", "lettering")
+NEW_BACKGROUNDS = ("wood", "fabric", "dark", "tiles", "photo")
+PHOTO_SOURCES = ("coins", "photo_cutout")
+LOOSE = (0.10, 0.25)  # the stress boxes: each side out by this share of the box's side
 EASY_SHAPES = ("box", "shoe", "bottle", "mug", "blob")
 HARD_SHAPES = ("box", "shoe", "bottle", "mug", "blob", "lamp", "ring", "horse", "chair")
 EASY_BACKGROUNDS = ("plain", "gradient")
@@ -236,11 +260,15 @@ def _place(
 
 
 def make_sample(split: str, index: int, seed: int) -> Sample:
-    """Image ``index`` of ``split`` for ``seed``: the same pixels every time."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    """Image ``index`` of ``split`` (one of ``ALL_SPLITS``) for ``seed``: the same pixels every time."""
+    if split not in ALL_SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(ALL_SPLITS)}")
     hard = split == "hard"
-    rng = np.random.default_rng([seed, SPLITS.index(split), index])
+    rng = np.random.default_rng([seed, ALL_SPLITS.index(split), index])
+    if split in STRESS_SPLITS:
+        from benchmarks.cutout_stress import new_sample, photos_sample
+
+        return (new_sample if split == "new" else photos_sample)(index, rng)
     h, w = int(rng.integers(240, 301)), int(rng.integers(320, 401))
     bg_kind = str(rng.choice(HARD_BACKGROUNDS if hard else EASY_BACKGROUNDS))
     img = _background(bg_kind, h, w, rng)
@@ -303,11 +331,29 @@ def make_sample(split: str, index: int, seed: int) -> Sample:
     return Sample(image, subjects, split, index, bg_kind, [bg_kind, *tags])
 
 
-def make_set(split: str, n: int, seed: int) -> list[Sample]:
-    """``n`` images of ``split`` (``easy`` or ``hard``); images without a visible subject are skipped
-    (rare), so a set may hold a few fewer than ``n``."""
-    out = [make_sample(split, i, seed) for i in range(n)]
+def make_set(split: str, n: int, seed: int, start: int = 0) -> list[Sample]:
+    """Images ``start`` … ``start + n - 1`` of ``split`` (one of ``ALL_SPLITS``); images without a visible
+    subject are skipped (rare), so a set may hold a few fewer than ``n``. Disjoint ``start`` ranges (or
+    seeds) give disjoint images: train on one, evaluate on another."""
+    out = [make_sample(split, i, seed) for i in range(start, start + n)]
     return [s for s in out if s.subjects]
+
+
+def loose_box(
+    bbox: list[float], width: int, height: int, rng: np.random.Generator, lo: float = LOOSE[0], hi: float = LOOSE[1]
+) -> list[float]:
+    """The true box with each side moved out by a share drawn uniformly in [``lo``, ``hi``] of the box's
+    width (left, right) or height (top, bottom), clipped to the frame (``new`` and ``photos`` leave room
+    for 25 %, so there it never is)."""
+    x1, y1, x2, y2 = bbox
+    bw, bh = x2 - x1, y2 - y1
+    d = rng.uniform(lo, hi, size=4)
+    return [
+        max(0.0, x1 - d[0] * bw),
+        max(0.0, y1 - d[1] * bh),
+        min(float(width), x2 + d[2] * bw),
+        min(float(height), y2 + d[3] * bh),
+    ]
 
 
 def write_set(folder: Path, n: int, seed: int) -> dict[str, int]:

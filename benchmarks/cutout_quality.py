@@ -31,6 +31,14 @@ the path runs, and its gate thresholds must be calibrated on real weights.
 (``benchmarks/gate_calibration.py``), gate-v5's network on seeds 1-10 and 14-29 and its threshold on 11-13
 (``benchmarks/gate_net_training.py``); the default report is on seed 0, images no calibration saw.
 
+Stress splits (a shop none of them saw; ``cutout_data.py``'s docstring): ``--splits new,photos --loose
+0.10,0.25`` (boxes 10-25 % loose per side), ``--grey`` adds each gate's figures with the picture
+replaced by flat grey (the same masks: a gate that reads the picture does clearly worse there), a
+policy file ``hitl learn gate`` wrote is named in ``--policies`` like a version:
+
+    .venv/bin/python benchmarks/cutout_quality.py --splits new,photos --loose 0.10,0.25 --grey \
+        --max-refinements 0 --n 200 --start 1000 --policies gate-v1,gate-v5,/tmp/gate.json
+
     .venv/bin/python benchmarks/cutout_quality.py                       # ~300 images, classical
     .venv/bin/python benchmarks/cutout_quality.py --backends classical,sam --n 40
     .venv/bin/python benchmarks/cutout_quality.py --quick --json /tmp/cq.json   # smoke, seconds
@@ -55,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cutout_data import SPLITS, Sample, make_set
+from benchmarks.cutout_data import ALL_SPLITS, LOOSE, Sample, loose_box, make_set
 from harness.bench import log
 from hitl_review.deployments.backends.base import make_segmenter
 from hitl_review.deployments.quality.gate import DEFAULT_POLICY, GatePolicy, judge, policy, score_mask
@@ -75,10 +83,13 @@ def given_box(bbox: list[float], width: int, height: int, rng: np.random.Generat
     return [max(0.0, x1 - d[0]), max(0.0, y1 - d[1]), min(float(width), x2 + d[2]), min(float(height), y2 + d[3])]
 
 
-def subject_boxes(sample: Sample, seed: int) -> list[list[float]]:
-    """The boxes the benchmark prompts ``sample``'s subjects with (``given_box``, seeded per image)."""
+def subject_boxes(sample: Sample, seed: int, loose: tuple[float, float] | None = None) -> list[list[float]]:
+    """The boxes the benchmark prompts ``sample``'s subjects with (``given_box``, seeded per image), or with
+    ``loose`` (lo, hi), ``cutout_data.loose_box``: each side out by that share of the box's side."""
     h, w = sample.image.shape[:2]
-    rng = np.random.default_rng([seed, 7, SPLITS.index(sample.split), sample.index])
+    rng = np.random.default_rng([seed, 7, ALL_SPLITS.index(sample.split), sample.index])
+    if loose is not None:
+        return [loose_box(s.bbox, w, h, rng, *loose) for s in sample.subjects]
     return [given_box(s.bbox, w, h, rng) for s in sample.subjects]
 
 
@@ -115,18 +126,26 @@ class _Failures(logging.Handler):
 
 
 def run_subjects(
-    segmenter: Any, samples: list[Sample], gates: list[GatePolicy], max_refinements: int, seed: int
+    segmenter: Any,
+    samples: list[Sample],
+    gates: list[GatePolicy],
+    max_refinements: int,
+    seed: int,
+    loose: tuple[float, float] | None = None,
+    grey: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     """Per policy, one row per subject: the first mask's IoU / boundary F and verdict, then the production
     path (``QualityGate.check``: refinements, the mask kept and its verdict), with times. Each image is
-    segmented once; every policy judges the same first masks."""
+    segmented once; every policy judges the same first masks. ``loose``: the boxes' looseness
+    (``subject_boxes``); ``grey``: each policy also judges the same masks with the picture replaced by flat
+    grey (``grey_passed``): a gate that reads the picture must do clearly worse there."""
     quality = [QualityGate(g.version, max_refinements) for g in gates]
     failures = _Failures()
     logging.getLogger("hitl.quality").addHandler(failures)
     rows: dict[str, list[dict[str, Any]]] = {g.version: [] for g in gates}
     try:
         for sample in samples:
-            for version, got in _run_image(segmenter, sample, gates, quality, failures, seed).items():
+            for version, got in _run_image(segmenter, sample, gates, quality, failures, seed, loose, grey).items():
                 rows[version] += got
     finally:
         logging.getLogger("hitl.quality").removeHandler(failures)
@@ -140,10 +159,13 @@ def _run_image(
     quality: list[QualityGate],
     failures: _Failures,
     seed: int,
+    loose: tuple[float, float] | None = None,
+    grey: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     image = sample.image
     sha = hashlib.sha256(image.tobytes()).hexdigest()
-    boxes = subject_boxes(sample, seed)
+    boxes = subject_boxes(sample, seed, loose)
+    flat = np.full_like(image, 128)
     t0 = time.perf_counter()
     results = segmenter.segment(image, sha, [{"box_id": f"s{j}", "bbox": b} for j, b in enumerate(boxes)])
     seg_ms = 1000 * (time.perf_counter() - t0) / len(boxes)
@@ -158,6 +180,7 @@ def _run_image(
             )
             verdict = judge(scores, gate)
             gate_ms = 1000 * (time.perf_counter() - t1)
+            grey_passed = judge(score_mask(flat, bbox, mask, gate=gate), gate).passed if grey else None
             failures.messages.clear()
             t2 = time.perf_counter()
             kept = gated.check(segmenter, image, sha, bbox, found)
@@ -171,6 +194,7 @@ def _run_image(
                     "iou": iou,
                     "bf": bf,
                     "passed": verdict.passed,
+                    "grey_passed": grey_passed,
                     "reasons": verdict.reasons,
                     "scores": scores,
                     "strategies": [r["strategy"] for r in kept.refinements],
@@ -192,12 +216,24 @@ def _mean(values: list[float]) -> float | None:
     return round(statistics.fmean(values), 4) if values else None
 
 
+def _bound(k: int, n: int) -> str | None:
+    """The two-sided 95 % exact (Clopper–Pearson) interval of ``k`` in ``n``, as ``lo-hi``."""
+    if not n:
+        return None
+    from hitl_review.statecore.autoapprove import lower_bound, upper_bound
+
+    return f"{lower_bound(k, n, 0.975):.3f}-{upper_bound(k, n, 0.975):.3f}"
+
+
 def summarize(rows: list[dict[str, Any]], bad_iou: float) -> dict[str, Any]:
     bad = [r["iou"] < bad_iou for r in rows]
     failed = [not r["passed"] for r in rows]
     tp = sum(b and f for b, f in zip(bad, failed, strict=True))
     out_rows = [r for r in rows if not r["passed"]]
     n = len(rows)
+    grey = [r.get("grey_passed") is not None for r in rows]
+    g_failed = [r.get("grey_passed") is False for r in rows]
+    g_tp = sum(b and f for b, f in zip(bad, g_failed, strict=True))
     return {
         "subjects": n,
         "mean_iou": _mean([r["iou"] for r in rows]),
@@ -208,6 +244,11 @@ def summarize(rows: list[dict[str, Any]], bad_iou: float) -> dict[str, Any]:
         "gate_failed": sum(failed),
         "gate_precision": round(tp / sum(failed), 4) if sum(failed) else None,
         "gate_recall": round(tp / sum(bad), 4) if sum(bad) else None,
+        # the same masks judged with the picture replaced by flat grey (--grey): reading the picture shows here
+        "grey_gate_precision": round(g_tp / sum(g_failed), 4) if all(grey) and n and sum(g_failed) else None,
+        "grey_gate_recall": round(g_tp / sum(bad), 4) if all(grey) and n and sum(bad) else None,
+        "gate_recall_bound": _bound(tp, sum(bad)),
+        "gate_precision_bound": _bound(tp, sum(failed)),
         "escaped": sum(r["final_passed"] and r["final_iou"] < bad_iou for r in rows),
         "gated_out_mean_iou_before": _mean([r["iou"] for r in out_rows]),
         "gated_out_mean_iou_after": _mean([r["final_iou"] for r in out_rows]),
@@ -289,6 +330,10 @@ TABLE_ROWS: tuple[tuple[str, Any], ...] = (
     ("gate failed", lambda r: r["gate_failed"]),
     ("gate precision", lambda r: r["gate_precision"]),
     ("gate recall", lambda r: r["gate_recall"]),
+    ("gate recall, 95% CI", lambda r: r.get("gate_recall_bound")),
+    ("gate precision, 95% CI", lambda r: r.get("gate_precision_bound")),
+    ("gate precision, picture grey", lambda r: r.get("grey_gate_precision")),
+    ("gate recall, picture grey", lambda r: r.get("grey_gate_recall")),
     ("gated out: mean IoU before", lambda r: r["gated_out_mean_iou_before"]),
     ("gated out: mean IoU after (kept mask)", lambda r: r["gated_out_mean_iou_after"]),
     ("gated out, then passed after refining", lambda r: r["refined_and_passed"]),
@@ -318,7 +363,8 @@ def print_table(out: dict[str, Any]) -> None:
             line = [name, *[fmt(get(r)) for _, r in cols]]
             for p in others:
                 a, b = get(per[p][splits[-1]]), get(per[base][splits[-1]])
-                line.append("-" if a is None or not b or name == "subjects" else f"{a / b:.2f}x")
+                numbers = isinstance(a, int | float) and isinstance(b, int | float)
+                line.append(f"{a / b:.2f}x" if numbers and b and name != "subjects" else "-")
             lines.append(line)
         widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
         print(
@@ -340,7 +386,9 @@ def print_table(out: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="classical", help="comma-separated: classical, sam")
-    ap.add_argument("--splits", default="easy,hard")
+    ap.add_argument(
+        "--splits", default="easy,hard", help="of cutout_data.ALL_SPLITS; the stress splits: new, photos (with --loose)"
+    )
     ap.add_argument("--n", type=int, default=300, help="images in all, half per split")
     ap.add_argument("--seed", type=int, default=0, help="the data set's seed (the gates are calibrated on others)")
     ap.add_argument("--max-refinements", type=int, default=2)
@@ -350,6 +398,15 @@ def main(argv: list[str] | None = None) -> int:
         help="quality-gate policy versions, side by side; the first is the baseline of the ratios",
     )
     ap.add_argument("--bad-iou", type=float, default=0.85, help="a mask below this IoU is bad")
+    ap.add_argument(
+        "--loose",
+        default=None,
+        metavar="LO,HI",
+        help=f"boxes loose by LO..HI of their side per side (cutout_data.loose_box; the stress runs: "
+        f"{LOOSE[0]},{LOOSE[1]}); default: -1..5 px",
+    )
+    ap.add_argument("--grey", action="store_true", help="also judge every mask with the picture flat grey (ablation)")
+    ap.add_argument("--start", type=int, default=0, help="the first image index of each split (disjoint ranges)")
     ap.add_argument("--quick", action="store_true", help="a tiny set (6 images per split): a smoke run")
     ap.add_argument("--rows", action="store_true", help="also write every subject's features and IoU (calibration)")
     ap.add_argument(
@@ -367,6 +424,12 @@ def main(argv: list[str] | None = None) -> int:
     gates = [policy(p.strip()) for p in args.policies.split(",") if p.strip()]
     versions = [g.version for g in gates]
     per_split = 6 if args.quick else max(1, args.n // len(splits))
+    loose: tuple[float, float] | None = None
+    if args.loose:
+        lo, _, hi = args.loose.partition(",")
+        loose = (float(lo), float(hi or lo))
+        if not 0 <= loose[0] <= loose[1]:
+            ap.error("--loose LO,HI with 0 <= LO <= HI, e.g. 0.10,0.25")
     out: dict[str, Any] = {
         "benchmark": "cutout_quality",
         "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
@@ -387,10 +450,10 @@ def main(argv: list[str] | None = None) -> int:
             for v in versions:
                 out["results"][v][backend] = {}
             for split in splits:
-                samples = make_set(split, per_split, args.seed)
+                samples = make_set(split, per_split, args.seed, args.start)
                 log(f"{backend} {split}: {len(samples)} images, {sum(len(s.subjects) for s in samples)} subjects")
                 t0 = time.perf_counter()
-                rows = run_subjects(seg, samples, gates, args.max_refinements, args.seed)
+                rows = run_subjects(seg, samples, gates, args.max_refinements, args.seed, loose, args.grey)
                 for v in versions:
                     out["results"][v][backend][split] = summarize(rows[v], args.bad_iou)
                     all_rows += [{"backend": backend, "policy": v, **r} for r in rows[v]]
