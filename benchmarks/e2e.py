@@ -37,7 +37,7 @@ from harness.bench import log, parse_at, pct
 from harness.hitl_up import HitlUp
 from harness.uvicorn import UvicornServer
 from hitl_review.client.approve_calls import answer_keeping
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 CONTROL_PLANE = ("ServeReplica:hitl:Api", "ServeReplica:hitl:Events", "ProxyActor")
 

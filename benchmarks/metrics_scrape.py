@@ -5,7 +5,7 @@ Against a redis-server of our own (AOF everysec): at each size, the jobs waiting
 review are made through the real scripts (``harness.bulk.bulk_waiting``: create_job, then the
 detection's apply_report, pipelined; the outbox drained as a dispatcher leaves it), ``--watched`` of
 them followed by an SSE server (``watchers.beacon``, as the Events replicas write it), and then R
-timed scrapes of everything the /metrics route (``serve_app.api``) reads from Redis, in its order:
+timed scrapes of everything the /metrics route (``serve_app.routes.api``) reads from Redis, in its order:
 ``counters.read``, ``metrics.refresh_stuck`` (the running nodes, then ``watchers.read``), the
 outbox's pending count, the shared counters' flush and refresh, and the render. Each part is timed
 on its own too, and the Redis server's own CPU time per scrape is read from ``INFO cpu``.
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.bulk import bulk_waiting
-from hitl_review.serve_app import metrics
-from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app.observability import metrics
+from hitl_review.serve_app.ops.redis_server import RedisServer
 from hitl_review.statecore import counters, keys, watchers
 from hitl_review.statecore.store import Store, StoreConfig
 
@@ -41,7 +41,7 @@ WINDOW_S = 3600.0
 
 
 def parts(store: Store) -> dict[str, Callable[[], Awaitable[Any]]]:
-    """The /metrics route's Redis reads (serve_app/api.py ``prometheus``), one callable each."""
+    """The /metrics route's Redis reads (serve_app/routes/api.py ``prometheus``), one callable each."""
     r = store.r
 
     async def shared() -> None:

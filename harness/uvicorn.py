@@ -1,4 +1,4 @@
-"""The control plane's FastAPI app (``serve_app.runtime.local_app``) under plain uvicorn, without Ray.
+"""The control plane's FastAPI app (``serve_app.serving.runtime.local_app``) under plain uvicorn, without Ray.
 
 - ``LocalServer``: in a thread of this process (the API and client tests: fast to start, and the
   test can reach the same Redis directly);
@@ -26,11 +26,11 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from hitl_review.serve_app.config import Settings
-from hitl_review.serve_app.durability import appendfsync
-from hitl_review.serve_app.ports import free_port
-from hitl_review.serve_app.redis_server import RedisServer
-from hitl_review.serve_app.runtime import local_app
+from hitl_review.serve_app.ops.config import Settings
+from hitl_review.serve_app.ops.ports import free_port
+from hitl_review.serve_app.ops.redis_server import RedisServer
+from hitl_review.serve_app.recovery.durability import appendfsync
+from hitl_review.serve_app.serving.runtime import local_app
 from hitl_review.statecore.models import NodeCommand
 
 from .proc import Child

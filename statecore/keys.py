@@ -252,7 +252,7 @@ class JobKeys:
     # ``<executor>:<node id>`` STRING (with a TTL): who runs that node now; asked before a re-dispatch
     executor: str
     # ``<writeback>:<node id>`` STRING (with a TTL, renewed): a result of that node waits in a write-back
-    # spool for Redis to take it (serve_app/writeback.py); the inspector leaves the node alone meanwhile.
+    # spool for Redis to take it (serve_app/work/writeback.py); the inspector leaves the node alone meanwhile.
     writeback: str
     # HASH (with a TTL: --claim-ttl-s) reviewer, claimed_at, expires_at: the reviewer looking at the
     # waiting job (docs/protocol.md § Claims). Apart from ``meta``: a claim is not a change of the job.

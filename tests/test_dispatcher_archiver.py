@@ -11,8 +11,8 @@ import inspect
 import time
 from typing import Any
 
-from hitl_review.serve_app.archive_loop import ArchiveLoop
-from hitl_review.serve_app.dispatcher import Dispatcher
+from hitl_review.serve_app.work.archive_loop import ArchiveLoop
+from hitl_review.serve_app.work.dispatcher import Dispatcher
 from hitl_review.statecore import archive_queue, deadletters, keys
 from hitl_review.statecore.models import NodeCommand
 from hitl_review.statecore.store import Store, StoreConfig

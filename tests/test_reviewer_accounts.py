@@ -29,13 +29,13 @@ import pytest
 from pydantic import ValidationError
 
 from harness.tokens import TOKENS, TOKENS_SPEC, auth
-from hitl_review.serve_app.api import Runtime, create_app
-from hitl_review.serve_app.auth import ACCOUNT_CACHE_S, Authenticator
 from hitl_review.serve_app.cli import build_parser
 from hitl_review.serve_app.cli import main as hitl
-from hitl_review.serve_app.config import Settings
-from hitl_review.serve_app.launcher import settings_from_args
-from hitl_review.serve_app.preflight import UpError
+from hitl_review.serve_app.ops.config import Settings
+from hitl_review.serve_app.ops.launcher import settings_from_args
+from hitl_review.serve_app.ops.preflight import UpError
+from hitl_review.serve_app.routes.api import Runtime, create_app
+from hitl_review.serve_app.routes.auth import ACCOUNT_CACHE_S, Authenticator
 from hitl_review.statecore import accounts, keys
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.store import Store, StoreConfig

@@ -23,7 +23,7 @@ import pytest
 from harness.hitl_up import HitlUp
 from harness.tokens import TOKENS
 from hitl_review.serve_app.cli import main as hitl
-from hitl_review.serve_app.samples import product_composite
+from hitl_review.serve_app.ops.samples import product_composite
 
 from .browser_stack import page_maker, shared_ui_up
 from .browser_util import WAIT_MS, Api, Reviewer
@@ -119,7 +119,6 @@ def test_a_reviewer_added_at_run_time_signs_in_keeps_it_and_signs_out(
     sees_the_queue(rv, "erin", stack.job)
     conn = ["--api-url", stack.up.api_url, "--token", TOKENS["admin"]]
     assert hitl(["admin", "reviewers", "remove", "erin", *conn]) == 0
-    rv.page.wait_for_timeout(3000)  # past every replica's account cache (serve_app.auth.ACCOUNT_CACHE_S)
     rv.page.reload()
     rv.expect_text("#login-message", "401")
     expect(rv.page.locator("#main-panel")).to_be_hidden()

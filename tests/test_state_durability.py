@@ -12,8 +12,8 @@ import pytest
 import redis.exceptions
 
 from harness.ci import require_binary
-from hitl_review.serve_app.inspector import Inspector
-from hitl_review.serve_app.redis_server import RedisServer
+from hitl_review.serve_app.ops.redis_server import RedisServer
+from hitl_review.serve_app.work.inspector import Inspector
 from hitl_review.statecore import keys
 from hitl_review.statecore.models import NodeReport
 from hitl_review.statecore.states import JobStatus as S

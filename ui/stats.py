@@ -3,7 +3,9 @@
 Computed from what the API already returns, cheaply: the job listing names the finished jobs, and
 a finished job's event history (``PAUSE_OPENED`` … ``INTERVENTION_ACCEPTED``, docs/protocol.md
 § Events) never changes, so each job's history is read once and kept. Live jobs are left out:
-their stream does not end, and their decisions are counted once they finish.
+their stream does not end, and their decisions are counted once they finish. The policies' figures
+are the deployment's own, read from ``/metrics`` (serve_app's policy_metrics: the same counters the
+live check drops a policy by), so they never say which job was a spot check: only how many there were.
 """
 
 from __future__ import annotations
