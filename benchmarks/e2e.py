@@ -11,10 +11,22 @@ Two servers in the same run, the same workload:
 Each job: POST /jobs, follow its SSE stream, at PAUSE_OPENED submit the boxes (keep all), follow
 until JOB_FINISHED. SSE latency = time a subscriber receives an event minus the event's ``at``
 (stamped by the Lua script that applied the report), for events received live. Control-plane CPU
-for ray-serve = CPU seconds of the Api + Events replicas and the Serve proxy; for uvicorn = the whole
-server process, models included (so its figure is an upper bound of the control plane's).
+for ray-serve = CPU seconds of the Api (its dispatcher included) + Events + Archiver replicas and the
+Serve proxy, summed over ``hitl up``'s own process tree (psutil deltas over the measured run); the
+model replicas and Ray's own processes are reported apart. For uvicorn = the whole server process,
+models included (so its figure is an upper bound of the control plane's). The Redis server's own CPU
+per job comes from ``INFO cpu`` (the process), its split by command from ``INFO commandstats`` (a
+script's ``EVALSHA`` time includes the commands it runs, which are listed again under their names).
+
+``--detector null --segmenter null`` measures the control plane alone (deployments/backends/null.py);
+``--baseline DIR`` runs ``hitl up`` from another checkout (``PYTHONPATH=DIR``, e.g. a worktree of an
+earlier commit) alternately with this one, ``--rounds`` times, in the same run; ``--profile DIR``
+records py-spy's raw stacks of each control-plane process during the measured run (a separate run:
+the sampler's own CPU competes on a small machine).
 
     .venv/bin/python benchmarks/e2e.py --jobs 24 --concurrency 6 --delay-ms 80 --json benchmarks/out/e2e.json
+    .venv/bin/python benchmarks/e2e.py --detector null --segmenter null --delay-ms 0 --servers ray-serve \
+        --idle-streams 0 --jobs 100 --concurrency 8 --baseline /work/base-prof --rounds 2
 """
 
 from __future__ import annotations
@@ -22,7 +34,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +46,7 @@ from typing import Any
 
 import httpx
 import psutil
+import redis
 from httpx_sse import aconnect_sse
 
 from harness.bench import log, parse_at, pct
@@ -39,7 +55,8 @@ from harness.uvicorn import UvicornServer
 from hitl_review.client.approve_calls import answer_keeping
 from hitl_review.serve_app.ops.samples import product_composite
 
-CONTROL_PLANE = ("ServeReplica:hitl:Api", "ServeReplica:hitl:Events", "ProxyActor")
+CONTROL_PLANE = ("ServeReplica:hitl:Api", "ServeReplica:hitl:Events", "ServeReplica:hitl:Archiver", "ProxyActor")
+MODELS = ("ServeReplica:hitl:Detector", "ServeReplica:hitl:BoxValidator", "ServeReplica:hitl:Segmenter")
 
 
 def cpu_seconds(procs: list[psutil.Process]) -> float:
@@ -53,15 +70,82 @@ def cpu_seconds(procs: list[psutil.Process]) -> float:
     return total
 
 
-def control_plane_procs(root_pid: int | None = None) -> list[psutil.Process]:
-    if root_pid is not None:
-        return [psutil.Process(root_pid)]
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if any(name in cmd for name in CONTROL_PLANE):
-            out.append(p)
-    return out
+def proc_groups(root_pid: int) -> dict[str, list[psutil.Process]]:
+    """``hitl up``'s process tree (not another run's on the same machine) by role: the control plane,
+    the model replicas, and the rest (the ``hitl up`` driver, Ray's raylet/GCS, Serve's controller)."""
+    root = psutil.Process(root_pid)
+    groups: dict[str, list[psutil.Process]] = {"control_plane": [], "models": [], "ray_and_driver": []}
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "redis-server" in cmd:
+            continue  # its CPU comes from INFO cpu
+        key = "control_plane" if any(n in cmd for n in CONTROL_PLANE) else "ray_and_driver"
+        key = "models" if any(n in cmd for n in MODELS) else key
+        groups[key].append(p)
+    return groups
+
+
+def role_of(p: psutil.Process) -> str:
+    """A control-plane process's short name (Api, Events, Archiver, ProxyActor) and its pid."""
+    try:
+        role = next((n.split(":")[-1] for n in CONTROL_PLANE if n in " ".join(p.cmdline())), "proc")
+    except psutil.Error:
+        role = "gone"
+    return f"{role}-{p.pid}"
+
+
+def redis_cpu(r: redis.Redis | None) -> dict[str, Any]:
+    """The Redis server's CPU seconds (INFO cpu) and its commandstats (calls, usec per command)."""
+    if r is None:
+        return {}
+    cpu = r.info("cpu")
+    stats = r.info("commandstats")
+    return {
+        "cpu_s": float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
+        "commands": {k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for k, v in stats.items()},
+    }
+
+
+def redis_per_job(before: dict[str, Any], after: dict[str, Any], jobs: int) -> dict[str, Any]:
+    if not before:
+        return {}
+    cmds = {}
+    for name, (calls, usec) in after["commands"].items():
+        c0, u0 = before["commands"].get(name, (0, 0))
+        if calls > c0:
+            cmds[name] = {"calls_per_job": round((calls - c0) / jobs, 2), "usec_per_job": round((usec - u0) / jobs, 1)}
+    top = dict(sorted(cmds.items(), key=lambda kv: -kv[1]["usec_per_job"])[:12])
+    return {
+        "redis_cpu_ms_per_job": round((after["cpu_s"] - before["cpu_s"]) / jobs * 1000, 2),
+        "redis_calls_per_job": round(sum(v["calls_per_job"] for v in cmds.values()), 1),
+        "redis_top_commands": top,
+    }
+
+
+class Profiler:
+    """py-spy record (raw collapsed stacks) of each control-plane process while the run lasts."""
+
+    def __init__(self, out_dir: Path | None, name: str, procs: list[psutil.Process]) -> None:
+        self.children: list[subprocess.Popen[bytes]] = []
+        if out_dir is None:
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        spy = Path(sys.executable).with_name("py-spy")
+        for p in procs:
+            out = out_dir / f"{name}-{role_of(p)}.txt"
+            cmd = [str(spy), "record", "--format", "raw", "-r", "100", "--nonblocking", "-p", str(p.pid)]
+            cmd += ["-o", str(out)]
+            self.children.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        time.sleep(1.0)  # py-spy attached
+
+    def stop(self) -> None:
+        for c in self.children:
+            c.send_signal(signal.SIGINT)
+        for c in self.children:
+            c.wait(timeout=30)
 
 
 async def run_workload(api_url: str, token: str, jobs: int, concurrency: int, seed: int) -> dict[str, Any]:
@@ -117,6 +201,7 @@ async def run_workload(api_url: str, token: str, jobs: int, concurrency: int, se
         "jobs": jobs,
         "wall_s": round(wall, 3),
         "jobs_per_min": round(jobs / wall * 60, 1),
+        "jobs_per_s": round(jobs / wall, 2),
         "job_latency_p50_s": round(pct(job_s, 0.5), 3),
         "intervention_p50_ms": round(pct(iv_lat, 0.5) * 1000, 2),
         "intervention_p99_ms": round(pct(iv_lat, 0.99) * 1000, 2),
@@ -168,16 +253,62 @@ async def with_idle_streams(api_url: str, token: str, n: int, args: argparse.Nam
 
 
 async def measure(
-    name: str, api_url: str, token: str, procs: list[psutil.Process], args: argparse.Namespace, seed: int
+    name: str,
+    api_url: str,
+    token: str,
+    groups: dict[str, list[psutil.Process]],
+    args: argparse.Namespace,
+    seed: int,
+    redis_url: str | None = None,
 ) -> dict[str, Any]:
     log(f"{name}: warm-up ({max(2, args.concurrency)} jobs)")
     await run_workload(api_url, token, max(2, args.concurrency), args.concurrency, seed + 10_000)
-    cpu0 = cpu_seconds(procs)
+    await asyncio.sleep(2.0)  # the warm-up's archive copies done
+    r = redis.Redis.from_url(redis_url) if redis_url else None
+    idle = {}
+    if args.idle_s:  # what the loops cost with no work: per second, apart from the jobs' cost
+        idle0 = {k: cpu_seconds(v) for k, v in groups.items()}
+        red_idle0 = redis_cpu(r)
+        await asyncio.sleep(args.idle_s)
+        idle = {k: (cpu_seconds(v) - idle0[k]) / args.idle_s for k, v in groups.items()}
+        if red_idle0:
+            idle["redis"] = (redis_cpu(r)["cpu_s"] - red_idle0["cpu_s"]) / args.idle_s
+    profiler = Profiler(Path(args.profile) if args.profile else None, name, groups["control_plane"])
+    cpu0 = {k: cpu_seconds(v) for k, v in groups.items()}
+    by_proc0 = {p.pid: cpu_seconds([p]) for p in groups["control_plane"]}
+    red0 = redis_cpu(r)
+    load0 = os.getloadavg()[0]
     log(f"{name}: {args.jobs} jobs, {args.concurrency} concurrent reviewers")
     res = await run_workload(api_url, token, args.jobs, args.concurrency, seed)
-    res["control_plane_cpu_ms_per_job"] = round((cpu_seconds(procs) - cpu0) / args.jobs * 1000, 1)
-    res["cpu_processes"] = len(procs)
-    log(f"{name}: {res['jobs_per_min']} jobs/min, SSE p50 {res['sse_latency_p50_ms']} ms")
+    # the archiver copies each finished job after its JOB_FINISHED: wait for it (within the run's CPU)
+    await asyncio.sleep(args.settle_s)
+    profiler.stop()
+    cpu = {k: round((cpu_seconds(v) - cpu0[k]) / args.jobs * 1000, 1) for k, v in groups.items()}
+    res["control_plane_cpu_ms_per_job"] = cpu["control_plane"]
+    res["cpu_ms_per_job_by_group"] = cpu
+    res["cpu_processes"] = {k: len(v) for k, v in groups.items()}
+    res["control_plane_cpu_ms_per_job_by_process"] = {
+        role_of(p): round((cpu_seconds([p]) - by_proc0[p.pid]) / args.jobs * 1000, 1) for p in groups["control_plane"]
+    }
+    res.update(redis_per_job(red0, redis_cpu(r), args.jobs))
+    if idle:
+        # per job less what the same seconds cost idle (the loops' polls): the jobs' own cost
+        span = res["wall_s"] + args.settle_s
+        res["idle_cpu_ms_per_s"] = {k: round(v * 1000, 1) for k, v in idle.items()}
+        res["control_plane_cpu_ms_per_job_less_idle"] = round(
+            cpu["control_plane"] - idle["control_plane"] * span / args.jobs * 1000, 1
+        )
+        if "redis" in idle and "redis_cpu_ms_per_job" in res:
+            res["redis_cpu_ms_per_job_less_idle"] = round(
+                res["redis_cpu_ms_per_job"] - idle["redis"] * span / args.jobs * 1000, 2
+            )
+    if res.get("redis_cpu_ms_per_job"):
+        res["control_plane_over_redis"] = round(cpu["control_plane"] / res["redis_cpu_ms_per_job"], 1)
+    res["load_avg_1m"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
+    log(
+        f"{name}: {res['jobs_per_s']} jobs/s, control plane {cpu['control_plane']} ms CPU/job, "
+        f"Redis {res.get('redis_cpu_ms_per_job')} ms/job, SSE p50 {res['sse_latency_p50_ms']} ms"
+    )
     if args.idle_streams:
         log(f"{name}: again with {args.idle_streams} idle SSE streams open")
         busy = await with_idle_streams(api_url, token, args.idle_streams, args, seed)
@@ -195,6 +326,30 @@ async def measure(
     return res
 
 
+def print_rounds(rounds: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    keys = (
+        ("jobs/s", "jobs_per_s"),
+        ("job latency p50 (s)", "job_latency_p50_s"),
+        ("control plane CPU ms/job", "control_plane_cpu_ms_per_job"),
+        ("  less idle polling", "control_plane_cpu_ms_per_job_less_idle"),
+        ("Redis CPU ms/job", "redis_cpu_ms_per_job"),
+        ("  less idle polling", "redis_cpu_ms_per_job_less_idle"),
+        ("control plane / Redis", "control_plane_over_redis"),
+        ("Redis calls/job", "redis_calls_per_job"),
+    )
+    print(f"\n{'metric':<28}" + "".join(f"{r['server'][:18]:>20}" for r in rounds))
+    print("-" * (28 + 20 * len(rounds)))
+    for label, key in keys:
+        print(f"{label:<28}" + "".join(f"{r.get(key, '-')!s:>20}" for r in rounds))
+    for group in ("models", "ray_and_driver"):
+        print(f"{group + ' CPU ms/job':<28}" + "".join(f"{r['cpu_ms_per_job_by_group'][group]!s:>20}" for r in rounds))
+    print(
+        f"\n{args.jobs} jobs, {args.concurrency} concurrent automatic reviewers, detector {args.detector}, "
+        f"segmenter {args.segmenter}, delay {args.delay_ms} ms; load average (1 min) before/after: "
+        + ", ".join(str(r["load_avg_1m"]) for r in rounds)
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=24)
@@ -206,8 +361,18 @@ def main() -> int:
         default=200,
         help="open this many idle SSE streams and run the workload again (0: skip)",
     )
+    ap.add_argument("--detector", default="classical", help="hitl up --detector (null: no model cost)")
+    ap.add_argument("--segmenter", default="classical", help="hitl up --segmenter (null: no model cost)")
+    ap.add_argument("--servers", default="ray-serve,uvicorn", help="which of ray-serve,uvicorn to run")
+    ap.add_argument("--baseline", help="also run hitl up from this checkout (PYTHONPATH), alternated")
+    ap.add_argument("--after", help="also run hitl up from this checkout, after the baseline in each round")
+    ap.add_argument("--rounds", type=int, default=1, help="with --baseline: alternations (baseline first)")
+    ap.add_argument("--settle-s", type=float, default=3.0, help="after the last job: archive copies finish")
+    ap.add_argument("--idle-s", type=float, default=10.0, help="first measure the idle CPU this long (0: skip)")
+    ap.add_argument("--profile", help="py-spy raw stacks of each control-plane process into this folder")
     ap.add_argument("--json", default="benchmarks/out/e2e.json")
     args = ap.parse_args()
+    servers = args.servers.split(",")
     out: dict[str, Any] = {
         "config": vars(args),
         "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version()},
@@ -217,16 +382,51 @@ def main() -> int:
     # The same workload on both: the uvicorn harness records the quality gate's verdicts only, so Ray
     # Serve runs with --quality-gate off too (no mask review: this compares the serving paths).
     flags = ("--detector-delay-ms", str(args.delay_ms), "--quality-gate", "off")
-    up = HitlUp(tmp / "ray", *flags, log_path=tmp / "ray.log").start()
-    try:
-        out["ray-serve"] = asyncio.run(measure("ray-serve", up.api_url, up.token, control_plane_procs(), args, 0))
-    finally:
-        up.stop()
-    uv = UvicornServer(tmp / "uv", dispatchers=1, detector_delay_ms=args.delay_ms, log_path=tmp / "uv.log")
+    flags += ("--detector", args.detector, "--segmenter", args.segmenter)
+    # (name, checkout): Ray's workers put the driver's working directory first on their sys.path, so
+    # a checkout is both the PYTHONPATH and the working directory of its hitl up
+    one_round: list[tuple[str, Path]] = []
+    if args.baseline:
+        one_round.append(("ray-serve-baseline", Path(args.baseline).resolve()))
+    if args.after:
+        one_round.append(("ray-serve-after", Path(args.after).resolve()))
+    if "ray-serve" in servers:
+        one_round.append(("ray-serve", Path.cwd()))
+    runs = one_round * args.rounds
+    for i, (name, checkout) in enumerate(runs):
+        env = {"PYTHONPATH": str(checkout)}
+        here = Path.cwd()
+        os.chdir(checkout)
+        try:
+            up = HitlUp(tmp / f"ray{i}", *flags, env=env, log_path=tmp / f"ray{i}.log").start()
+        finally:
+            os.chdir(here)
+        log(f"{name}: hitl up from {checkout}")
+        try:
+            res = asyncio.run(measure(name, up.api_url, up.token, proc_groups(up.pid), args, 0, up.redis_url))
+        finally:
+            up.stop()
+        out.setdefault("rounds", []).append({"server": name, **res})
+        out[name] = res  # the last round of each
+    if "uvicorn" not in servers:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2))
+        print_rounds(out["rounds"], args)
+        print(f"wrote {args.json}")
+        return 0
+    uv = UvicornServer(
+        tmp / "uv",
+        dispatchers=1,
+        detector_delay_ms=args.delay_ms,
+        detector=args.detector,
+        segmenter=args.segmenter,
+        log_path=tmp / "uv.log",
+    )
     try:
         uv.start()
         assert uv.pid is not None
-        out["uvicorn"] = asyncio.run(measure("uvicorn", uv.api_url, uv.token, control_plane_procs(uv.pid), args, 0))
+        uv_groups = {"control_plane": [psutil.Process(uv.pid)], "models": [], "ray_and_driver": []}
+        out["uvicorn"] = asyncio.run(measure("uvicorn", uv.api_url, uv.token, uv_groups, args, 0, uv.redis_url))
     finally:
         uv.stop()
     ray, uvi = out["ray-serve"], out["uvicorn"]

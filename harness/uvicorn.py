@@ -150,10 +150,13 @@ class UvicornServer(_Served):
         dispatchers: int = 0,
         detector_delay_ms: int = 0,
         log_path: Path | None = None,
+        detector: str = "classical",
+        segmenter: str = "classical",
     ) -> None:
         super().__init__(data_dir, redis_url)
         self.dispatchers = dispatchers
         self.detector_delay_ms = detector_delay_ms
+        self.backends = (detector, segmenter)
         self.log_path = log_path
         self.child: Child | None = None
 
@@ -173,6 +176,10 @@ class UvicornServer(_Served):
             str(self.dispatchers),
             "--detector-delay-ms",
             str(self.detector_delay_ms),
+            "--detector",
+            self.backends[0],
+            "--segmenter",
+            self.backends[1],
         ]
         env = {k: v for k, v in os.environ.items() if k != "HITL_TOKENS"}  # loopback mode: the token file
         self.child = Child(cmd, env={**env, "PYTHONUNBUFFERED": "1"}, log_path=self.log_path).start()
@@ -201,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--dispatchers", type=int, default=0, help="outbox dispatchers in this process (default 0)")
     ap.add_argument("--detector-delay-ms", type=int, default=0)
+    ap.add_argument("--detector", default="classical", help="as hitl up --detector (null: no model cost)")
+    ap.add_argument("--segmenter", default="classical", help="as hitl up --segmenter")
     ap.add_argument("--reclaim-idle-ms", type=int, default=5000, help="reclaim unacknowledged commands after this")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -210,6 +219,8 @@ def main(argv: list[str] | None = None) -> None:
         args.redis_url,
         detector_delay_ms=args.detector_delay_ms,
         reclaim_idle_ms=args.reclaim_idle_ms,
+        detector=args.detector,
+        segmenter=args.segmenter,
     )
     app = control_plane(cfg, args.dispatchers)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
