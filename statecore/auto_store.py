@@ -65,7 +65,8 @@ def _script(store: Any) -> Any:
 async def set_mode(store: Any, op: str, ref: str, mode: str, reason: str, by: str) -> tuple[str, str]:
     """``policy_mode.lua``: ``start`` / ``drop`` / ``set``; returns (its answer, the live mode)."""
     res = await _script(store)(
-        keys=[keys.BOX_POLICY, keys.BOX_POLICY_LOG], args=[op, ref, mode, reason, now_iso(), by, LOG_CAP]
+        keys=[keys.BOX_POLICY, keys.BOX_POLICY_LOG, keys.POLICY_WEBHOOKS],
+        args=[op, ref, mode, reason, now_iso(), by, LOG_CAP],
     )
     return str(res[0]), str(res[1])
 

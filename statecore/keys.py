@@ -50,6 +50,12 @@ def sessions_of(name: str) -> str:
 POLICY_TAG = f"{PREFIX}:{{policy}}"
 BOX_POLICY = f"{POLICY_TAG}:box"
 BOX_POLICY_LOG = f"{POLICY_TAG}:box:log"
+# Webhooks (statecore.webhooks, docs/protocol.md § Webhooks): the deliveries of the policy's events
+# wait in a STREAM of its slot, as a job's wait in its partition's (``webhooks(p)``); the deliverers
+# read both through one consumer group; a bounded STREAM logs each delivery's outcome.
+WEBHOOK_GROUP = "webhooks"
+POLICY_WEBHOOKS = f"{POLICY_TAG}:webhooks"
+WEBHOOK_LOG = f"{PREFIX}:webhooks:log"
 
 
 def partition_of(job_id: str) -> int:
@@ -157,6 +163,18 @@ def archiver_fence(p: int) -> str:
 
 def all_archive_streams() -> list[str]:
     return [archive_stream(p) for p in range(PARTITIONS)]
+
+
+def webhooks(p: int) -> str:
+    """STREAM of partition p's webhook deliveries to make (``job``, ``type``, ``event``, ...): written
+    by the script that records the event, only while the stream exists (a deliverer created its
+    group), read by the deliverers' group (``WEBHOOK_GROUP``)."""
+    return f"{tag(p)}:webhooks"
+
+
+def all_webhook_streams() -> list[str]:
+    """Every stream of webhook deliveries: one per partition, then the policy's."""
+    return [webhooks(p) for p in range(PARTITIONS)] + [POLICY_WEBHOOKS]
 
 
 def watched(p: int) -> str:
@@ -320,6 +338,10 @@ class JobKeys:
     def archive_waiting(self) -> str:
         return archive_waiting(self.p)
 
+    @property
+    def webhooks(self) -> str:
+        return webhooks(self.p)
+
     def for_script(self) -> list[str]:
         """The KEYS every state-changing script receives, in this order."""
         return [
@@ -342,6 +364,7 @@ class JobKeys:
             self.audit,
             self.archive_stream,
             self.archive_waiting,
+            self.webhooks,
         ]
 
 

@@ -163,7 +163,8 @@ class WebhookDeliverer:
             await self._log(d, hook, attempt, outcome, status, error, ms)
             if ok or gave_up:
                 if gave_up:
-                    log.error("webhook %s: gave up on %s %s after %d attempts", _where(hook.url), d.type, d.event_id, attempt)
+                    where = _where(hook.url)
+                    log.error("webhook %s: gave up on %s %s after %d attempts", where, d.type, d.event_id, attempt)
                 return
             delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.8, 1.0)
             await asyncio.sleep(delay)

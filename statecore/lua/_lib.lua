@@ -10,7 +10,8 @@
 --   17 the job's audit log (LIST, a hash chain: audit() below; docs/protocol.md § Audit)
 --   18 the partition's archive stream (archive commands, apart from the node commands' outbox)
 --   19 the partition's jobs waiting for their archive copy (ZSET job_id -> when queued, ms)
--- KEYS[20]    optional: the job's creation idempotency record (same slot)
+-- KEYS[20]    the partition's webhook deliveries (STREAM; written only while it exists: statecore.webhooks)
+-- KEYS[21]    optional: the job's creation idempotency record (same slot)
 -- ARGV[1] job_id   ARGV[2] now (ISO-8601)   ARGV[3] retention seconds for finished jobs
 -- ARGV[4] the actor the audit names (the token's name, or the process acting: dispatcher, inspector)
 -- A "plan" (statecore.decide.Plan.to_json) lists every write of one atomic step;
@@ -19,7 +20,7 @@ local K_META, K_PAUSES, K_EVENTS, K_IDEM, K_REPORTS = KEYS[1], KEYS[2], KEYS[3],
 local K_OUTBOX, K_WAITING, K_RUNNING, K_JOBS, K_EXPIRING = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local K_QUEUED, K_HEARTBEATS, K_LEASE = KEYS[11], KEYS[12], KEYS[13]
 local K_COUNTS, K_FINISHED, K_CLAIM = KEYS[14], KEYS[15], KEYS[16]
-local K_AUDIT, K_ARCHIVE, K_ARCHIVE_WAITING, K_CREATE = KEYS[17], KEYS[18], KEYS[19], KEYS[20]
+local K_AUDIT, K_ARCHIVE, K_ARCHIVE_WAITING, K_WEBHOOKS, K_CREATE = KEYS[17], KEYS[18], KEYS[19], KEYS[20], KEYS[21]
 local JOB_ID, NOW, RETENTION, ACTOR = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 -- ARGV[4] may carry, after a NUL, the audit entry's intent fields as a JSON object (statecore.audit.actor_arg):
 -- role, proxy_user, intervention_id, payload_hash, node, reason. ACTOR is the name alone.
@@ -120,11 +121,26 @@ end
 -- An event is one JSON string appended to the job's list; its id is event_seq, and its position in
 -- the list is id - event_base (event_base: 0, or for a restored job the id just before the first
 -- event its new list holds: restore_job.lua). The PUBLISH only wakes SSE readers up, the list is the record.
+-- An event a webhook is for (docs/protocol.md § Webhooks) is also queued, in the same step, in the
+-- partition's webhook stream, while that stream exists (a deliverer made its group there: webhooks
+-- are configured); the cap bounds a backlog nobody delivers. A pause's data (its box list, maybe
+-- "@meta") is left out: the receiver reads the job (GET /jobs/{id}), small deliveries stay small.
+local WEBHOOK_TYPES = {PAUSE_OPENED = 'review.waiting', JOB_FINISHED = 'job.finished'}
+local WEBHOOK_CAP = 10000
+local function queue_webhook(etype, seq, status, data, version)
+  local hook = WEBHOOK_TYPES[etype]
+  if not hook or redis.call('EXISTS', K_WEBHOOKS) == 0 then return end
+  if etype == 'PAUSE_OPENED' then data = '{}' end
+  redis.call('XADD', K_WEBHOOKS, 'MAXLEN', '~', WEBHOOK_CAP, '*', 'type', hook, 'job', JOB_ID, 'event', seq,
+    'status', status, 'version', version, 'at', NOW, 'data', data)
+end
+
 local function append_event(etype, status, data, version)
   local seq = redis.call('HINCRBY', K_META, 'event_seq', 1)
   redis.call('RPUSH', K_EVENTS, '{"id":' .. seq .. ',"type":"' .. etype .. '","version":' .. version ..
     ',"status":"' .. status .. '","at":"' .. NOW .. '","data":' .. data .. '}')
   redis.call('PUBLISH', K_EVENTS, seq)
+  queue_webhook(etype, seq, status, data, version)
   return seq
 end
 

@@ -3,14 +3,14 @@
 -- it (release this reviewer's claim; the reviewer's next-job query passes it over for a while).
 -- Like a claim, none of them is a change of the job: no version, no pause, no status moves; each is
 -- audited in the job's chain, and flags and comments are announced on its events.
--- KEYS: see _lib.lua (KEYS[20], its K_CREATE, is never the creation record here: nothing below uses
--- K_CREATE); KEYS[20] the job's notes (HASH: flag -> JSON, skip:<reviewer> -> until ms),
--- KEYS[21] its comments (LIST of JSON, the last 200)
+-- KEYS: see _lib.lua (KEYS[21], its K_CREATE, is never the creation record here: nothing below uses
+-- K_CREATE); KEYS[21] the job's notes (HASH: flag -> JSON, skip:<reviewer> -> until ms),
+-- KEYS[22] its comments (LIST of JSON, the last 200)
 -- ARGV[5] 'flag' | 'unflag' | 'comment' | 'skip'  ARGV[6] the reason or comment ('' for unflag, skip)
 -- ARGV[7] how long the notes are kept (ms, renewed by each note)  ARGV[8] skip: until when (ms)
 -- Returns {'OK', version} | {'NONE'} (unflag: no flag) | {'JOB_NOT_FOUND'}
 --   | {'JOB_CANCELLED' | 'JOB_TERMINAL' | 'PAUSE_NOT_ACTIVE', snapshot}
-local K_NOTES, K_COMMENTS = KEYS[20], KEYS[21]
+local K_NOTES, K_COMMENTS = KEYS[21], KEYS[22]
 local op, text, keep_ms = ARGV[5], ARGV[6], tonumber(ARGV[7])
 local m = redis.call('HMGET', K_META, 'status', 'version', 'pause_token', 'terminal')
 if not m[1] then return {'JOB_NOT_FOUND'} end

@@ -2,6 +2,7 @@
 -- Standalone (no shared prologue). Both keys carry the same hash tag (one slot on a cluster).
 -- KEYS[1] the policy HASH: ref, mode, configured, reason, at, dropped_at
 -- KEYS[2] the changes STREAM
+-- KEYS[3] the policy's webhook deliveries (STREAM; a drop is queued there only while it exists)
 -- ARGV[1] op: 'start'  a process starts with ARGV[3] as its configured mode: it becomes the live mode
 --                      when the policy or the configured mode changed since the last start; otherwise
 --                      the live one stays (a replica restarting keeps a drop to shadow)
@@ -26,6 +27,10 @@ elseif op == 'drop' then
   if cur[1] ~= ref or cur[2] ~= 'on' then return {'NO', cur[2] or ''} end
   redis.call('HSET', KEYS[1], 'mode', 'shadow', 'reason', ARGV[4], 'at', ARGV[5], 'dropped_at', ARGV[5])
   log('drop', 'shadow')
+  if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then  -- statecore.webhooks: policy.shadow
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'type', 'policy.shadow', 'policy', ref,
+      'reason', ARGV[4], 'at', ARGV[5])
+  end
   return {'DROPPED', 'shadow'}
 end
 redis.call('HSET', KEYS[1], 'ref', ref, 'mode', mode, 'reason', ARGV[4], 'at', ARGV[5])
