@@ -27,6 +27,9 @@ import gradio as gr
 import httpx
 import pytest
 from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.testclient import TestClient
 
 from harness.tokens import TOKENS, TOKENS_SPEC, auth
 from hitl_review.serve_app.cli import build_parser
@@ -40,6 +43,7 @@ from hitl_review.statecore import accounts, keys
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.store import Store, StoreConfig
 from hitl_review.statecore.trusted_proxy import TrustedProxies
+from hitl_review.ui import cookie_signin
 from hitl_review.ui.callbacks import Callbacks
 from hitl_review.ui.images import ImageStore
 from hitl_review.ui.layout import layout
@@ -345,42 +349,71 @@ def _sign_in_page(api_url: str, root: Path) -> tuple[Any, Callbacks]:
     return comps, Callbacks(comps, api_url, ImageStore(root))
 
 
-def test_the_ui_signs_in_keeps_the_sign_in_and_forgets_a_removed_account(api_server: Any, tmp_path: Path) -> None:
+def test_the_ui_signs_in_with_a_session_cookie_and_forgets_a_removed_account(api_server: Any, tmp_path: Path) -> None:
+    """The page's server (ui.cookie_signin, ui.signin): the token goes to its sign-in route, which answers an
+    ``HttpOnly`` ``SameSite=Strict`` session cookie (``Secure`` off loopback) and no token; the handlers sign
+    in from that cookie, on a reload too, and act on the API with it; a removed account's cookie is refused."""
     name = f"ui-{uuid.uuid4().hex[:8]}"
     with httpx.Client(base_url=api_server.url, timeout=10, headers=ADMIN) as admin:
         token = admin.post(f"{API}/admin/reviewers", json={"name": name}).json()["token"]
         comps, cb = _sign_in_page(api_server.url, tmp_path)
-        page = SimpleNamespace(client=SimpleNamespace(host="127.0.0.1"), headers={})
+        ui = Starlette(routes=cookie_signin.routes(api_server.url), middleware=[Middleware(cookie_signin.OriginCheck)])
+        with TestClient(ui, base_url="http://127.0.0.1:7860") as form:
+            said = form.post("/hitl-signin", json={"name": "someone-else", "token": token}).json()["message"]
+            assert "not someone-else's" in said  # the name is checked
+            assert "401" in form.post("/hitl-signin", json={"name": name, "token": "wrong"}).json()["message"]
+            assert "submitter" in form.post("/hitl-signin", json={"token": TOKENS["sub1"]}).json()["message"]
+            r = form.post("/hitl-signin", json={"token": token}, headers={"Origin": "https://evil.example"})
+            assert r.status_code == 403 and r.json()["code"] == "CSRF_FAILED"
+            r = form.post("/hitl-signin", json={"name": name, "token": token})
+            assert r.status_code == 200 and r.json() == {"name": name, "role": "reviewer"}
+            set_cookie = r.headers["set-cookie"]
+            flags = {f.strip().lower() for f in set_cookie.split(";")[1:]}
+            assert {"httponly", "samesite=strict", "path=/"} <= flags and "secure" not in flags  # loopback
+            assert token not in r.text and token not in set_cookie
+            sid = set_cookie.split(";")[0].partition("=")[2]
+        with TestClient(ui, base_url="http://review.example") as form:
+            r = form.post("/hitl-signin", json={"token": token})
+            assert "secure" in r.headers["set-cookie"].lower().split("; ")  # off loopback
+        page = SimpleNamespace(client=SimpleNamespace(host="127.0.0.1"), headers={"cookie": f"hitl_session={sid}"})
+        bare = SimpleNamespace(client=SimpleNamespace(host="127.0.0.1"), headers={})
 
+        nothing = {comps.login_msg: gr.skip()}  # no change (Gradio refuses an empty dict as an update)
         st = ReviewerState(signed_in=False)
-        assert "not" in cb.on_login(st, "someone-else", token)[comps.login_msg]  # the name is checked
-        assert "401" in cb.on_login(st, name, "wrong")[comps.login_msg]
-        assert "submitter" in cb.on_login(ReviewerState(), "", TOKENS["sub1"])[comps.login_msg]
-        out = cb.on_login(st, name, token)
-        assert st.signed_in and st.token == token and st.reviewer == name
-        assert out[comps.saved_login] == {"name": name, "token": token}
+        assert cb.on_login(st, "The form said why", page) == nothing and not st.signed_in
+        out = cb.on_login(st, "", page)
+        assert st.signed_in and st.reviewer == name and st.token is not None and token not in st.token
         assert is_shown(out[comps.main_row.style]) and not is_shown(out[comps.login_col.style])
         assert name in out[comps.who_md] and out[comps.signout_btn]["visible"]
 
-        # A reload: a fresh session signs in from what the browser kept, without the form.
+        # A reload: a fresh session signs in from the cookie, without the form, and acts on the API with it
+        # (a write: the session's CSRF token goes along, kept in this process).
         again = ReviewerState(signed_in=False)
-        out = cb.on_restore(again, {"name": name, "token": token}, page)
-        assert again.signed_in and again.token == token and is_shown(out[comps.main_row.style])
-        nothing = {comps.login_msg: gr.skip()}  # no change (Gradio refuses an empty dict as an update)
-        assert cb.on_restore(ReviewerState(), None, page) == nothing
-        assert cb.on_restore(ReviewerState(), {"name": name}, page) == {comps.login_name: name}
+        out = cb.on_restore(again, page)
+        assert again.signed_in and again.reviewer == name and is_shown(out[comps.main_row.style])
+        cb.clients.get(again.token).claim_next()
+        assert cb.on_restore(ReviewerState(), bare) == nothing
 
-        # The account removed: the kept token is forgotten (the name stays for the form).
+        # The account removed: its session is refused, and the form says so.
         assert admin.delete(f"{API}/admin/reviewers/{name}").status_code == 200
         gone = ReviewerState(signed_in=False)
-        out = cb.on_restore(gone, {"name": name, "token": token}, page)
+        out = cb.on_restore(gone, page)
         assert not gone.signed_in and "401" in out[comps.login_msg]
-        assert out[comps.saved_login] == {"name": name} and out[comps.login_name] == name
+
+        # Sign-out ends the session on the API and drops the cookie.
+        token2 = admin.post(f"{API}/admin/reviewers", json={"name": f"{name}-2"}).json()["token"]
+        with TestClient(ui, base_url="http://127.0.0.1:7860") as form:
+            set_cookie = form.post("/hitl-signin", json={"token": token2}).headers["set-cookie"]
+            sid2 = set_cookie.split(";")[0].partition("=")[2]
+            r = form.post("/hitl-signout", headers={"cookie": f"hitl_session={sid2}"})
+            assert r.json() == {"ended": True} and "max-age=0" in r.headers["set-cookie"].lower()
+        ended = httpx.get(f"{api_server.url}{API}/whoami", headers={"Cookie": f"hitl_session={sid2}"}, timeout=10)
+        assert ended.status_code == 401
 
         # A proxy's user on a page from an address the UI does not trust: nothing; from one it trusts but
         # the API does not (api_server trusts no proxy): said, not signed in.
         proxied = SimpleNamespace(client=SimpleNamespace(host="127.0.0.1"), headers={"x-forwarded-user": "pat"})
-        assert cb.on_restore(ReviewerState(), None, proxied) == nothing
+        assert cb.on_restore(ReviewerState(), proxied) == nothing
         cb.proxies = TrustedProxies(["127.0.0.1"])
         st = ReviewerState()
-        assert "--trusted-proxy" in cb.on_restore(st, None, proxied)[comps.login_msg] and not st.signed_in
+        assert "--trusted-proxy" in cb.on_restore(st, proxied)[comps.login_msg] and not st.signed_in

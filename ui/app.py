@@ -22,9 +22,9 @@ from . import gradio_skips, progress_on
 from .assets import KEYS_JS, LOAD_DRAFT_JS, SAVE_DRAFT_JS, URL_JS, pick_js
 from .box_list_view import BoxListView, wire_box_list
 from .callbacks import Callbacks, show
+from .cookie_signin import SIGN_IN_JS, SIGN_OUT_JS
 from .editor import labels_from_env
 from .images import ImageStore
-from .kept_signin import SIGN_OUT_JS
 from .layout import Components, layout
 from .mask_review_view import ReviewerCallbacks
 from .mask_wiring import wire_mask
@@ -93,10 +93,8 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks, boxes: BoxListView) -> N
         then_follow(event.then(cb.after_open, inputs=st, outputs=panel_outputs, show_progress="hidden"))
 
     demo.load(None, js=KEYS_JS)
-    # The proxy's user or the sign-in this browser kept (ui.signin) first, then the page as usual.
-    restored = demo.load(
-        cb.on_restore, inputs=[c.session, c.saved_login], outputs=cb.restore_outputs(), show_progress="hidden"
-    )
+    # The proxy's user or the session this browser's cookie names (ui.signin) first, then the page as usual.
+    restored = demo.load(cb.on_restore, inputs=[c.session], outputs=cb.restore_outputs(), show_progress="hidden")
     then_draw(
         restored.then(
             cb.on_load,
@@ -131,9 +129,11 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks, boxes: BoxListView) -> N
     then_follow(c.next_btn.click(cb.on_next, inputs=st, outputs=panel_outputs, show_progress="hidden", queue=False))
     then_draw(c.takeover_btn.click(cb.on_take_over, inputs=st, outputs=panel_outputs))
     login_outputs = [*panel_outputs, *cb.restore_outputs(), c.queue_table, c.queue_note]
-    login_inputs = [c.session, c.login_name, c.login_token]
-    then_draw(c.login_btn.click(cb.on_login, inputs=login_inputs, outputs=login_outputs))
-    then_draw(c.login_token.submit(cb.on_login, inputs=login_inputs, outputs=login_outputs))
+    # The token goes to the sign-in route by fetch (ui.cookie_signin), which sets the session cookie; then
+    # the app signs in from that cookie. The token is never an input of a Gradio event.
+    for trigger in (c.login_btn.click, c.login_token.submit):
+        sent = trigger(None, js=SIGN_IN_JS, inputs=[c.login_name, c.login_token], outputs=[c.login_msg, c.login_token])
+        then_draw(sent.then(cb.on_login, inputs=[c.session, c.login_msg], outputs=login_outputs))
     c.signout_btn.click(None, js=SIGN_OUT_JS)
 
     # preprocess=False: the annotator's raw value (boxes in canvas units with their scale) is read by

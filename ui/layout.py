@@ -17,7 +17,6 @@ from gradio_image_annotation import image_annotator
 from .assets import HELP
 from .box_list_layout import BoxListComponents, box_list_layout
 from .editor import ALL_STAGES, button_text, stage_choices
-from .kept_signin import browser_state
 from .mask_layout import MaskComponents, mask_layout
 from .notes_layout import NotesComponents, flagged_filter, notes_head, notes_layout
 from .panel import NEW_BOX_COLOR_HEX
@@ -43,7 +42,6 @@ class Components:
     account_row: Shown  # "Signed in as …" and the sign-out link
     who_md: gr.Markdown
     signout_btn: gr.Button
-    saved_login: gr.BrowserState  # the sign-in this browser keeps (localStorage)
     main_row: Shown
     queue_table: gr.Dataframe
     queue_note: gr.Markdown
@@ -203,7 +201,6 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
     with gr.Row(elem_id="account-bar"):
         who_md = gr.Markdown("", elem_id="signed-in-as")
         signout_btn = gr.Button("Sign out", size="sm", elem_id="signout-btn", scale=0, min_width=100)
-    saved_login = browser_state()
 
     # Hidden by its style element until sign-in (ui.shown), never made invisible: an invisible row is
     # unmounted, and the canvas mounted with it by the sign-in's update sometimes stayed empty (``?job=``).
@@ -361,7 +358,6 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         account_row=account_row,
         who_md=who_md,
         signout_btn=signout_btn,
-        saved_login=saved_login,
         main_row=main_row,
         queue_table=queue_table,
         queue_note=queue_note,

@@ -7,6 +7,9 @@ import importlib
 import os
 from typing import Any
 
+from starlette.middleware import Middleware
+
+from . import cookie_signin
 from .app import build_app, default_store_root
 
 # Open review panels follow their jobs' event streams on the event loop (ui.pump), so Gradio's worker
@@ -62,4 +65,11 @@ def launch(
         run_history=False,
         # The queue's thumbnails are files Gradio serves (ui.queue.thumb_cell); nothing else of the store is.
         allowed_paths=[str(default_store_root() / "thumbs")],
+        app_kwargs=app_kwargs(api_url),
     )
+
+
+def app_kwargs(api_url: str) -> dict[str, Any]:
+    """What the page's server adds to Gradio's app: the sign-in and sign-out routes, and no write from
+    another origin (ui.cookie_signin)."""
+    return {"routes": cookie_signin.routes(api_url), "middleware": [Middleware(cookie_signin.OriginCheck)]}

@@ -1,10 +1,13 @@
 """Signing in to the reviewer page (README § Reviewer accounts): a name and a token once per browser, or
 the user an authenticating proxy names.
 
-* The form takes a token (and, optionally, the reviewer's name, checked against the token's owner
-  with ``GET /whoami``). A token that works is kept in the browser (``gr.BrowserState``:
-  localStorage), so a reload, or a later visit, signs in again without asking; "Sign out" forgets it.
-  A kept token the server no longer accepts (the account was removed) shows the form again.
+* The form takes a token (and, optionally, the reviewer's name, checked against the token's owner).
+  The token goes to this server's sign-in route, which makes an API session and keeps its id in an
+  ``HttpOnly`` cookie (``ui.cookie_signin``): the browser holds no token a script can read. A reload,
+  or a later visit, signs in from the cookie without asking; "Sign out" ends the session. A session
+  the API no longer accepts (expired, or the account was removed) shows the form again. The page's
+  session acts on the API with the cookie and the session's CSRF token (``SESSION_HANDLE``), both
+  kept in this process only.
 * Behind an authenticating proxy (``--trusted-proxy``), a page whose connection comes from one of the
   proxy addresses and names a user (``X-Forwarded-User`` …) is signed in as that user, with no form;
   the app then passes the user on to the API in ``X-Forwarded-User``, so the API must trust the UI's
@@ -19,10 +22,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
+import httpx
 
 from hitl_review.client import ApiError, AsyncHitlClient, HitlClient
 from hitl_review.statecore.trusted_proxy import TrustedProxies
 
+from .cookie_signin import REVIEW_ROLES, SESSION, said, session_headers, session_id, unfit
 from .session import ReviewerState
 
 if TYPE_CHECKING:
@@ -31,7 +36,11 @@ if TYPE_CHECKING:
 Update = dict[Any, Any]
 
 PROXY_HANDLE = f"proxied:{secrets.token_hex(16)}:"
-REVIEW_ROLES = ("reviewer", "admin")
+SESSION_HANDLE = f"session:{secrets.token_hex(16)}:"  # + the session's id, ":", its CSRF token
+NO_COOKIE = (
+    "Signed in, but this browser did not keep the session cookie: it is Secure off loopback, so open this "
+    "page over HTTPS (or at localhost)."
+)
 
 
 def proxied_user(token: str | None) -> str | None:
@@ -43,7 +52,12 @@ def proxied_user(token: str | None) -> str | None:
 
 def _options(token: str | None) -> tuple[str | None, dict[str, str] | None]:
     user = proxied_user(token)
-    return (None, {"X-Forwarded-User": user}) if user is not None else (token, None)
+    if user is not None:
+        return None, {"X-Forwarded-User": user}
+    if token and token.startswith(SESSION_HANDLE):
+        sid, _, csrf = token[len(SESSION_HANDLE) :].partition(":")
+        return None, session_headers(sid, csrf)
+    return token, None
 
 
 def make_client(api_url: str, token: str | None) -> HitlClient:
@@ -106,19 +120,38 @@ class SignInHandlers:
             c.signout_btn: gr.update(visible=can_sign_out),
         }
 
-    def on_login(self, st: ReviewerState, name: str, tok: str) -> Update:
-        """The form: sign in, keep the sign-in in this browser, and open the job the address asked for."""
-        tok, name = (tok or "").strip(), (name or "").strip()
-        if not tok:
-            return {self.c.login_msg: "Paste your API token."}
+    def _session(self, sid: str) -> tuple[str, dict[str, Any]]:
+        """The session a cookie names: (its handle, who it is); ValueError saying why it cannot review."""
         try:
-            who = self._check(tok, name)
+            with httpx.Client(base_url=self.api_url, timeout=30) as api:
+                r = api.get(SESSION, headers=session_headers(sid))
+        except httpx.HTTPError as e:
+            raise ValueError(f"Could not reach the control plane: {e}") from None
+        if r.status_code == 401:
+            raise ValueError("Your sign-in has ended (401: it expired, or your account was removed): sign in again.")
+        if r.status_code != 200:
+            raise ValueError(said(r))
+        who = r.json()
+        problem = unfit(who, "")
+        if problem:
+            raise ValueError(problem)
+        return f"{SESSION_HANDLE}{sid}:{who['csrf_token']}", who
+
+    def on_login(self, st: ReviewerState, said_now: str, request: gr.Request) -> Update:
+        """After the form's sign-in (``ui.cookie_signin.SIGN_IN_JS``, which said ``said_now`` when it failed):
+        sign in from the cookie it set, and open the job the address asked for."""
+        if said_now:
+            return {self.c.login_msg: gr.skip()}  # the form says why already
+        sid = session_id(request.headers if request is not None else None)
+        if sid is None:  # signed in, but the browser did not keep the cookie: a Secure one over plain HTTP
+            return {self.c.login_msg: NO_COOKIE}
+        try:
+            handle, who = self._session(sid)
         except ValueError as e:
             return {self.c.login_msg: str(e)}
         with st.lock:
             pending, st.job_id = st.job_id, None
-        out = self._signed_in(st, tok, who, can_sign_out=True)
-        out[self.c.saved_login] = {"name": who["name"], "token": tok}
+        out = self._signed_in(st, handle, who, can_sign_out=True)
         out.update(self.queue_update(st))
         if pending:
             # Drawn in this one step, as N draws: the main row and the canvas' column are mounted from the
@@ -127,8 +160,8 @@ class SignInHandlers:
             out.update(self.open_job(st, pending))
         return out
 
-    def on_restore(self, st: ReviewerState, saved: Any, request: gr.Request) -> Update:
-        """On page load, before ``on_load``: the proxy's user, or the sign-in this browser kept."""
+    def on_restore(self, st: ReviewerState, request: gr.Request) -> Update:
+        """On page load, before ``on_load``: the proxy's user, or the session this browser's cookie names."""
         if st.signed_in:
             return {self.c.login_msg: gr.skip()}  # a dict must name a component: {} fails the page load
         peer = request.client.host if request is not None and request.client is not None else None
@@ -143,19 +176,18 @@ class SignInHandlers:
             except ValueError as e:
                 return {self.c.login_msg: str(e)}
             return self._signed_in(st, handle, who, can_sign_out=False)
-        kept = saved if isinstance(saved, dict) else {}
-        name, tok = str(kept.get("name") or ""), str(kept.get("token") or "")
-        if not tok:
-            return {self.c.login_name: name} if name else {self.c.login_msg: gr.skip()}
+        sid = session_id(request.headers if request is not None else None)
+        if not sid:
+            return {self.c.login_msg: gr.skip()}
         try:
-            who = self._check(tok, name)
-        except ValueError as e:  # forget the token, keep the name for the form
-            return {self.c.login_msg: str(e), self.c.login_name: name, self.c.saved_login: {"name": name}}
-        return self._signed_in(st, tok, who, can_sign_out=True)
+            handle, who = self._session(sid)
+        except ValueError as e:
+            return {self.c.login_msg: str(e)}
+        return self._signed_in(st, handle, who, can_sign_out=True)
 
     def restore_outputs(self) -> list[Any]:
         """What ``on_restore`` and ``on_login`` may change (``on_login`` the queue and the panel as well)."""
         c = self.c
         parts = [c.login_col.style, c.main_row.style, c.login_msg, c.login_token, c.login_name, c.account_row.style]
         parts.append(c.who_md)
-        return [*parts, c.signout_btn, c.saved_login]
+        return [*parts, c.signout_btn]
