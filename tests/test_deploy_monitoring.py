@@ -172,6 +172,9 @@ def test_the_dashboard_has_the_panels_asked_for():
         "inspector",
         "write-back",
         "dead letters",
+        "auto-approval: live mode",
+        "spot checks: live false-accept rate",
+        "mask spot checks",
     ):
         assert word in titles, word
 
