@@ -92,10 +92,10 @@ async def remove(r: Any, letter: DeadLetter) -> bool:
 
 
 async def requeue_command(r: Any, letter: DeadLetter) -> str:
-    """Put a dead-lettered command back into its job's outbox, as the state scripts write one
+    """Put a dead-lettered command back into its job's outbox (its lane's stream), as the state scripts write one
     (fields ``job`` and ``cmd``): a dispatcher starts it only if it is still the job's current node."""
     entry_id: str = await r.xadd(
-        keys.outbox(keys.partition_of(letter.job_id)),
+        keys.command_outbox(letter.job_id, str(letter.payload.get("node_type", ""))),
         {
             "job": letter.job_id,
             "cmd": json.dumps(letter.payload, separators=(",", ":")),

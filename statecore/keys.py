@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .ids import new_id
@@ -135,8 +136,46 @@ def node_location(member: str) -> tuple[str, str]:
     return job(job_id).meta, node_field(nid) if nid else "current_node"
 
 
-def outbox(p: int) -> str:
-    return f"{tag(p)}:outbox"
+# Lanes (docs/protocol.md § Executors and the outbox): node commands wait in one stream per partition
+# and lane, a lane per model deployment they call, so a backlog of one deployment's work (a catalogue's
+# detections) never sits in front of another's (a reviewed job's segmentation): the dispatchers read each
+# lane within its deployment's free slots. ``other``: the box validator and the control plane's own nodes
+# (FINALIZE_RESULTS), short nodes a decision waits on; a node type not named here goes there too.
+LANES = ("detect", "segment", "other")
+_LANE_OF = {"DETECT_SUBJECTS": "detect", "PROCESS_APPROVED_BOX_LIST": "segment", "SEGMENT_SUBJECT": "segment"}
+
+
+def lane_of(node_type: str) -> str:
+    """The lane of a node type's commands."""
+    return _LANE_OF.get(node_type, "other")
+
+
+def lane_nodes(lane: str, node_types: Iterable[str]) -> list[str]:
+    """Which of ``node_types`` go to ``lane``."""
+    return [t for t in node_types if lane_of(t) == lane]
+
+
+def outbox(p: int, lane: str = "detect") -> str:
+    """STREAM of partition p's node commands of one lane, read by the dispatchers' group
+    (``OUTBOX_GROUP``). The detect lane keeps the name of the one stream a partition had before lanes
+    (``hitl:{pN}:outbox``): what an earlier version queued there, delivered or not, acknowledged or
+    pending, is still read and reclaimed as that lane's, so an upgrade moves nothing and loses nothing."""
+    return f"{tag(p)}:outbox" if lane == "detect" else f"{tag(p)}:outbox:{lane}"
+
+
+def command_outbox(job_id: str, node_type: str) -> str:
+    """The stream a command of ``job_id`` for ``node_type`` is queued in (its partition's, its lane's)."""
+    return outbox(partition_of(job_id), lane_of(node_type))
+
+
+def partition_outboxes(p: int) -> list[str]:
+    """Partition p's outbox streams, one per lane."""
+    return [outbox(p, lane) for lane in LANES]
+
+
+def lane_outboxes(lane: str) -> list[str]:
+    """One lane's outbox streams, one per partition."""
+    return [outbox(p, lane) for p in range(PARTITIONS)]
 
 
 def archive_stream(p: int) -> str:
@@ -255,7 +294,8 @@ def events_channel_pattern(p: int) -> str:
 
 
 def all_outboxes() -> list[str]:
-    return [outbox(p) for p in range(PARTITIONS)]
+    """Every outbox stream: each lane's, partition after partition."""
+    return [s for lane in LANES for s in lane_outboxes(lane)]
 
 
 @dataclass(frozen=True)
@@ -286,7 +326,13 @@ class JobKeys:
 
     @property
     def outbox(self) -> str:
+        """The partition's detect lane (the scripts' KEYS[6]; a plan names each command's own lane)."""
         return outbox(self.p)
+
+    @property
+    def outboxes(self) -> list[str]:
+        """Every lane's stream of the job's partition."""
+        return partition_outboxes(self.p)
 
     def executor_of(self, nid: str) -> str:
         return f"{self.executor}:{nid}"

@@ -5,6 +5,7 @@ consumer group (docs/protocol.md § Executors and the outbox). A mixin of :class
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,15 @@ class OutboxEntry:
 class OutboxMixin:
     r: Any
     cluster: bool
-    _outbox_cursor: int = 0  # the partition the next outbox read starts at
+    held_block_ms: int = 50  # the longest blocking read while a lane with work waits for free slots
+    _lane_turn: int = 0  # which lane goes first in the next read
+    _cursors: dict[str, int] | None = None  # per lane: the partition its next read starts at
+
+    @property
+    def _outbox_cursors(self) -> dict[str, int]:
+        if self._cursors is None:
+            self._cursors = {}
+        return self._cursors
 
     @staticmethod
     def _entries(stream: str, entries: list[Any]) -> list[OutboxEntry]:
@@ -36,69 +45,111 @@ class OutboxMixin:
             out.append(OutboxEntry(stream, eid, NodeCommand.model_validate_json(fields["cmd"])))
         return out
 
-    async def outbox_read(self, consumer: str, count: int = 16, block_ms: int = 1000) -> list[OutboxEntry]:
+    async def outbox_read(
+        self, consumer: str, count: int = 16, block_ms: int = 1000, lanes: Mapping[str, int] | None = None
+    ) -> list[OutboxEntry]:
         """Up to ``count`` new commands for this consumer (consumer group: each entry goes to one
-        dispatcher), and no more: a dispatcher reads only what it can start now, the rest stays in
-        the outbox for admission control to count and for other dispatchers to take.
+        dispatcher), and from each lane (``keys.LANES``) at most what ``lanes`` allows it (its
+        deployment's free slots; a lane ``lanes`` leaves out is not read, ``lanes`` None: every lane
+        up to ``count``), and no more: a dispatcher reads only what it can start now, the rest stays
+        in the outbox for admission control to count and for other dispatchers to take.
 
-        COUNT of a multi-stream XREADGROUP applies per stream (64 streams, COUNT 2: up to 128
-        entries), so with fewer free slots than partitions one pipelined look at every stream's
-        group (XINFO GROUPS: how many entries it has not delivered yet, its ``lag``) comes first,
-        and then one pipelined XREADGROUP reads only where there is work, as many from each as
-        its lag and the slots left allow: an idle poll is one round trip, not one per partition,
-        and nothing is claimed that cannot start now (an entry read goes into this consumer's
-        pending list until acked or reclaimed). With as many slots as partitions or more, the
-        partitions are read in pipelined rounds instead. Either way the read starts where the
-        last one stopped (no partition starves). When none has anything new, one blocking
-        XREADGROUP over every stream with COUNT 1 waits for the next command: a blocked read is
-        woken by one stream and answers with that stream's entry only. (An entry that arrives
+        One pipelined look at every stream's group (XINFO GROUPS: how many entries it has not
+        delivered yet, its ``lag``) comes first; then ``count`` is shared among the lanes with work,
+        one at a time in turn (a lane's backlog never takes the slots of another lane's commands),
+        and one pipelined XREADGROUP reads, in each lane, where there is work, as many from each
+        stream as its lag and the lane's share allow: an idle poll is one round trip, not one per
+        stream, and nothing is claimed that cannot start now (an entry read goes into this
+        consumer's pending list until acked or reclaimed). Each lane's read starts at the partition
+        where its last one stopped, and the lanes take turns going first (none starves). When none
+        has anything new, one blocking XREADGROUP over the streams of every lane with free slots
+        and COUNT 1 waits for the next command: a blocked read is woken by one stream and answers
+        with that stream's entry only. While a lane with work has no free slot, that wait is short
+        (``held_block_ms``): its slots free up without a write to Redis. (An entry that arrives
         between the look and the blocking read can make that read return one per stream that got
         one; the caller holds those few until it has slots for them.)"""
-        if count <= 0:
+        budget = {lane: min(count, count if lanes is None else lanes.get(lane, 0)) for lane in keys.LANES}
+        if count <= 0 or not any(n > 0 for n in budget.values()):
             return []
-        streams = keys.all_outboxes()
-        n = len(streams)
-        start = self._outbox_cursor
-        order = [streams[(start + i) % n] for i in range(n)]
-        if count < n:
-            out = await self._read_where_lagging(consumer, order, count)
+        first = self._lane_turn % len(keys.LANES)
+        self._lane_turn += 1
+        turn = [keys.LANES[(first + i) % len(keys.LANES)] for i in range(len(keys.LANES))]
+        lags = await outbox_groups(self.r)
+        if any(lags.get(s, (0, None))[1] is None for s in keys.all_outboxes()):
+            out, held = await self._read_each_lane(consumer, turn, budget, count), False
         else:
-            self._outbox_cursor = (start + count) % n
-            out = await self._read_rounds(consumer, order, count)
+            out, held = await self._read_where_lagging(consumer, turn, budget, count, lags)
         if out or not block_ms:
             return out
+        block_ms = min(block_ms, self.held_block_ms) if held else block_ms
         if self.cluster:  # a multi-stream XREADGROUP would be CROSSSLOT on a cluster: poll again later
             await asyncio.sleep(min(block_ms, 200) / 1000)
             return out
+        streams = [s for lane in turn if budget[lane] > 0 for s in keys.lane_outboxes(lane)]
         res = await self.r.xreadgroup(keys.OUTBOX_GROUP, consumer, {s: ">" for s in streams}, count=1, block=block_ms)
         for stream, entries in res or []:
             out += self._entries(stream, entries)
         return out
 
-    async def _read_where_lagging(self, consumer: str, order: list[str], count: int) -> list[OutboxEntry]:
-        """One look at every group's lag, then one read of at most ``count`` entries in all from
-        the streams that have some, in ``order``. A stream whose lag Redis cannot tell, or whose
-        group is missing (its NOGROUP then reaches the dispatcher, which re-creates the groups),
-        makes the read go round the streams as with many slots (Redis before 7.0 tells no lag)."""
-        lags = await outbox_groups(self.r)
-        if any(s not in lags or lags[s][1] is None for s in order):
-            self._outbox_cursor = (self._outbox_cursor + count) % len(order)
-            return await self._read_rounds(consumer, order, count)
-        plan: list[tuple[str, int]] = []
+    def _order(self, lane: str) -> list[str]:
+        """The lane's streams, starting at the partition where its last read stopped."""
+        streams = keys.lane_outboxes(lane)
+        start = self._outbox_cursors.get(lane, 0) % len(streams)
+        return streams[start:] + streams[:start]
+
+    async def _read_where_lagging(
+        self,
+        consumer: str,
+        turn: list[str],
+        budget: Mapping[str, int],
+        count: int,
+        lags: Mapping[str, tuple[int, int | None]],
+    ) -> tuple[list[OutboxEntry], bool]:
+        """One read of at most ``count`` entries in all, shared among the lanes in ``turn`` one entry
+        at a time (each up to its budget and its lag), from the streams that have some; and whether
+        a lane with work was held back for want of free slots."""
+        lag = {s: lags[s][1] or 0 for s in keys.all_outboxes()}
+        want = {lane: min(budget[lane], sum(lag[s] for s in keys.lane_outboxes(lane))) for lane in turn}
+        held = any(budget[lane] <= 0 < sum(lag[s] for s in keys.lane_outboxes(lane)) for lane in turn)
+        share = dict.fromkeys(turn, 0)
         left = count
-        for s in order:
-            lag = lags[s][1] or 0
-            if left and lag:
-                plan.append((s, min(lag, left)))
-                left -= min(lag, left)
+        while left and any(share[lane] < want[lane] for lane in turn):
+            for lane in turn:
+                if left and share[lane] < want[lane]:
+                    share[lane] += 1
+                    left -= 1
+        plan: list[tuple[str, int]] = []
+        for lane in turn:
+            order, left, last = self._order(lane), share[lane], 0
+            for s in order:
+                if left and lag[s]:
+                    plan.append((s, min(lag[s], left)))
+                    left -= min(lag[s], left)
+                    last = order.index(s)
+            if share[lane]:  # next time this lane starts after the last stream read
+                self._outbox_cursors[lane] = self._outbox_cursors.get(lane, 0) + last + 1
         if not plan:
-            return []
-        self._outbox_cursor = (self._outbox_cursor + order.index(plan[-1][0]) + 1) % len(order)  # next: after it
+            return [], held
         async with self.r.pipeline(transaction=False) as pipe:
             for s, take in plan:
                 pipe.xreadgroup(keys.OUTBOX_GROUP, consumer, {s: ">"}, count=take)
             answers = await pipe.execute()
-        return [e for res in answers for stream, entries in res or [] for e in self._entries(stream, entries)]
+        return [e for res in answers for stream, entries in res or [] for e in self._entries(stream, entries)], held
+
+    async def _read_each_lane(
+        self, consumer: str, turn: list[str], budget: Mapping[str, int], count: int
+    ) -> list[OutboxEntry]:
+        """Without every stream's lag (Redis before 7.0 tells none; a stream or group missing, whose
+        NOGROUP then reaches the dispatcher, which re-creates the groups): each lane in turn read in
+        rounds, up to its budget and what ``count`` leaves."""
+        out: list[OutboxEntry] = []
+        for lane in turn:
+            want = min(budget[lane], count - len(out))
+            if want > 0:
+                order = self._order(lane)
+                self._outbox_cursors[lane] = self._outbox_cursors.get(lane, 0) + want
+                out += await self._read_rounds(consumer, order, want)
+        return out
 
     async def _read_rounds(self, consumer: str, order: list[str], count: int) -> list[OutboxEntry]:
         """Pipelined rounds over the streams, at most ``count`` entries in all: each round asks the
@@ -171,12 +222,14 @@ class OutboxMixin:
         return sum(pending + (lag or 0) for pending, lag in (await outbox_groups(self.r)).values())
 
     async def outbox_commands(self, job_id: str) -> list[NodeCommand]:
-        """The job's commands still in its outbox stream (not yet acknowledged; for checks and tests)."""
-        out = []
-        for _eid, f in await self.r.xrange(keys.job(job_id).outbox):
-            if f.get("job") == job_id:
-                out.append(NodeCommand.model_validate_json(f["cmd"]))
-        return out
+        """The job's commands still in its partition's outbox streams (not yet acknowledged; for checks
+        and tests), oldest first whichever lane holds them."""
+        found = []
+        for stream in keys.job(job_id).outboxes:
+            for eid, f in await self.r.xrange(stream):
+                if f.get("job") == job_id:
+                    found.append((tuple(map(int, eid.split("-"))), NodeCommand.model_validate_json(f["cmd"])))
+        return [cmd for _at, cmd in sorted(found, key=lambda x: x[0])]
 
     async def prune_consumers(self, keep: str, idle_ms: int) -> int:
         """Forget outbox consumers (dispatchers of earlier processes) idle for ``idle_ms`` that hold

@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 from . import eventrefs
 from .ids import canonical_json, new_id, now_iso
 from .jobstate import JobState
-from .keys import result_field
+from .keys import command_outbox, result_field
 from .models import (
     FIRST_WORKFLOW_VERSION,
     Box,
@@ -73,7 +73,8 @@ class Plan:
                     [t, self.status.value, canonical_json(d)]
                     for (t, _), d in zip(self.events, eventrefs.stored(self.events, meta), strict=True)
                 ],
-                "outbox": [c.model_dump_json() for c in self.outbox],
+                # [stream, command]: each command in its lane's stream (keys.command_outbox)
+                "outbox": [[command_outbox(c.job_id, c.node_type), c.model_dump_json()] for c in self.outbox],
                 "pauses": self.pause_history,
                 "waiting": list(self.waiting) if self.waiting else [],
                 "running": list(self.running) if self.running else [],

@@ -71,7 +71,7 @@ async def footprint(store: Store, job_id: str) -> dict:
         "events": await store.r.lrange(jk.events, 0, -1),
         "idem": await store.r.hgetall(jk.idem),
         "reports": await store.r.smembers(jk.reports),
-        "outbox_len": await store.r.xlen(jk.outbox),
+        "outbox_len": sum([await store.r.xlen(s) for s in jk.outboxes]),
         "outbox_cmds": [c.node_instance_id for c in await store.outbox_commands(job_id)],
         "waiting": await store.r.zscore(jk.waiting, job_id),
         "running": await store.r.zscore(jk.running, job_id),

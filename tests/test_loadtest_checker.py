@@ -184,13 +184,13 @@ async def test_a_second_command_for_a_consumed_pause(store, image):
     cmd = (await store.outbox_commands(job_id))[-1]
     assert cmd.node_type == "SEGMENT_SUBJECT"  # the first approved subject's node (statecore.subjects)
     twin = cmd.model_copy(update={"node_instance_id": new_id("node")})
-    await store.r.xadd(keys.outbox(keys.partition_of(job_id)), {"job": job_id, "cmd": twin.model_dump_json()})
+    await store.r.xadd(keys.command_outbox(job_id, twin.node_type), {"job": job_id, "cmd": twin.model_dump_json()})
     await _only(store, "consumption_next_step", job_id, says="SEGMENT_SUBJECT': 2")
 
 
 async def test_a_consumed_pause_without_its_command(store, image):
     job_id, _, _ = await _consumed(store, image)
-    stream = keys.outbox(keys.partition_of(job_id))
+    stream = keys.command_outbox(job_id, "SEGMENT_SUBJECT")
     for eid, f in await store.r.xrange(stream):
         if f["job"] == job_id and "SEGMENT_SUBJECT" in f["cmd"]:
             await store.r.xdel(stream, eid)
@@ -206,7 +206,7 @@ async def test_an_orphan_command(store, image):
         job_id=job_id,
         enqueued_at="2001-01-01T00:00:00.000Z",
     )
-    await store.r.xadd(keys.outbox(keys.partition_of(job_id)), {"job": job_id, "cmd": stray.model_dump_json()})
+    await store.r.xadd(keys.command_outbox(job_id, stray.node_type), {"job": job_id, "cmd": stray.model_dump_json()})
     await _only(store, "outbox_accounting", job_id)
 
 

@@ -49,7 +49,7 @@ async def test_a_prelabelled_job_waits_for_review_with_its_boxes_and_no_detector
         ]
         assert snap["current_node"] is None
         # No detector call: nothing was queued for any executor.
-        assert await store.r.xlen(keys.outbox(keys.partition_of(job_id))) == 0
+        assert sum([await store.r.xlen(s) for s in keys.job(job_id).outboxes]) == 0
         events = await store.events_after(job_id)
         assert [e.type for e in events] == ["JOB_CREATED", "STATUS_CHANGED", "STATUS_CHANGED", "PAUSE_OPENED"]
         assert events[0].data["proposal_source"] == "prelabelled"
@@ -75,8 +75,7 @@ async def test_a_prelabelled_job_waits_for_review_with_its_boxes_and_no_detector
         r = await c.post(f"{API}/jobs/{job_id}/interventions", json=body, headers=auth("rev1"))
         assert r.status_code in (200, 202), r.text
         # What the dispatcher gets next is the segmenter's work: the detector was never asked.
-        outbox = await store.r.xrange(keys.outbox(keys.partition_of(job_id)))
-        queued = [json.loads(f["cmd"])["node_type"] for _, f in outbox]
+        queued = [c.node_type for c in await store.outbox_commands(job_id)]
         assert queued and "DETECT_SUBJECTS" not in queued, queued
 
 
@@ -112,7 +111,7 @@ async def test_no_boxes_is_an_empty_proposal_still_without_a_detector(store: Sto
         assert r.status_code == 202, r.text
         snap = (await c.get(f"{API}/jobs/{r.json()['job_id']}", headers=auth("rev1"))).json()
         assert (snap["status"], snap["box_list"]) == ("WAITING_USER_SELECTION", [])
-        assert await store.r.xlen(keys.outbox(keys.partition_of(snap["job_id"]))) == 0
+        assert sum([await store.r.xlen(s) for s in keys.job(snap["job_id"]).outboxes]) == 0
 
 
 # --------------------------------------------------------------------------- the client and hitl submit

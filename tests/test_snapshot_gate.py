@@ -154,7 +154,7 @@ async def test_a_pause_of_an_incompatible_workflow_is_reoffered_never_continued(
     st = await store.get(job_id)
     old = st.active_pause
     assert old is not None and old.workflow_version not in next_build.config.continuable_workflow_versions
-    outbox_before = await store.r.xlen(keys.job(job_id).outbox)
+    outbox_before = sum([await store.r.xlen(s) for s in keys.job(job_id).outboxes])
 
     req = iv(st, keep(st, 0, 1), iid="iv_old_def", snapshot_id=old.snapshot_id)
     with pytest.raises(WorkflowVersionIncompatible) as ei:
@@ -171,7 +171,7 @@ async def test_a_pause_of_an_incompatible_workflow_is_reoffered_never_continued(
     assert snap["box_list"] == [b.model_dump(mode="json") for b in st.box_list]
     assert "rebase" in body
     # Never continued: nothing consumed, no node queued, the intervention id not recorded.
-    assert await store.r.xlen(keys.job(job_id).outbox) == outbox_before
+    assert sum([await store.r.xlen(s) for s in keys.job(job_id).outboxes]) == outbox_before
     assert await store.r.hget(keys.job(job_id).idem, "iv_old_def") is None
     history = {p.pause_token: p for p in await store.pause_history(job_id)}
     assert history[old.pause_token].status == "CANCELLED" and history[old.pause_token].consumed_by is None

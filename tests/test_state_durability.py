@@ -36,8 +36,7 @@ def _store(server: RedisServer) -> Store:
 
 async def _outbox_state(store: Store, job_ids: list[str]) -> dict:
     out = {}
-    for p in sorted({keys.job(j).p for j in job_ids}):
-        stream = keys.outbox(p)
+    for stream in sorted({s for j in job_ids for s in keys.job(j).outboxes}):
         groups = {g["name"]: (g["pending"], g["last-delivered-id"]) for g in await store.r.xinfo_groups(stream)}
         pending = await store.r.xpending_range(stream, keys.OUTBOX_GROUP, "-", "+", 100)
         out[stream] = {

@@ -77,10 +77,17 @@ class Job:
 
 
 async def read_outbox(r: Any, p: int) -> dict[str, list[Command]]:
-    """The commands still in partition ``p``'s outbox stream, by job, each marked pending when not
-    yet delivered to a dispatcher or delivered and not acknowledged."""
+    """The commands still in partition ``p``'s outbox streams (one per lane), by job, oldest first,
+    each marked pending when not yet delivered to a dispatcher or delivered and not acknowledged."""
     by_job: dict[str, list[Command]] = defaultdict(list)
-    stream = keys.outbox(p)
+    for stream in keys.partition_outboxes(p):
+        for job_id, commands in (await _read_stream(r, stream)).items():
+            by_job[job_id] += commands
+    return {job_id: sorted(cs, key=lambda c: stream_id(c.entry_id)) for job_id, cs in by_job.items()}
+
+
+async def _read_stream(r: Any, stream: str) -> dict[str, list[Command]]:
+    by_job: dict[str, list[Command]] = defaultdict(list)
     last_delivered = (0, 0)
     pel: set[str] = set()
     try:

@@ -1,6 +1,6 @@
 -- _lib.lua: shared prologue, prepended to every state-changing script at load time.
 -- KEYS[1..16] (statecore.keys.JobKeys.for_script, one hash slot):
---   1 meta  2 pauses  3 events (LIST; also the wake-up channel)  4 idem  5 reports  6 outbox  7 waiting  8 running
+--   1 meta  2 pauses  3 events (LIST; also the wake-up channel)  4 idem  5 reports  6 outbox (detect lane)  7 waiting  8 running
 --   9 jobs  10 expiring (finished jobs by when their records expire)  11 queued  12 heartbeats
 --   13 the partition's inspector lease (checked by the inspector's writes: fencing)
 --   14 the partition's counters (HASH, statecore.counters): one field per status, cumulative
@@ -372,7 +372,10 @@ local function apply_plan(plan_json)
     count_status(old_status, plan.meta.status, old_status == nil and tonumber(ARGV[8]) or 0)
   end
   for _, cmd in ipairs(plan.outbox) do
-    redis.call('XADD', K_OUTBOX, '*', 'job', JOB_ID, 'cmd', cmd)
+    -- {stream, command}: the command's lane of this partition (statecore.keys.command_outbox); every
+    -- lane's stream carries the partition's hash tag, like K_OUTBOX (the detect lane): same slot.
+    if string.sub(cmd[1], 1, #K_OUTBOX) ~= K_OUTBOX then error('OUTBOX_NOT_OF_PARTITION ' .. cmd[1]) end
+    redis.call('XADD', cmd[1], '*', 'job', JOB_ID, 'cmd', cmd[2])
   end
   for token, p in pairs(plan.pauses) do
     redis.call('HSET', K_PAUSES, token, p)
