@@ -134,7 +134,7 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks, boxes: BoxListView) -> N
     for trigger in (c.login_btn.click, c.login_token.submit):
         sent = trigger(None, js=SIGN_IN_JS, inputs=[c.login_name, c.login_token], outputs=[c.login_msg, c.login_token])
         then_draw(sent.then(cb.on_login, inputs=[c.session, c.login_msg], outputs=login_outputs))
-    c.signout_btn.click(None, js=SIGN_OUT_JS)
+    c.signout_btn.click(cb.on_sign_out, inputs=st, queue=False).then(None, js=SIGN_OUT_JS)
 
     # preprocess=False: the annotator's raw value (boxes in canvas units with their scale) is read by
     # ui.annotator without decoding the image on every click.

@@ -22,6 +22,7 @@ from starlette.requests import Request, cookie_parser
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from hitl_review.client.config import tls_context
 from hitl_review.statecore import sessions
 
 SIGN_IN_PATH = "/hitl-signin"
@@ -105,7 +106,7 @@ def routes(api_url: str) -> list[Route]:
         if not token:
             return JSONResponse({"message": "Paste your API token."}, status_code=400)
         try:
-            async with httpx.AsyncClient(base_url=api_url, timeout=30) as api:
+            async with httpx.AsyncClient(base_url=api_url, timeout=30, verify=tls_context()) as api:
                 r = await api.post(SESSION, headers={"Authorization": f"Bearer {token}"})
                 sid = _set_cookie_value(r)
                 if r.status_code != 201 or sid is None:
@@ -127,7 +128,7 @@ def routes(api_url: str) -> list[Route]:
         ended = False
         if sid:
             try:
-                async with httpx.AsyncClient(base_url=api_url, timeout=30) as api:
+                async with httpx.AsyncClient(base_url=api_url, timeout=30, verify=tls_context()) as api:
                     r = await api.get(SESSION, headers=session_headers(sid))
                     if r.status_code == 200:
                         gone = await api.delete(SESSION, headers=session_headers(sid, r.json()["csrf_token"]))

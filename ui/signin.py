@@ -25,6 +25,7 @@ import gradio as gr
 import httpx
 
 from hitl_review.client import ApiError, AsyncHitlClient, HitlClient
+from hitl_review.client.config import tls_context
 from hitl_review.statecore.trusted_proxy import TrustedProxies
 
 from .cookie_signin import REVIEW_ROLES, SESSION, said, session_headers, session_id, unfit
@@ -91,6 +92,7 @@ class SignInHandlers:
 
     queue_update: Callable[[ReviewerState], Update]  # ui.callbacks.Callbacks'
     open_job: Callable[[ReviewerState, str | None], Update]
+    release_claim: Callable[..., None]  # ui.claims.ClaimHandlers'
 
     def _check(self, token: str, name: str = "", proxied: bool = False) -> dict[str, Any]:
         """Who ``token`` signs in as; ValueError saying why it cannot sign in to review."""
@@ -123,7 +125,7 @@ class SignInHandlers:
     def _session(self, sid: str) -> tuple[str, dict[str, Any]]:
         """The session a cookie names: (its handle, who it is); ValueError saying why it cannot review."""
         try:
-            with httpx.Client(base_url=self.api_url, timeout=30) as api:
+            with httpx.Client(base_url=self.api_url, timeout=30, verify=tls_context()) as api:
                 r = api.get(SESSION, headers=session_headers(sid))
         except httpx.HTTPError as e:
             raise ValueError(f"Could not reach the control plane: {e}") from None
@@ -184,6 +186,11 @@ class SignInHandlers:
         except ValueError as e:
             return {self.c.login_msg: str(e)}
         return self._signed_in(st, handle, who, can_sign_out=True)
+
+    def on_sign_out(self, st: ReviewerState) -> None:
+        """Before the session ends (``ui.cookie_signin.SIGN_OUT_JS``): release this page's claim while the
+        session can still do it (leaving the page afterwards could not)."""
+        self.release_claim(st)
 
     def restore_outputs(self) -> list[Any]:
         """What ``on_restore`` and ``on_login`` may change (``on_login`` the queue and the panel as well)."""
