@@ -267,6 +267,10 @@ class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls, ApproveC
         """Replay one dead letter (admin token): a report through the normal report path, a command re-queued."""
         return self._run(self._core.replay_dead_letter(dead_letter_id))
 
+    def webhook_log(self, limit: int = 100) -> dict[str, Any]:
+        """The webhooks' newest delivery attempts and how many deliveries wait (admin token)."""
+        return self._run(self._core.webhook_log(limit))
+
     def reconcile(self) -> dict[str, Any]:
         """Restore the live jobs Redis lost from the archive's live mirror (admin token)."""
         return self._run(self._core.reconcile())
@@ -460,6 +464,9 @@ class AsyncHitlClient(_Client[httpx.AsyncBaseTransport]):
 
     async def replay_dead_letter(self, dead_letter_id: str) -> ReplayResult:
         return await self._run(self._core.replay_dead_letter(dead_letter_id))
+
+    async def webhook_log(self, limit: int = 100) -> dict[str, Any]:
+        return await self._run(self._core.webhook_log(limit))
 
     async def reconcile(self) -> dict[str, Any]:
         return await self._run(self._core.reconcile())

@@ -31,6 +31,23 @@ def cmd_dead_letters(args: argparse.Namespace, client: HitlClient) -> int:
 
 
 @client_command
+def cmd_webhooks(args: argparse.Namespace, client: HitlClient) -> int:
+    """``hitl admin webhooks``: the newest delivery attempts (docs/protocol.md § Webhooks)."""
+    log = client.webhook_log(args.limit)
+    if args.json:
+        print_json(log)
+        return EXIT_OK
+    console = Console(highlight=False)
+    console.print(f"{log['pending']} deliveries pending")
+    table = Table("at", "event", "type", "url", "attempt", "outcome", "status", "error")
+    for a in log["attempts"]:
+        row = ("at", "event_id", "type", "url", "attempt", "outcome", "status", "error")
+        table.add_row(*(str(a.get(k, "")) for k in row))
+    console.print(table)
+    return EXIT_OK
+
+
+@client_command
 def cmd_replay(args: argparse.Namespace, client: HitlClient) -> int:
     done = client.replay_dead_letter(args.dead_letter_id)
     if args.json:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .batch import DEFAULT_BATCH, check_batch_name
-from .cli_admin import cmd_dead_letters, cmd_gc_artifacts, cmd_reconcile, cmd_replay, cmd_verify_audit
+from .cli_admin import cmd_dead_letters, cmd_gc_artifacts, cmd_reconcile, cmd_replay, cmd_verify_audit, cmd_webhooks
 from .cli_common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, Handler
 from .cli_jobs import cmd_jobs, cmd_results, cmd_status, cmd_watch, format_event, print_results, print_snapshot
 from .cli_notes import cmd_comment, cmd_flag
@@ -305,6 +305,15 @@ def add_client_commands(subparsers: Any) -> Any:
         description="List the node results and commands given up on after their retries (a result Redis could "
         "not take in time, a command delivered more than --max-deliveries times), oldest first, with the reason.",
     )
+    p = _command(
+        admin_sub,
+        "webhooks",
+        cmd_webhooks,
+        help="the webhooks' delivery log",
+        description="The newest webhook delivery attempts, newest first (delivered, failed and retried, gave_up; "
+        "the HTTP status or the error), and how many deliveries wait (docs/protocol.md § Webhooks).",
+    )
+    p.add_argument("--limit", type=int, default=100, metavar="N", help="show the newest N attempts (1..1000)")
     p = _command(
         admin_sub,
         "replay",

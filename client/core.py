@@ -306,6 +306,12 @@ class ClientCore(CallCore):
         resp = yield from self.call("POST", dead_letter_path(dead_letter_id, "/replay"), mode=RetryMode.CONNECT_ONLY)
         return ReplayResult.model_validate_json(resp.content)
 
+    def webhook_log(self, limit: int = 100) -> Plan[dict[str, Any]]:
+        """GET /admin/webhooks/log (admin): the newest delivery attempts, newest first, and the pending count."""
+        resp = yield from self.call("GET", f"{API}/admin/webhooks/log", params={"limit": limit})
+        result: dict[str, Any] = resp.json()
+        return result
+
     def reconcile(self) -> Plan[dict[str, Any]]:
         """POST /admin/reconcile (admin): restore the live jobs Redis lost from the archive's mirror.
         Safe to send again (a job Redis holds is left alone), but only a request that never left is

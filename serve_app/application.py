@@ -61,6 +61,7 @@ from .work.archive_loop import archive_loop
 from .work.archiver_deployment import Archiver
 from .work.archiving import open_archive
 from .work.capacity import ServeCapacity
+from .work.webhook_delivery import start_webhooks
 
 log = logging.getLogger("hitl.application")
 

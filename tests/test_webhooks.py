@@ -92,6 +92,7 @@ def _deliverer(store: Store, hooks: list[str], **kw: Any) -> WebhookDeliverer:
 
 
 async def _until(cond, timeout_s: float, what: str) -> None:
+    """Wait for ``cond``. (The streams appear in keys.all_webhook_streams' order: the policy's last.)"""
     deadline = time.monotonic() + timeout_s
     while not await cond():
         assert time.monotonic() < deadline, what
@@ -106,7 +107,7 @@ async def test_every_event_is_delivered_signed_through_a_failing_receiver_and_no
     dispatcher = Dispatcher(store, Model(), consumer="d", reclaim_every_s=0.2, inspect_every_s=0.2)
     dispatching = asyncio.create_task(dispatcher.run_forever())
     try:
-        await _until(lambda: store.r.exists(keys.webhooks(0)), 5, "the deliverer never made its streams")
+        await _until(lambda: store.r.exists(keys.POLICY_WEBHOOKS), 5, "the deliverer never made its streams")
         # Everything happens while the receiver fails: the jobs move on all the same.
         t0 = time.monotonic()
         job_ids = [(await store.create_job("alice", _image(i))).job_id for i in range(3)]
@@ -226,3 +227,69 @@ async def _event_ids(store: Store, job_id: str) -> list[int]:
 
 async def _some(rcv: Receiver, n: int) -> bool:
     return len(rcv.seen["flaky"]) >= n
+
+
+async def test_the_settings_start_a_deliverer_and_the_admin_route_and_metrics_show_it(redis_server, receiver, tmp_path):
+    from hitl_review.serve_app.ops.config import Settings
+    from hitl_review.serve_app.work.webhook_delivery import start_webhooks
+
+    from .asgi_util import asgi_client
+
+    store = await _store(redis_server)
+    settings = Settings(webhooks=[f"job.finished={receiver.base}/finished"], webhook_secret=SECRET)
+    assert SECRET not in repr(settings)
+    task = start_webhooks(settings, store)
+    assert task is not None and start_webhooks(Settings(), store) is None
+    try:
+        await _until(lambda: store.r.exists(keys.POLICY_WEBHOOKS), 5, "no streams")
+        job_id = (await store.create_job("alice", _image(5))).job_id
+        await store.cancel(job_id, "alice")
+        await _until(lambda: _taken(receiver, "finished", 1), 5, "the job's end was never delivered")
+        await _until(lambda: webhooks.read_log(store.r), 5, "the delivery was never logged")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    async with asgi_client(redis_server.url, tmp_path) as client:
+        admin = {"Authorization": "Bearer tok-admin"}
+        res = await client.get("/api/v1/admin/webhooks/log", headers=admin)
+        assert res.status_code == 200, res.text
+        assert len(res.json()["attempts"]) == 1, res.json()
+        (line,) = res.json()["attempts"]
+        assert res.json()["pending"] == 0 and line["outcome"] == "delivered" and line["status"] == "200"
+        assert line["event_id"].startswith(job_id) and line["type"] == "job.finished"
+        refused = await client.get("/api/v1/admin/webhooks/log", headers={"Authorization": "Bearer tok-rev1"})
+        assert refused.status_code == 403
+        text = (await client.get("/metrics", headers=admin)).text
+        assert "hitl_webhook_pending 0.0" in text and 'hitl_webhook_deliveries_total{outcome="delivered"}' in text
+    await store.close()
+
+
+def test_hitl_up_refuses_webhooks_it_cannot_sign_or_parse(tmp_path, monkeypatch):
+    from hitl_review.serve_app.cli import build_parser
+    from hitl_review.serve_app.ops import preflight
+    from hitl_review.serve_app.ops.config import load_deployment, save_deployment
+    from hitl_review.serve_app.ops.launcher import settings_from_args
+
+    monkeypatch.delenv("HITL_WEBHOOK_SECRET", raising=False)
+    up = ["up", "--data-dir", str(tmp_path)]
+    with pytest.raises(preflight.UpError, match="--webhook: give the signing secret"):
+        preflight.check_webhooks(settings_from_args(build_parser().parse_args([*up, "--webhook", "http://h/x"])))
+    with pytest.raises(preflight.UpError, match="--webhook: .*unknown event 'job.done'"):
+        settings_from_args(build_parser().parse_args([*up, "--webhook", "job.done=http://h/x"]))
+    (tmp_path / "secret").write_text("")
+    with pytest.raises(preflight.UpError, match="--webhook-secret-file .*empty"):
+        settings_from_args(build_parser().parse_args([*up, "--webhook-secret-file", str(tmp_path / "secret")]))
+    (tmp_path / "secret").write_text(SECRET + "\n")
+    args = [*up, "--webhook", "http://h/a", "--webhook", "policy.shadow=http://h/b", "--webhook-secret-file"]
+    settings = settings_from_args(build_parser().parse_args([*args, str(tmp_path / "secret")]))
+    assert settings.webhook_secret == SECRET and settings.webhooks == ["http://h/a", "policy.shadow=http://h/b"]
+    preflight.check_webhooks(settings)
+    monkeypatch.setenv("HITL_WEBHOOK_SECRET", "from-env")
+    assert settings_from_args(build_parser().parse_args([*up, "--webhook", "http://h/a"])).webhook_secret == "from-env"
+    save_deployment(settings)  # what the admin tools read: the webhooks, never their secret
+    assert SECRET not in (tmp_path / "deployment.json").read_text()
+    assert load_deployment(tmp_path).webhooks == settings.webhooks
+
+
+async def _taken(rcv: Receiver, path: str, n: int) -> bool:
+    return len(rcv.taken[path]) >= n

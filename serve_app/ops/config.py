@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hitl_review.statecore.trusted_proxy import parse_networks
+from hitl_review.statecore.webhooks import Webhook
 
 # Environment variables a setting falls back to when it is not given (the first one set wins): read
 # the same way by ``hitl up`` (``Settings.from_env``) and the Serve builder
@@ -26,6 +27,7 @@ ENV_FALLBACK: dict[str, tuple[str, ...]] = {
     "artifacts_root": ("HITL_ARTIFACTS",),
     "tokens": ("HITL_TOKENS",),
     "data_dir": ("HITL_DATA_DIR",),
+    "webhook_secret": ("HITL_WEBHOOK_SECRET",),
 }
 
 
@@ -125,6 +127,20 @@ class Settings(BaseModel):
     # The share of masks the gate passed that a person checks all the same, unmarked (statecore.gate_spot):
     # how the gate's recall on real work is measured (hitl learn report). 0: off.
     mask_spot_check: float = Field(default=0.0, ge=0, le=1)
+    # Webhooks (docs/protocol.md § Webhooks): --webhook [TYPES=]URL, each delivery signed with the
+    # secret (--webhook-secret-file, HITL_WEBHOOK_SECRET; a secret: never logged, never in deployment.json).
+    webhooks: list[str] = Field(default_factory=list)
+    webhook_secret: str | None = Field(default=None, repr=False)
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    webhook_concurrency: int = Field(default=8, ge=1, le=256)
+    webhook_give_up_after_s: float = Field(default=24 * 3600.0, ge=0)
+
+    @field_validator("webhooks")
+    @classmethod
+    def _webhook_specs(cls, v: list[str]) -> list[str]:
+        for spec in v:
+            Webhook.parse(spec)  # a ValueError naming the bad one
+        return [spec.strip() for spec in v]
 
     @field_validator("trusted_proxies")
     @classmethod
@@ -194,12 +210,13 @@ DEPLOYMENT_FILE = "deployment.json"  # in the data directory: the settings `hitl
 
 def save_deployment(settings: Settings) -> Path:
     """Write the settings a deployment runs with to ``<data-dir>/deployment.json`` (atomically;
-    tokens left out: they are secrets, and what builds from this file never authenticates anyone).
+    tokens and the webhook secret left out: they are secrets, and what builds from this file never
+    authenticates anyone).
     What a standalone dispatcher and the admin tools build their store from
     (``load_deployment``), so they keep this deployment's retention, archive, timeouts and attempts."""
     path = settings.data_dir / DEPLOYMENT_FILE
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(settings.model_copy(update={"tokens": None}).model_dump_json(indent=2))
+    tmp.write_text(settings.model_copy(update={"tokens": None, "webhook_secret": None}).model_dump_json(indent=2))
     os.replace(tmp, path)
     return path
 

@@ -36,6 +36,7 @@ FLAG_OF = {
     "validator": "--validator",
     "artifacts_root": "HITL_ARTIFACTS",
     "tokens": "HITL_TOKENS",
+    "webhooks": "--webhook",
 }
 
 
@@ -86,6 +87,7 @@ def check(settings: Settings) -> None:
     check_models(settings)
     check_quality_gate(settings)
     check_auto_approve(settings)
+    check_webhooks(settings)
     if settings.redis_url:
         check_redis(settings)
     else:
@@ -112,6 +114,15 @@ def check_values(settings: Settings) -> None:
         raise UpError(
             f"--archive-url {redact(url)}: the archive is PostgreSQL (postgresql://user:password@host/db) or "
             "SQLite (sqlite:///PATH); leave it out for <data-dir>/archive.sqlite3"
+        )
+
+
+def check_webhooks(settings: Settings) -> None:
+    """Webhooks are signed, always: ``--webhook`` needs a secret (docs/protocol.md § Webhooks)."""
+    if settings.webhooks and not settings.webhook_secret:
+        raise UpError(
+            "--webhook: give the signing secret with --webhook-secret-file FILE or HITL_WEBHOOK_SECRET "
+            "(receivers check X-Hitl-Signature with it)"
         )
 
 

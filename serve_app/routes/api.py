@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis import exceptions as redis_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hitl_review.statecore import counters, deadletters, durable, errors, prelabelled
+from hitl_review.statecore import counters, deadletters, durable, errors, prelabelled, webhooks
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.models import (
     CreateJobResponse,
@@ -463,6 +463,12 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         done = await deadletters.replay(rt().store, dead_letter_id, identity(request).name)
         log.warning("dead letter %s replayed by %s: %s", done.id, identity(request).name, done.result)
         return done
+
+    @app.get(f"{API}/admin/webhooks/log")
+    async def webhook_log(limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:
+        """The newest delivery attempts (docs/protocol.md § Webhooks) and how many wait."""
+        r = rt().store.r
+        return {"pending": await webhooks.pending(r), "attempts": await webhooks.read_log(r, limit)}
 
     @app.post(f"{API}/admin/reconcile", responses={400: {}})
     async def reconcile(request: Request) -> dict[str, Any]:

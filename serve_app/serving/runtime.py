@@ -26,6 +26,7 @@ from ..work.archive_loop import archive_loop
 from ..work.archiving import open_archive
 from ..work.dispatcher import Dispatcher, LocalRunner, NodeRunner
 from ..work.inspector import Confirm
+from ..work.webhook_delivery import start_webhooks
 from .stores import store_for
 
 log = logging.getLogger("hitl.runtime")
@@ -110,6 +111,9 @@ async def local_runtime(
     # The archiver's own loop in this process, the one process of plain uvicorn (Ray Serve: the
     # Archiver deployment); without an archive it only starts the retention of copies queued earlier.
     rt.background.append(asyncio.create_task(archive_loop(settings, background_store, rt.archive).run_forever()))
+    hooks = start_webhooks(settings, background_store)  # the webhooks' deliverer beside it (when any)
+    if hooks is not None:
+        rt.background.append(hooks)
     return rt
 
 

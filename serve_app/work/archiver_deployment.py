@@ -30,6 +30,7 @@ from ..serving.serve_options import CONTROL_PLANE
 from ..serving.stores import store_for
 from .archive_loop import ArchiveLoop, archive_loop
 from .archiving import open_archive
+from .webhook_delivery import start_webhooks
 
 log = logging.getLogger("hitl.archiver")
 
@@ -60,11 +61,13 @@ class Archiver:
         # The loop blocks in XREADGROUP for up to 1 s: its store's timeout allows for it.
         store = store_for(settings, settings.redis_url, blocking_s=2.0)
         flusher = asyncio.create_task(metrics.SHARED.flush_forever(store.r))  # its counters, to the shared totals
+        hooks: asyncio.Task[None] | None = None
         try:
             archive = await open_archive(settings)
             await durability.configure(store, settings.durability, settings.store_timeout_s, archive)
             self.loop = archive_loop(settings, store, archive)
             log.info("archiver ready (archive %s)", "on" if archive is not None else "off")
+            hooks = start_webhooks(settings, store)  # the webhooks' deliverer beside the loop (when any)
             await self.loop.run_forever()
         except asyncio.CancelledError:
             raise
@@ -72,6 +75,8 @@ class Archiver:
             log.exception("archiver loop ended; the next health check starts it again")
         finally:
             flusher.cancel()
+            if hooks is not None:
+                hooks.cancel()
             await store.close()
 
     async def check_health(self) -> None:

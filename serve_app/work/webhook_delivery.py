@@ -212,6 +212,16 @@ class WebhookDeliverer:
             log.debug("webhook log line lost: %s", e)
 
 
+def start_webhooks(settings: Any, store: Any) -> asyncio.Task[None] | None:
+    """The deliverer's task beside an archive loop (the caller cancels it with the loop); None without
+    webhooks. ``store``: a store whose timeout allows the 1 s blocking read."""
+    deliverer = webhook_deliverer(settings, store.r, cluster=bool(getattr(store, "cluster", False)))
+    if deliverer is None:
+        return None
+    log.info("webhooks: %d configured (%s)", len(deliverer.hooks), ", ".join(_where(h.url) for h in deliverer.hooks))
+    return asyncio.create_task(deliverer.run_forever(), name="webhooks")
+
+
 def webhook_deliverer(settings: Any, r: Any, cluster: bool = False) -> WebhookDeliverer | None:
     """The deliverer the settings ask for, or None without webhooks."""
     if not settings.webhooks:
