@@ -243,6 +243,9 @@ class Api:
         if self.archiver is None:  # --no-archive: copies queued earlier only get their retention started
             loop = archive_loop(settings, background_store, None)
             rt.background.append(asyncio.create_task(loop.run_forever(), name="archive loop"))
+            hooks = start_webhooks(settings, background_store)  # and the webhooks' deliverer, when any
+            if hooks is not None:
+                rt.background.append(hooks)
         self.background = rt.background
         return rt
 

@@ -87,6 +87,7 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("GET", re.compile(rf"^{API}/whoami$"), ("submitter", "reviewer", "executor")),
     ("GET", re.compile(rf"^{API}/admin/dead-letters/?$"), ("admin",)),
     ("POST", re.compile(rf"^{API}/admin/dead-letters/[^/]+/replay/?$"), ("admin",)),
+    ("GET", re.compile(rf"^{API}/admin/webhooks/log/?$"), ("admin",)),
     ("POST", re.compile(rf"^{API}/admin/reconcile/?$"), ("admin",)),
     ("GET", re.compile(rf"^{API}/admin/audit/verify/?$"), ("admin",)),
     ("POST", re.compile(rf"^{API}/admin/artifacts/gc/?$"), ("admin",)),
@@ -510,6 +511,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
             metrics.REDIS_STATE.update(await counters.read(store.r, rt().settings.coverage_window_s))
             await metrics.refresh_stuck(store.r, rt().settings.coverage_window_s)
             metrics.OUTBOX_LAG.set(await store.outbox_pending())
+            metrics.WEBHOOK_PENDING.set(await webhooks.pending(store.r))
             await metrics.SHARED.flush(store.r)  # this replica's increments, then everyone's totals
             await metrics.SHARED.refresh(store.r)
             model_stats = rt().model_stats
