@@ -164,3 +164,38 @@ async def test_a_spot_check_looks_like_any_review_and_drift_drops_the_policy_to_
 
 async def event_types(s: Store, job_id: str) -> list[str]:
     return [orjson.loads(e)["type"] for e in await s.r.lrange(keys.job(job_id).events, 0, -1)]
+
+
+async def test_the_audit_entries_of_automatic_decisions_chain_and_reach_the_archive(store, image, archive):
+    """The policy's AUTO_APPROVE entry and the live check's POLICY_DROPPED_TO_SHADOW entry are links of
+    the job's hash chain like any other (verify), and the archive's copy holds them as Redis did."""
+    from hitl_review.archive import reads
+    from hitl_review.archive.archiver import archive_job
+    from hitl_review.statecore import audit as audit_log
+
+    auto = with_policy(store, config("on", spot_check=0.0))
+    approved = (await auto.create_job("alice", image)).job_id
+    assert await report(auto, approved, {"boxes": SURE_BOXES}) == "OK"
+    spot = with_policy(store, config("on", spot_check=1.0))
+    checked = (await spot.create_job("alice", image)).job_id
+    assert await report(spot, checked, {"boxes": SURE_BOXES}) == "OK"
+    st = await spot.get(checked)
+    assert (await spot.intervene(checked, iv(st, keep(st, 1)), "rev1")).status_code == 200  # a false accept
+    ref = auto.config.auto_approve.policy.ref  # type: ignore[union-attr]
+    expected = {
+        approved: [("NODE_REPORT", "system"), ("AUTO_APPROVE", ref)],
+        checked: [("INTERVENE", "rev1"), ("POLICY_DROPPED_TO_SHADOW", auto_store.MONITOR)],
+    }
+    for job_id, tail in expected.items():
+        log = await store.audit(job_id)
+        assert log is not None and audit_log.verify(log["entries"], log["head"], log["head_seq"]) is None
+        got = [(e["action"], e["actor"]) for e in log["entries"]][-2:]
+        assert [a for a, _ in got] == [a for a, _ in tail] and got[-1][1] == tail[-1][1], got
+        await store.cancel(job_id, "admin")
+        await archive_job(store, archive, job_id)
+        kept = reads.audit(archive, job_id)
+        assert kept is not None and audit_log.verify(kept["entries"]) is None
+        actions = [(e["action"], e["actor"]) for e in kept["entries"]]
+        assert tail[-1] in actions, actions
+    drop = next(e for e in (await store.audit(checked))["entries"] if e["action"] == "POLICY_DROPPED_TO_SHADOW")  # type: ignore[index]
+    assert drop["outcome"] == f"APPLIED:shadow {ref}"
