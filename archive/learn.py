@@ -2,12 +2,16 @@
 what reviewers did with what the detector proposed, and the box auto-approve policy fitted on it.
 
 The model is a logistic regression over the detection's features (``statecore.autoapprove.features``),
-calibrated by isotonic regression on jobs the regression did not see (scikit-learn for both). Its
-threshold is chosen on held-out jobs only, by cross-fitting: each job's probability comes from a model
-fitted on the other folds, and the threshold is the lowest one whose approved held-out jobs' false-accept
-rate has a one-sided upper Clopper–Pearson bound ≤ the promise. The file then ships the same recipe
-fitted on every job. When the held-out evidence cannot bound the promise nothing is written, and the
-refusal says how many more reviewed jobs it needs.
+calibrated by isotonic regression on jobs the regression did not see (scikit-learn for both). Each job's
+probability is held out by cross-fitting (from a model fitted on the other folds); the jobs are then cut
+in two disjoint parts by a hash of their id (``disjoint_parts``): the threshold is chosen on the first —
+the lowest one whose approved jobs' false-accept rate has a one-sided upper Clopper–Pearson bound ≤ the
+promise — and judged on the second, which never took part in the choice: the file's evidence is the
+second part's count, and it must bound the promise too. (Choosing and bounding on the same jobs picks the
+threshold where the luck of those jobs is best, and the bound then flatters it.) The file ships the same
+recipe fitted on every job. When the evidence cannot bound the promise nothing is written, and the
+refusal says how many more reviewed jobs it needs. ``archive.learn_gate`` fits the mask gate with the
+same pieces (``fit_calibrated``, ``disjoint_parts``).
 
 Feedback (DESIGN.md's traps): a job a policy approved is no label for any policy; its spot checks are
 (a person decided them, unaware). Selection: every reviewed job with a detection counts, not only those
@@ -16,6 +20,7 @@ a rule picked.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -114,22 +119,30 @@ def matrix(rows: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> tuple[np
 
 
 def fit_model(x: np.ndarray, y: np.ndarray, labels: Sequence[str], seed: int = 0) -> dict[str, Any]:
-    """The logistic regression on two thirds, its isotonic calibration on the other third (jobs the
-    regression did not see), as the plain numbers ``autoapprove.predict`` reads."""
+    """The box policy's model over ``autoapprove.features`` with the vocabulary ``labels``."""
+    return {"labels": list(labels), **fit_calibrated(x, y, aa.feature_names(labels), seed)}
+
+
+def fit_calibrated(
+    x: np.ndarray, y: np.ndarray, names: Sequence[str], seed: int = 0, weight: np.ndarray | None = None
+) -> dict[str, Any]:
+    """The logistic regression on two thirds, its isotonic calibration on the other third (rows the
+    regression did not see), as the plain numbers ``autoapprove.predict`` reads; ``weight``: each row's
+    sample weight (a spot-checked mask stands for the passed ones nobody looked at)."""
+    w = np.ones(len(y)) if weight is None else np.asarray(weight, float)
     strat = y if min(np.bincount(y, minlength=2)) >= 2 else None
-    xa, xb, ya, yb = train_test_split(x, y, test_size=1 / 3, random_state=seed, stratify=strat)
+    xa, xb, ya, yb, wa, wb = train_test_split(x, y, w, test_size=1 / 3, random_state=seed, stratify=strat)
     scaler = StandardScaler().fit(xa)
     if len(set(ya.tolist())) < 2:  # one class only: a constant score, calibrated to its rate
         coef, intercept = np.zeros(x.shape[1]), 0.0
     else:
-        lr = LogisticRegression(C=1.0, max_iter=5000).fit(scaler.transform(xa), ya)
+        lr = LogisticRegression(C=1.0, max_iter=5000).fit(scaler.transform(xa), ya, sample_weight=wa)
         coef, intercept = lr.coef_[0], float(lr.intercept_[0])
     raw = 1 / (1 + np.exp(-(scaler.transform(xb) @ coef + intercept)))
-    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(raw, yb)
+    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(raw, yb, sample_weight=wb)
     return {
         "kind": "logistic+isotonic",
-        "labels": list(labels),
-        "features": aa.feature_names(labels),
+        "features": list(names),
         "mean": [float(v) for v in scaler.mean_],
         "scale": [float(v) for v in scaler.scale_],
         "coef": [float(v) for v in coef],
@@ -152,55 +165,85 @@ def heldout_probabilities(
     return p
 
 
+def disjoint_parts(keys: Sequence[str], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Two disjoint halves of the rows by a hash of ``keys`` (a job's id: a job's rows stay together):
+    the threshold is chosen on the first and bounded on the second. The same job falls on the same side
+    on every run with the same ``seed``."""
+    first = np.array([hashlib.sha256(f"{seed}:{k}".encode()).digest()[0] < 128 for k in keys], dtype=bool)
+    return first, ~first
+
+
 def choose_threshold(
     p: np.ndarray, y: np.ndarray, nonempty: np.ndarray, max_false_accept: float, confidence: float
 ) -> dict[str, Any]:
-    """The lowest threshold whose approved held-out jobs' false-accept upper bound is ≤ the promise, with
-    its evidence; or, when none, ``threshold`` None and what the best one had."""
-    best: dict[str, Any] | None = None
-    clean = (0, 0.0)  # the most approvals any threshold made without a false accept, and its threshold
+    """The lowest threshold whose approved jobs' false-accept upper bound is ≤ the promise (``threshold``
+    None when none), and the most approvals any threshold made without a false accept (``clean_approved``
+    of ``total``): the choice only, judged on other jobs by ``evidence_at``."""
+    best: float | None = None
+    clean = 0
     for t in sorted(set(p[nonempty].tolist()), reverse=True):
         approved = nonempty & (p >= t)
         n, k = int(approved.sum()), int((approved & (y == 0)).sum())
-        if k == 0 and n > clean[0]:
-            clean = (n, t)
+        if k == 0 and n > clean:
+            clean = n
         if aa.upper_bound(k, n, confidence) <= max_false_accept:
-            best = {"threshold": float(t), "n": n, "k": k}
-    total = len(p)
-    if best is None:
-        return {"threshold": None, "clean_approved": clean[0], "total": total}
-    approved = nonempty & (p >= best["threshold"])
+            best = float(t)
+    return {"threshold": best, "clean_approved": clean, "total": len(p)}
+
+
+def evidence_at(
+    threshold: float, p: np.ndarray, y: np.ndarray, nonempty: np.ndarray, confidence: float
+) -> dict[str, Any]:
+    """What ``threshold`` does on held-out jobs that took no part in choosing it: the file's evidence."""
+    approved = nonempty & (p >= threshold)
+    n, k, total = int(approved.sum()), int((approved & (y == 0)).sum()), len(p)
     positives = int((y == 1).sum())
     return {
-        "threshold": best["threshold"],
         "heldout_jobs": total,
-        "heldout_approved": best["n"],
-        "heldout_false_accepts": best["k"],
-        "false_accept_rate": best["k"] / best["n"],
-        "false_accept_upper": aa.upper_bound(best["k"], best["n"], confidence),
-        "approve_share": best["n"] / total,
-        "approve_share_lower": aa.lower_bound(best["n"], total, confidence),
+        "heldout_approved": n,
+        "heldout_false_accepts": k,
+        "false_accept_rate": k / n if n else 0.0,
+        "false_accept_upper": aa.upper_bound(k, n, confidence),
+        "approve_share": n / total if total else 0.0,
+        "approve_share_lower": aa.lower_bound(n, total, confidence),
         # unchanged lists the policy still sends to a person (the time it does not save)
         "missed_unchanged": int(((y == 1) & ~approved).sum()),
         "unchanged_share": positives / total if total else 0.0,
     }
 
 
-def refusal(chosen: Mapping[str, Any], max_false_accept: float, confidence: float) -> str:
+def refusal(chosen: Mapping[str, Any], max_false_accept: float, confidence: float, parts: int = 2) -> str:
+    """Why no policy, and about how many more reviewed jobs it needs: ``chosen`` is what the choosing part
+    saw (``choose_threshold``); the bounding part must show as many approvals again (``parts``)."""
     need = aa.approvals_needed(0, max_false_accept, confidence)
     total, clean = int(chosen["total"]), int(chosen["clean_approved"])
+    have = total * parts
     if clean:
-        more = math.ceil(need * total / clean) - total
-        how = f"at this data's approval share ({clean} of {total}), about {more} more reviewed jobs"
+        more = max(1, math.ceil(need * total / clean) * parts - have)
+        share = f"{clean} of {total} in the choosing part"
+        how = f"at this data's approval share ({share}), about {more} more reviewed jobs"
     else:
         how = (
-            f"no threshold approved any held-out job without a false accept, so at least {max(need - total, 1)} "
+            f"no threshold approved any held-out job without a false accept, so at least {max(need * parts - have, 1)} "
             "more reviewed jobs, and features that tell these apart"
         )
     return (
         f"refused: the held-out evidence cannot bound the false-accept rate at {max_false_accept} with "
         f"{confidence:.0%} confidence; that needs at least {need} approved held-out jobs without a false accept "
-        f"(ln(1-{confidence})/ln(1-{max_false_accept})), the best threshold approved {clean}: {how}"
+        f"(ln(1-{confidence})/ln(1-{max_false_accept})) in the part that chooses the threshold and as many again "
+        f"in the disjoint part that bounds it; the best threshold approved {clean}: {how}"
+    )
+
+
+def unbounded(ev: Mapping[str, Any], threshold: float, max_false_accept: float, confidence: float) -> str:
+    """The refusal when the threshold chosen on one part does not bound the promise on the other."""
+    n, k = int(ev["heldout_approved"]), int(ev["heldout_false_accepts"])
+    more = aa.approvals_needed(k, max_false_accept, confidence) - n
+    return (
+        f"refused: the threshold {threshold:.4f} chosen on one part of the held-out jobs approves {n} of the "
+        f"{ev['heldout_jobs']} jobs of the disjoint part that judges it, {k} of them false accepts: upper bound "
+        f"{ev['false_accept_upper']:.4f} > {max_false_accept} at {confidence:.0%}; about {more} more approved jobs "
+        "there (twice as many more reviewed jobs at this share) would bound it"
     )
 
 
@@ -226,9 +269,14 @@ def box_policy(
         raise aa.PolicyRefused("refused: every reviewed job has the same outcome; nothing tells them apart")
     p = heldout_probabilities(rows, labels, folds, seed)
     nonempty = np.array([bool(r["boxes"]) for r in rows])
-    chosen = choose_threshold(p, y, nonempty, max_false_accept, confidence)
+    pick, judge = disjoint_parts([str(r["job_id"]) for r in rows], seed)
+    chosen = choose_threshold(p[pick], y[pick], nonempty[pick], max_false_accept, confidence)
     if chosen["threshold"] is None:
         raise aa.PolicyRefused(refusal(chosen, max_false_accept, confidence))
+    threshold = float(chosen["threshold"])
+    evidence = evidence_at(threshold, p[judge], y[judge], nonempty[judge], confidence)
+    if evidence["false_accept_upper"] > max_false_accept:
+        raise aa.PolicyRefused(unbounded(evidence, threshold, max_false_accept, confidence))
     stamps = sorted(str(r["finished_at"]) for r in rows if r.get("finished_at"))
     doc = {
         "format": aa.FORMAT,
@@ -236,8 +284,13 @@ def box_policy(
         "name": name,
         "created_at": now_iso(),
         "promise": {"max_false_accept": max_false_accept, "confidence": confidence},
-        "threshold": chosen.pop("threshold"),
-        "evidence": {**chosen, "method": f"cross-fitted, {folds} folds, seed {seed}"},
+        "threshold": threshold,
+        "evidence": {
+            **evidence,
+            "method": f"cross-fitted, {folds} folds, seed {seed}; threshold chosen on {chosen['total']} jobs, "
+            f"judged on the {evidence['heldout_jobs']} others (disjoint halves by job id)",
+            "chosen_on_jobs": chosen["total"],
+        },
         "training": {
             "from": stamps[0] if stamps else None,
             "to": stamps[-1] if stamps else None,
