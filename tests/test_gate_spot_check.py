@@ -17,6 +17,7 @@ from hitl_review.archive.gate_report import gate_report
 from hitl_review.statecore import auto_store, gate_spot
 from hitl_review.statecore.states import JobStatus as S
 from hitl_review.statecore.store import Store, StoreConfig
+from hitl_review.ui.mask_review import MaskReview, mask_panel_from_snapshot, subject_md
 
 from .helpers import iv, keep, waiting_job
 from .test_mask_review_state import FAIL, PASS, _outcome, decide
@@ -104,6 +105,13 @@ async def test_a_spot_check_looks_like_a_failure_and_the_decision_is_recorded_ag
     assert shown[good]["quality"] is None and shown[bad]["quality"] is None
     assert shown[good]["refinements"] == shown[bad]["refinements"] == [] and shown[good]["decided_by"] is None
     assert "spot" not in str(snap) and "spot" not in st.active_pause.model_dump_json()  # type: ignore[union-attr]
+    # What the reviewer page says of each: the same words, no verdict (ui.mask_review).
+    review = MaskReview(mask_panel_from_snapshot(st.snapshot()))  # type: ignore[arg-type]
+    said = []
+    for x in listed:
+        review.show(x.box_id)
+        said.append(subject_md(review).replace(x.box_id, "<id>").split("\n\n", 1)[1])
+    assert said[0] == said[1] == f"**The quality gate:** {gate_spot.BLIND}"
     # The person rejects the mask the gate passed and accepts the one it failed.
     decisions = [{"box_id": good, "decision": "REJECT", "reason": "cut off"}, {"box_id": bad, "decision": "ACCEPT"}]
     assert (await s.intervene(job_id, decide(st, decisions), "rev")).status_code == 200

@@ -42,6 +42,7 @@ class MaskSubject:
     mask_url: str | None
     cutout_url: str | None
     quality: QualityVerdict | None
+    reason: str | None = None  # why it waits without a verdict (none given; or a blind review: statecore.gate_spot)
 
     @property
     def name(self) -> str:
@@ -78,6 +79,7 @@ def mask_panel_from_snapshot(snap: JobSnapshot | None) -> MaskPanel | None:
             mask_url=s.mask_url,
             cutout_url=s.cutout_url,
             quality=s.quality,
+            reason=s.reason,
         )
         for i, s in enumerate(listed)
     )
@@ -412,7 +414,8 @@ def subject_md(review: MaskReview) -> str:
             parts.append(quality_md(p.quality, heading=f"Preview of your {len(d.points)} point(s) ({p.area} px{took})"))
         else:
             parts.append(f"Your {len(d.points)} point(s) are shown; the preview of them is not here (yet).")
-    parts.append(quality_md(s.quality))
+    blind = s.quality is None and s.reason  # no verdict to show: say why (statecore.mask_review, gate_spot)
+    parts.append(f"**The quality gate:** {s.reason}" if blind else quality_md(s.quality))
     return "\n\n".join(parts)
 
 
