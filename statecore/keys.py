@@ -158,8 +158,9 @@ def lane_nodes(lane: str, node_types: Iterable[str]) -> list[str]:
 def outbox(p: int, lane: str = "detect") -> str:
     """STREAM of partition p's node commands of one lane, read by the dispatchers' group
     (``OUTBOX_GROUP``). The detect lane keeps the name of the one stream a partition had before lanes
-    (``hitl:{pN}:outbox``): what an earlier version queued there, delivered or not, acknowledged or
-    pending, is still read and reclaimed as that lane's, so an upgrade moves nothing and loses nothing."""
+    (``hitl:{pN}:outbox``): what an earlier version left there is still read and reclaimed as that
+    lane's, but for the other lanes' commands no dispatcher took yet, which a dispatcher's start
+    moves to their lanes (``Store.outbox_sort``); nothing is lost or run twice."""
     return f"{tag(p)}:outbox" if lane == "detect" else f"{tag(p)}:outbox:{lane}"
 
 

@@ -13,6 +13,7 @@ from redis.exceptions import ResponseError
 
 from . import keys
 from .models import NodeCommand
+from .states import NodeType
 
 
 @dataclass
@@ -26,6 +27,7 @@ class OutboxEntry:
 class OutboxMixin:
     r: Any
     cluster: bool
+    _scripts: dict[str, Any]
     held_block_ms: int = 50  # the longest blocking read while a lane with work waits for free slots
     _lane_turn: int = 0  # which lane goes first in the next read
     _cursors: dict[str, int] | None = None  # per lane: the partition its next read starts at
@@ -170,6 +172,30 @@ class OutboxMixin:
                 if len(got) == per:
                     active.append(s)  # it gave all it was asked for: it may hold more
         return out
+
+    async def outbox_sort(self, chunk: int = 1000) -> int:
+        """Move the commands of other lanes that an earlier version queued in a partition's one stream
+        (the detect lane's now) and no dispatcher took yet to their lanes (lua/outbox_sort.lua, up to
+        ``chunk`` entries a step), so a segmentation queued before an upgrade does not wait behind the
+        detections queued before it either; what was delivered stays, pending or acknowledged, and is
+        run or reclaimed there. Run where the groups are ensured (a dispatcher's start); how many moved."""
+        lags = await outbox_groups(self.r)  # one look: a partition with nothing undelivered is skipped
+        streams_of = {p: keys.partition_outboxes(p) for p in range(keys.PARTITIONS)}
+        moved = 0
+        for p, streams in streams_of.items():
+            if lags.get(streams[0], (0, None))[1] == 0:
+                continue
+            lanes = [(t.value, streams.index(keys.outbox(p, keys.lane_of(t.value))) + 1) for t in NodeType]
+            moves = [x for t, i in lanes if i > 1 for x in (t, i)]
+            after = "0-0"
+            while True:
+                n, after, seen = await self._scripts["outbox_sort"](
+                    keys=streams, args=[keys.OUTBOX_GROUP, after, chunk, *moves]
+                )
+                moved += int(n)
+                if int(seen) < chunk:
+                    break
+        return moved
 
     async def outbox_renew(self, consumer: str, entries: list[OutboxEntry]) -> None:
         """Reset the idle time of entries this consumer still works on (XCLAIM ... JUSTID, which

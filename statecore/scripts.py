@@ -21,7 +21,8 @@ SCRIPT_NAMES = (
     "notes",
     "subject_write",
 )
-STANDALONE = ("heartbeat", "lease", "archive_requeue", "mark_mirrored")  # touch no job state: no shared prologue
+# Touch no job state: no shared prologue.
+STANDALONE = ("heartbeat", "lease", "archive_requeue", "mark_mirrored", "outbox_sort")
 
 
 @cache

@@ -192,8 +192,10 @@ class Store(
         return bool(await self.r.ping())
 
     async def ensure_groups(self) -> None:
-        """Create the dispatchers' consumer group on every outbox stream (idempotent)."""
+        """Create the dispatchers' consumer group on every outbox stream (idempotent), then move
+        what an earlier version queued for other lanes into their streams (``outbox_sort``)."""
         await create_groups(self.r, keys.all_outboxes(), keys.OUTBOX_GROUP)
+        await self.outbox_sort()
 
     # ------------------------------------------------------------------ helpers
 

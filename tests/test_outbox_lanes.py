@@ -1,6 +1,7 @@
 """Outbox lanes (issue 37, item 4): a job's commands wait in their partition's stream of the lane of
 the deployment they call, so a backlog of detections never delays a reviewed job's segmentation, and
-what an earlier version queued in the partition's one stream is still served, each command once."""
+what an earlier version queued in the partition's one stream is served, each command once: moved to
+its lane when no dispatcher took it yet, else reclaimed where it is."""
 
 from __future__ import annotations
 
@@ -58,6 +59,10 @@ async def jobs_in_partition(store, image, p: int, n: int) -> list[str]:
     return made
 
 
+async def _commands(store, stream: str) -> list[NodeCommand]:
+    return [NodeCommand.model_validate_json(f["cmd"]) for _eid, f in await store.r.xrange(stream)]
+
+
 async def until(what: str, check, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -102,16 +107,24 @@ async def test_commands_an_earlier_version_queued_in_the_partitions_one_stream_a
         await store.r.xadd(old, fields)
         await store.r.xdel(lane, eid)
     assert await store.r.xlen(lane) == 0
-    # ...and the first two taken by a dispatcher of that version that died holding them (pending): the
-    # reviewed job's answered detection, and another job's.
-    _stale, taken = (await store.r.xreadgroup(keys.OUTBOX_GROUP, "old-dispatcher", {old: ">"}, count=2))[0][1]
     queued = [NodeCommand.model_validate_json(f["cmd"]) for _eid, f in await store.r.xrange(old)]
+    # ...and all but the last taken by dispatchers of that version that died holding them (pending):
+    # the reviewed job's answered detection, the other jobs' detections and one segmentation.
+    held = await store.r.xreadgroup(keys.OUTBOX_GROUP, "old-1", {old: ">"}, count=2)
+    held += await store.r.xreadgroup(keys.OUTBOX_GROUP, "old-2", {old: ">"}, count=3)
+    taken = [eid for _s, entries in held for eid, _f in entries]
     live = {c.node_instance_id for c in queued if await store.node_status(c.job_id, c.node_instance_id) == "QUEUED"}
     assert Counter(c.node_type for c in queued) == {"DETECT_SUBJECTS": 4, "SEGMENT_SUBJECT": 2}
     assert len(live) == 5  # the reviewed job's answered detection is no longer its node
 
+    last = queued[-1].node_instance_id  # the one segmentation nobody took
+
     runner = HoldingRunner({"Detector": 8, "Segmenter": 8, "BoxValidator": 8})
     d = Dispatcher(store, runner, consumer="new", reclaim_idle_ms=300, reclaim_every_s=0.1, inspect_every_s=3600)
+    await store.ensure_groups()  # what a dispatcher does first: the one nobody took moves to its lane
+    assert [c.node_instance_id for c in await _commands(store, lane)] == [last]
+    assert last not in {c.node_instance_id for c in await _commands(store, old)}
+    assert await store.outbox_sort() == 0  # once
     task = asyncio.create_task(d.run_forever())
     try:
         await until("every queued command delivered", lambda: {c.node_instance_id for c in runner.calls} >= live)
@@ -119,7 +132,24 @@ async def test_commands_an_earlier_version_queued_in_the_partitions_one_stream_a
         assert Counter(c.node_instance_id for c in runner.calls) == dict.fromkeys(live, 1)
         assert {c.job_id for c in runner.calls} == {reviewed, *others}
         pending = await store.r.xpending_range(old, keys.OUTBOX_GROUP, min="-", max="+", count=100)
-        assert {r["message_id"]: r["consumer"] for r in pending}[taken[0]] == "new"  # reclaimed, held here
+        # the live ones the dead dispatchers held were reclaimed and are held here now
+        assert {r["message_id"]: r["consumer"] for r in pending if r["message_id"] in taken[1:]} == dict.fromkeys(
+            taken[1:], "new"
+        )
     finally:
         task.cancel()
         await asyncio.wait({task}, timeout=10)
+
+
+async def test_the_sort_of_an_earlier_versions_stream_on_a_cluster(cluster_store, image):
+    store = cluster_store
+    job_id = (await store.create_job("alice", image)).job_id
+    (detect,) = await store.outbox_commands(job_id)
+    segment = detect.model_copy(update={"node_instance_id": "node_seg", "node_type": "SEGMENT_SUBJECT"})
+    old = keys.outbox(keys.partition_of(job_id), "detect")
+    await store.r.xadd(old, {"job": job_id, "cmd": segment.model_dump_json()})  # as an earlier version did
+    assert await store.outbox_sort() == 1  # one script per partition, in the partition's slot
+    assert [c.node_instance_id for c in await _commands(store, old)] == [detect.node_instance_id]
+    assert [c.node_instance_id for c in await _commands(store, keys.command_outbox(job_id, "SEGMENT_SUBJECT"))] == [
+        "node_seg"
+    ]
