@@ -48,6 +48,7 @@ from hitl_review.statecore.execution import RunSpec
 from hitl_review.statecore.models import ImageRef, NodeCommand
 
 from .observability.logging_setup import configure_component, drop_serve_access_lines
+from .observability.process_metrics import RayExport
 from .ops.config import ENV_FALLBACK, Settings
 from .recovery import durability
 from .routes.api import Runtime, create_app
@@ -237,6 +238,8 @@ class Api:
             closing=[background_store],
             archive=archive,
         )
+        # This replica's own series (its spool, its dispatcher's calls), tagged with the replica on Ray's port.
+        rt.background.append(asyncio.create_task(RayExport().run_forever(), name="ray metrics export"))
         confirm = functools.partial(confirm_replica, background_store)
         dispatcher = make_dispatcher(settings, background_store, self.runner, confirm)
         rt.background.append(asyncio.create_task(dispatcher.run_forever(), name="dispatcher"))

@@ -1,10 +1,11 @@
 """Prometheus metrics, all prefixed ``hitl_``.
 
-Three kinds, so that every replica serves the same figures and scrapes through a load balancer
-agree: figures read from Redis at each scrape (``RedisState``); counters and histograms each
-process increments in ``LOCAL`` and adds up in Redis (:mod:`serve_app.observability.shared_metrics`, rendered
-from there); and figures of this process alone (its dispatcher's calls, the embedding caches it reports).
-Aggregate across instances with ``max()``, never ``sum()``, except the per-process gauges."""
+Three kinds. Two are the same on every replica, so scrapes through a load balancer agree: figures
+read from Redis at each scrape (``RedisState``, ``hitl_outbox_pending``); counters and histograms each
+process increments in ``LOCAL`` and adds up in Redis (:mod:`serve_app.observability.shared_metrics`,
+rendered from there); aggregate those across instances with ``max()``, never ``sum()``. The third,
+figures of this process alone (:mod:`serve_app.observability.process_metrics`), is in ``/metrics``
+only where one process answers every scrape; under Ray Serve it goes per replica through Ray's metrics port."""
 
 from __future__ import annotations
 
@@ -53,12 +54,6 @@ INSPECTOR_LOST = Counter(
     ["node_type"],
     registry=LOCAL,
 )
-STORE_RESETS = Counter(
-    "hitl_store_resets_total",
-    "Times this process found Redis come back empty (its store identity changed); each writes a report. Kept "
-    "per process, not in Redis: the Redis that came back empty would have lost the count",
-    registry=REGISTRY,
-)
 JOBS_RESTORED = Counter(
     "hitl_jobs_restored_total",
     "Live jobs Redis had lost, given back from the archive's live mirror without an admin, by how they were "
@@ -105,56 +100,6 @@ WEBHOOK_PENDING = Gauge(
 )
 
 
-@dataclass
-class _Reported:
-    values: dict[tuple[str, ...], float]
-    key: tuple[str, ...]
-
-    def set(self, total: float) -> None:
-        self.values[self.key] = total
-
-
-class ReportedCounter(Collector):
-    """Running totals another process counts and this one reports (``labels(...).set(total)``),
-    exposed as a counter (``<name>_total``): rate() and increase() apply, which a gauge would not allow."""
-
-    def __init__(self, name: str, documentation: str, labelnames: list[str]) -> None:
-        self.name, self.documentation, self.labelnames = name, documentation, labelnames
-        self.values: dict[tuple[str, ...], float] = {}
-
-    def labels(self, *values: str) -> _Reported:
-        return _Reported(self.values, tuple(values))
-
-    def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for key, total in sorted(self.values.items()):
-            family.add_metric(list(key), total)
-        yield family
-
-
-# The SAM embedding caches' running totals, as the model replica that answered /metrics' describe()
-# call counted them; the per-replica series are Ray's ray_hitl_model_embedding_cache_total
-# (deployments/metrics.py), which the dashboard plots.
-EMBEDDING_CACHE = ReportedCounter(
-    "hitl_embedding_cache",
-    "SAM image-embedding cache lookups and encoder passes per model deployment "
-    "(memory_hits, store_hits, misses, encoder_forwards; running totals as reported by one replica)",
-    ["deployment", "kind"],
-)
-REGISTRY.register(EMBEDDING_CACHE)
-DISPATCH_CALLS = Gauge(
-    "hitl_dispatcher_calls",
-    "Model calls this process's dispatcher has outstanding, per deployment (serve_app.work.capacity)",
-    ["deployment"],
-    registry=REGISTRY,
-)
-DISPATCH_LIMIT = Gauge(
-    "hitl_dispatcher_call_limit",
-    "The most calls this process's dispatcher may have outstanding per deployment: running replicas x "
-    "max_ongoing_requests (+1 queued per replica), shared among the Api replicas",
-    ["deployment"],
-    registry=REGISTRY,
-)
 HTTP_SECONDS = Histogram(
     "hitl_http_request_duration_seconds",
     "HTTP request latency by route and status",
@@ -380,15 +325,13 @@ async def refresh_stuck(r: Any, window_s: float) -> None:
     await POLICY_STATE.refresh(r)
 
 
-WRITEBACK_SPOOLED = Gauge(
-    "hitl_writeback_spooled",
-    "Model results in this process's write-back spool that Redis has not taken yet (per process: sum() "
-    "them); above 0 while Redis is unreachable, when the Redis-held hitl_writeback_failures_total cannot move",
-    registry=REGISTRY,
-)
 SHARED = Shared(LOCAL)
 REGISTRY.register(SHARED)
 
 
-def render() -> bytes:
-    return generate_latest(REGISTRY)
+def render(per_process: bool = True) -> bytes:
+    """The scrape; ``per_process``: with this process's own series (``PROCESS``), only where one
+    process answers every scrape (plain uvicorn, one Api replica): each Ray Api replica also exports them
+    through Ray's metrics port (``process_metrics.RayExport``)."""
+    text = generate_latest(REGISTRY)
+    return text + generate_latest(PROCESS) if per_process else text

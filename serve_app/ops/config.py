@@ -93,6 +93,11 @@ class Settings(BaseModel):
     max_pixels: int = 50_000_000
 
     tokens: str | None = None  # HITL_TOKENS="name:role:token,..."
+    # /metrics and /docs, /redoc, /openapi.json without a token (--public-metrics, --public-docs): None
+    # (the default) answers them openly only on a loopback host, where anyone who can connect can also
+    # read <data-dir>/api-token; beyond loopback they need a token (metrics: role monitor or admin).
+    public_metrics: bool | None = None
+    public_docs: bool | None = None
     # An authenticating proxy's user (X-Forwarded-User, X-Auth-Request-User, X-Forwarded-Email) is
     # believed only from these peer addresses (hitl up --trusted-proxy CIDR; none by default), and
     # gets proxy_role (docs/protocol.md § Identity).
@@ -165,6 +170,14 @@ class Settings(BaseModel):
     @property
     def loopback(self) -> bool:
         return self.host in ("127.0.0.1", "localhost", "::1")
+
+    @property
+    def metrics_public(self) -> bool:
+        return self.loopback if self.public_metrics is None else self.public_metrics
+
+    @property
+    def docs_public(self) -> bool:
+        return self.loopback if self.public_docs is None else self.public_docs
 
     def backend_config(self) -> dict[str, Any]:
         """What the model side needs to build its backends (plain data, sent to Ray replicas)."""

@@ -72,6 +72,12 @@ CONTENT_TYPES = {
 # request without a valid token gets 401 even when its body is malformed.
 _READ = ("submitter", "reviewer")
 ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
+PUBLIC = re.compile(r"^/(healthz|readyz)(/.*)?$")
+# Open without a token only where the settings say so (Settings.metrics_public, docs_public); else by role.
+METRICS_PATH = re.compile(r"^/metrics/?$")
+DOCS_PATHS = re.compile(r"^/(docs|redoc|openapi\.json)(/.*)?$")
+ANY_ROLE = ("submitter", "reviewer", "executor", "monitor")
+
     ("POST", re.compile(rf"^{API}/jobs/?$"), ("submitter",)),
     ("GET", re.compile(rf"^{API}/jobs/?$"), _READ),
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/interventions/?$"), ("reviewer",)),
@@ -96,6 +102,8 @@ ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
 
 
 def roles_for(method: str, path: str) -> tuple[str, ...]:
+    ("GET", METRICS_PATH, ("monitor",)),  # Prometheus's token, unless --public-metrics
+    ("GET", DOCS_PATHS, ANY_ROLE),  # unless --public-docs
     """The roles that may call ``method path`` (admin may call them all). Fails closed: a route
     missing from ROUTE_ROLES (or a path no route serves) is refused for every role, so a new
     route cannot ship reachable by any valid token by mistake."""
@@ -112,7 +120,6 @@ INTERVENTION_409 = (
     '"added", "removed", "moved", "relabelled"}} (docs/protocol.md § Rebase help)'
 )
 EVENT_ID_RE = re.compile(r"^[0-9]{1,15}$")  # ASCII digits: str.isdigit() also takes "²" and "٣"
-PUBLIC = re.compile(r"^/(healthz|readyz|metrics|docs|redoc|openapi\.json)(/.*)?$")
 
 
 EventSource = Callable[[str, int], AsyncIterator[str]]
@@ -162,7 +169,7 @@ class AuthMiddleware:
         self.runtime_of = runtime_of
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or PUBLIC.match(scope["path"]):
+        if scope["type"] != "http" or PUBLIC.match(scope["path"]) or self.open_by_settings(scope["path"]):
             await self.app(scope, receive, send)
             return
         try:
@@ -179,6 +186,12 @@ class AuthMiddleware:
 def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id: bool = True) -> FastAPI:
     """``build_runtime`` runs in the app's lifespan, inside the serving process. ``echo_request_id``:
     False under Ray Serve, whose HTTP server echoes X-Request-ID itself (``serve_app.observability.request_log``)."""
+    def open_by_settings(self, path: str) -> bool:
+        """/metrics and the API's docs: open without a token where --public-metrics/--public-docs say."""
+        if METRICS_PATH.match(path):
+            return self.runtime_of().settings.metrics_public
+        return bool(DOCS_PATHS.match(path)) and self.runtime_of().settings.docs_public
+
     holder: dict[str, Runtime] = {}
 
     @asynccontextmanager
@@ -504,6 +517,9 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        # This process's own series only where it answers every scrape: one Api replica (several behind a
+        # balancer would alternate inside one series); every Ray Api replica also exports them to Ray's port.
+        one_process = rt().settings.api_replicas == 1
         store = rt().store
         try:
             metrics.REDIS_STATE.update(None)  # down until this scrape's read succeeds
@@ -521,6 +537,6 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
                         metrics.EMBEDDING_CACHE.labels(deployment, kind).set(n)
         except Exception as e:
             log.warning("metrics refresh failed: %s", e)
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(metrics.render(one_process), media_type="text/plain; version=0.0.4")
 
     return app

@@ -21,8 +21,8 @@ from hitl_review.statecore.trusted_proxy import TrustedProxies
 
 log = logging.getLogger("hitl.auth")
 
-Role = Literal["submitter", "reviewer", "admin", "executor"]
-ROLES: tuple[str, ...] = ("submitter", "reviewer", "admin", "executor")
+Role = Literal["submitter", "reviewer", "admin", "executor", "monitor"]  # monitor: /metrics only
+ROLES: tuple[str, ...] = ("submitter", "reviewer", "admin", "executor", "monitor")
 TOKEN_FILE = "api-token"
 # How long a replica believes what Redis said about an account's token (the account, or that there
 # is none): an account removed is refused by every replica within this, an added one works at once.
