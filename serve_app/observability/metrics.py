@@ -24,6 +24,14 @@ from hitl_review.statecore import counters, keys, watchers
 from hitl_review.statecore.counters import STATUSES, Coverage, Snapshot
 
 from .policy_metrics import POLICY_STATE
+from .process_metrics import (  # noqa: F401  # re-exported: where the dispatcher, capacity and store_reset count
+    DISPATCH_CALLS,
+    DISPATCH_LIMIT,
+    EMBEDDING_CACHE,
+    PROCESS,
+    STORE_RESETS,
+    WRITEBACK_SPOOLED,
+)
 from .shared_metrics import Shared
 
 REGISTRY = CollectorRegistry(auto_describe=True)  # what /metrics renders
@@ -33,7 +41,11 @@ JOBS_CREATED = Counter("hitl_jobs_created_total", "Jobs accepted by POST /jobs (
 INTERVENTIONS = Counter(
     "hitl_interventions_total", "Intervention requests by outcome code", ["outcome"], registry=LOCAL
 )
-OUTBOX_LAG = Gauge("hitl_outbox_pending", "Outbox commands not yet acknowledged by a dispatcher", registry=REGISTRY)
+OUTBOX_LAG = Gauge(
+    "hitl_outbox_pending",
+    "Outbox commands not yet acknowledged by a dispatcher (from Redis, at each scrape: the same on every replica)",
+    registry=REGISTRY,
+)
 NODE_SECONDS = Histogram(
     "hitl_node_duration_seconds",
     "Model node run time by node type and outcome",
