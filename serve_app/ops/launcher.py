@@ -423,6 +423,8 @@ def _settings_from_args(args: Any) -> Settings:
         trusted_proxies=getattr(args, "trusted_proxy", None),
         proxy_role=getattr(args, "proxy_role", None),
         webhooks=getattr(args, "webhook", None),
+        public_metrics=getattr(args, "public_metrics", None),
+        public_docs=getattr(args, "public_docs", None),
         webhook_secret=_webhook_secret(getattr(args, "webhook_secret_file", None)),
         webhook_timeout_s=getattr(args, "webhook_timeout_s", None),
         webhook_give_up_after_s=getattr(args, "webhook_give_up_after_s", None),

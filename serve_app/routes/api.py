@@ -102,7 +102,7 @@ ANY_ROLE = ("submitter", "reviewer", "executor", "monitor")
 
 
 def roles_for(method: str, path: str) -> tuple[str, ...]:
-    ("GET", METRICS_PATH, ("monitor",)),  # Prometheus's token, unless --public-metrics
+    ("GET", METRICS_PATH, ("monitor", "reviewer")),  # Prometheus; the reviewer page's stats (ui/stats.py)
     ("GET", DOCS_PATHS, ANY_ROLE),  # unless --public-docs
     """The roles that may call ``method path`` (admin may call them all). Fails closed: a route
     missing from ROUTE_ROLES (or a path no route serves) is refused for every role, so a new
