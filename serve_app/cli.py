@@ -246,7 +246,37 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not archive finished jobs: their records expire after the retention and are gone",
     )
-    add_webhook_options(p)
+    w = p.add_argument_group("webhooks (docs/protocol.md § Webhooks)")
+    w.add_argument(
+        "--webhook",
+        action="append",
+        default=None,
+        metavar="[TYPES=]URL",
+        help="POST each event to URL, signed (X-Hitl-Signature: t=…,v1=HMAC-SHA256), retried until it answers "
+        "2xx: TYPES is a comma list of review.waiting, job.finished, policy.shadow (all when left out), "
+        "e.g. --webhook job.finished=https://ci.example/hook; repeat for several",
+    )
+    w.add_argument(
+        "--webhook-secret-file",
+        default=None,
+        metavar="FILE",
+        help="the webhooks' signing secret, read from FILE (else $HITL_WEBHOOK_SECRET); required with --webhook",
+    )
+    w.add_argument(
+        "--webhook-timeout-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a delivery attempt that has no answer within S seconds failed and is retried (default 10)",
+    )
+    w.add_argument(
+        "--webhook-give-up-after-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a delivery still failing S seconds after its first attempt is given up, logged and counted "
+        "(default 86400)",
+    )
     n = p.add_argument_group("node lifecycle (model work; waiting for a reviewer never times out)")
     n.add_argument(
         "--node-timeout-s",
