@@ -99,6 +99,10 @@ class _Client(Generic[TransportT]):
     def policy(self) -> RetryPolicy:
         return self._core.policy
 
+    def headers(self) -> dict[str, str]:
+        """What every request of this client carries (its token or session): for a page it reads itself."""
+        return self._core.headers()
+
 
 class HitlClient(_Client[httpx.BaseTransport], AccountCalls, NoteCalls, ApproveCalls):
     """Blocking client (``httpx.Client``). Thread-safe: the batch CLI shares one across worker threads."""

@@ -145,6 +145,9 @@ async def test_metrics_and_docs_need_a_token_unless_public(
             r = await c.get(path)
             assert r.status_code == (200 if open_ else 401), (path, r.status_code)
         assert (await c.get("/metrics", headers=MONITOR)).status_code == 200
+        assert (await c.get("/metrics", headers=auth("rev1"))).status_code == 200  # the reviewer page's stats
+        if not metrics_open:
+            assert (await c.get("/metrics", headers=auth("sub1"))).status_code == 403
         assert (await c.get("/openapi.json", headers=auth("sub1"))).status_code == 200
         assert (await c.get("/healthz")).status_code == 200
         monitor_elsewhere = await c.get("/api/v1/jobs", headers=MONITOR)

@@ -147,7 +147,7 @@ def policy_markdown(f: PolicyFigures) -> str:
 def read_policies(client: HitlClient) -> str:
     """The policies' section, or a line saying why it is missing."""
     try:
-        r = httpx.get(f"{client.base_url}/metrics", timeout=10, verify=tls_context())
+        r = httpx.get(f"{client.base_url}/metrics", headers=client.headers(), timeout=10, verify=tls_context())
         r.raise_for_status()
         return policy_markdown(policy_figures(r.text))
     except (httpx.HTTPError, ImportError, ValueError, AttributeError) as exc:  # an older server, a UI-only install
