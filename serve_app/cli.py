@@ -21,6 +21,7 @@ from hitl_review.archive.cli import add_export_command, add_upgrade_command
 from hitl_review.archive.learn_cli import add_auto_approve_arguments, add_learn_command
 from hitl_review.client.commands import HelpFormatter, add_client_commands
 
+from .ops.webhook_flags import add_webhook_options
 from .work.standalone import add_arguments as add_dispatcher_arguments
 
 DESCRIPTION = """\
@@ -92,7 +93,6 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         help="the role of a user a trusted proxy names (default reviewer)",
     )
     g.add_argument(
-    g.add_argument(
         "--public-metrics",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -105,6 +105,7 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the API's /docs, /redoc and /openapi.json without a token (default: only when --host is loopback)",
     )
+    g.add_argument(
         "--data-dir",
         default=None,
         metavar="DIR",
@@ -246,37 +247,7 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not archive finished jobs: their records expire after the retention and are gone",
     )
-    w = p.add_argument_group("webhooks (docs/protocol.md § Webhooks)")
-    w.add_argument(
-        "--webhook",
-        action="append",
-        default=None,
-        metavar="[TYPES=]URL",
-        help="POST each event to URL, signed (X-Hitl-Signature: t=…,v1=HMAC-SHA256), retried until it answers "
-        "2xx: TYPES is a comma list of review.waiting, job.finished, policy.shadow (all when left out), "
-        "e.g. --webhook job.finished=https://ci.example/hook; repeat for several",
-    )
-    w.add_argument(
-        "--webhook-secret-file",
-        default=None,
-        metavar="FILE",
-        help="the webhooks' signing secret, read from FILE (else $HITL_WEBHOOK_SECRET); required with --webhook",
-    )
-    w.add_argument(
-        "--webhook-timeout-s",
-        type=float,
-        default=None,
-        metavar="S",
-        help="a delivery attempt that has no answer within S seconds failed and is retried (default 10)",
-    )
-    w.add_argument(
-        "--webhook-give-up-after-s",
-        type=float,
-        default=None,
-        metavar="S",
-        help="a delivery still failing S seconds after its first attempt is given up, logged and counted "
-        "(default 86400)",
-    )
+    add_webhook_options(p)
     n = p.add_argument_group("node lifecycle (model work; waiting for a reviewer never times out)")
     n.add_argument(
         "--node-timeout-s",

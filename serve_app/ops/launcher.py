@@ -36,6 +36,7 @@ from . import ports, preflight
 from .config import ConfigError, Settings, load_config_file, save_deployment
 from .redis_server import RedisServer
 from .stopping import Stopper, descendants
+from .webhook_flags import webhook_secret
 
 log = logging.getLogger("hitl.up")
 
@@ -422,24 +423,10 @@ def _settings_from_args(args: Any) -> Settings:
         models=models or None,
         trusted_proxies=getattr(args, "trusted_proxy", None),
         proxy_role=getattr(args, "proxy_role", None),
-        webhooks=getattr(args, "webhook", None),
         public_metrics=getattr(args, "public_metrics", None),
         public_docs=getattr(args, "public_docs", None),
-        webhook_secret=_webhook_secret(getattr(args, "webhook_secret_file", None)),
+        webhooks=getattr(args, "webhook", None),
+        webhook_secret=webhook_secret(getattr(args, "webhook_secret_file", None)),
         webhook_timeout_s=getattr(args, "webhook_timeout_s", None),
         webhook_give_up_after_s=getattr(args, "webhook_give_up_after_s", None),
     )
-
-
-def _webhook_secret(path: str | None) -> str | None:
-    """The secret in ``--webhook-secret-file`` (its text, stripped); None without the flag (the
-    environment's HITL_WEBHOOK_SECRET then). Never echoed: a bad file is named, not its content."""
-    if not path:
-        return None
-    try:
-        secret = Path(path).read_text().strip()
-    except OSError as e:
-        raise preflight.UpError(f"--webhook-secret-file {path}: cannot be read ({e.strerror or e})") from None
-    if not secret:
-        raise preflight.UpError(f"--webhook-secret-file {path}: the file is empty")
-    return secret

@@ -4,6 +4,9 @@ The same app runs under Ray Serve (``serve_app.application``) and, for tests and
 the uvicorn comparison benchmark, under plain uvicorn. What differs between the
 two is injected through ``Runtime``: how node commands reach the models and
 where SSE streams come from.
+
+Why this module is long: every route's roles (``ROUTE_ROLES``), the app's lifespan, the job routes
+and ``/metrics`` are here together; the other routes live in sibling modules (``*_routes.py``).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from .note_routes import CancelRequest, add_note_routes
 from .preview_routes import Previewer, add_preview_route
 from .reviewer_routes import REVIEWER_ROLES, add_reviewer_routes
 from .uploads import UPLOAD_OPENAPI, check_image, read_upload
+from .webhook_routes import add_webhook_routes
 
 if TYPE_CHECKING:
     from hitl_review.archive.db import Archive
@@ -68,16 +72,16 @@ CONTENT_TYPES = {
     "pt": "application/octet-stream",
 }
 
-# Who may call what. Checked by the auth middleware before anything else, so a
-# request without a valid token gets 401 even when its body is malformed.
-_READ = ("submitter", "reviewer")
-ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
 PUBLIC = re.compile(r"^/(healthz|readyz)(/.*)?$")
 # Open without a token only where the settings say so (Settings.metrics_public, docs_public); else by role.
 METRICS_PATH = re.compile(r"^/metrics/?$")
 DOCS_PATHS = re.compile(r"^/(docs|redoc|openapi\.json)(/.*)?$")
 ANY_ROLE = ("submitter", "reviewer", "executor", "monitor")
 
+# Who may call what. Checked by the auth middleware before anything else, so a
+# request without a valid token gets 401 even when its body is malformed.
+_READ = ("submitter", "reviewer")
+ROUTE_ROLES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("POST", re.compile(rf"^{API}/jobs/?$"), ("submitter",)),
     ("GET", re.compile(rf"^{API}/jobs/?$"), _READ),
     ("POST", re.compile(rf"^{API}/jobs/[^/]+/interventions/?$"), ("reviewer",)),
@@ -98,12 +102,12 @@ ANY_ROLE = ("submitter", "reviewer", "executor", "monitor")
     ("GET", re.compile(rf"^{API}/admin/audit/verify/?$"), ("admin",)),
     ("POST", re.compile(rf"^{API}/admin/artifacts/gc/?$"), ("admin",)),
     *REVIEWER_ROLES,  # /admin/reviewers (hitl admin reviewers)
+    ("GET", METRICS_PATH, ("monitor", "reviewer")),  # Prometheus; the reviewer page's stats (ui/stats.py)
+    ("GET", DOCS_PATHS, ANY_ROLE),  # unless --public-docs
 ]
 
 
 def roles_for(method: str, path: str) -> tuple[str, ...]:
-    ("GET", METRICS_PATH, ("monitor", "reviewer")),  # Prometheus; the reviewer page's stats (ui/stats.py)
-    ("GET", DOCS_PATHS, ANY_ROLE),  # unless --public-docs
     """The roles that may call ``method path`` (admin may call them all). Fails closed: a route
     missing from ROUTE_ROLES (or a path no route serves) is refused for every role, so a new
     route cannot ship reachable by any valid token by mistake."""
@@ -182,16 +186,16 @@ class AuthMiddleware:
         scope.setdefault("state", {})["identity"] = ident
         await self.app(scope, receive, send)
 
-
-def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id: bool = True) -> FastAPI:
-    """``build_runtime`` runs in the app's lifespan, inside the serving process. ``echo_request_id``:
-    False under Ray Serve, whose HTTP server echoes X-Request-ID itself (``serve_app.observability.request_log``)."""
     def open_by_settings(self, path: str) -> bool:
         """/metrics and the API's docs: open without a token where --public-metrics/--public-docs say."""
         if METRICS_PATH.match(path):
             return self.runtime_of().settings.metrics_public
         return bool(DOCS_PATHS.match(path)) and self.runtime_of().settings.docs_public
 
+
+def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id: bool = True) -> FastAPI:
+    """``build_runtime`` runs in the app's lifespan, inside the serving process. ``echo_request_id``:
+    False under Ray Serve, whose HTTP server echoes X-Request-ID itself (``serve_app.observability.request_log``)."""
     holder: dict[str, Runtime] = {}
 
     @asynccontextmanager
@@ -397,6 +401,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
 
     add_claim_routes(app, lambda: rt().store)
     add_note_routes(app, lambda: rt().store)
+    add_webhook_routes(app, lambda: rt().store)  # /admin/webhooks/log
     add_preview_route(app, located, lambda: rt().preview)
     add_audit_routes(app, lambda: rt().store, lambda: rt().archive, located)
     add_artifact_gc_route(
@@ -478,12 +483,6 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         log.warning("dead letter %s replayed by %s: %s", done.id, identity(request).name, done.result)
         return done
 
-    @app.get(f"{API}/admin/webhooks/log")
-    async def webhook_log(limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:
-        """The newest delivery attempts (docs/protocol.md § Webhooks) and how many wait."""
-        r = rt().store.r
-        return {"pending": await webhooks.pending(r), "attempts": await webhooks.read_log(r, limit)}
-
     @app.post(f"{API}/admin/reconcile", responses={400: {}})
     async def reconcile(request: Request) -> dict[str, Any]:
         """Restore the live jobs Redis lost from the archive's live mirror (docs/protocol.md § Reconcile)."""
@@ -517,10 +516,10 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        store = rt().store
         # This process's own series only where it answers every scrape: one Api replica (several behind a
         # balancer would alternate inside one series); every Ray Api replica also exports them to Ray's port.
         one_process = rt().settings.api_replicas == 1
-        store = rt().store
         try:
             metrics.REDIS_STATE.update(None)  # down until this scrape's read succeeds
             # From the counters in Redis: the same on every replica, O(partitions) per scrape.
