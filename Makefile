@@ -43,7 +43,8 @@ up: setup
 	$(VENV)/bin/hitl up
 
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider --durations=30 $(PYTEST_ARGS)
+	# The Ray and browser tests in one pytest, the others in a second one beside it (scripts/run_tests.sh).
+	PY=$(PY) scripts/run_tests.sh $(PYTEST_ARGS)
 
 # The quick loop: real redis-server (and the 3-node cluster), no Ray, no browser, nothing slow.
 test-fast: setup
