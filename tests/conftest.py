@@ -5,8 +5,12 @@ Locally a missing redis-server skips; under CI it fails the run (``harness.ci``)
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,8 +163,35 @@ def _shared_group(item: pytest.Item | None) -> str | None:
     return getattr(module, "SHARED_UI", None)
 
 
+# An async test gets a deadline of its own, below pytest-timeout's (pyproject.toml: 600 s): past it,
+# asyncio cancels the await it is stuck on, so the failure names that await, its fixtures tear down,
+# and the event loop the session shares stays usable. pytest-timeout's signal instead interrupts the
+# loop mid-iteration, leaving its tasks (and what they started) behind for the tests after it.
+ASYNC_DEADLINE_S = float(os.environ.get("HITL_TEST_DEADLINE_S", "300"))
+STACK_DEADLINE_S = 540.0  # a test that starts Ray or a browser (markers ray, ray_cluster, browser)
+STACK_MARKS = frozenset({"ray", "ray_cluster", "browser"})
+
+
+def _deadlined(fn: Callable[..., Any], seconds: float) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            async with asyncio.timeout(seconds):
+                return await fn(*args, **kwargs)
+        except TimeoutError as e:
+            raise AssertionError(f"the test did not finish within its {seconds:.0f} s deadline") from e
+
+    return run
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each group's items moved to where its first item was, in their order; every other item stays."""
+    """Each group's items moved to where its first item was, in their order; every other item stays.
+    Every async test's function wrapped in its deadline (``ASYNC_DEADLINE_S``)."""
+    for item in items:
+        fn = getattr(item, "obj", None)
+        if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(fn):
+            stack = not STACK_MARKS.isdisjoint(m.name for m in item.iter_markers())
+            item.obj = _deadlined(fn, max(ASYNC_DEADLINE_S, STACK_DEADLINE_S) if stack else ASYNC_DEADLINE_S)
     first: dict[str, int] = {}
     for i, item in enumerate(items):
         group = _shared_group(item)
