@@ -381,7 +381,7 @@ def main() -> int:
     log(f"starting hitl up --no-ui --detector-delay-ms {args.delay_ms} --quality-gate off in {tmp}")
     # The same workload on both: the uvicorn harness records the quality gate's verdicts only, so Ray
     # Serve runs with --quality-gate off too (no mask review: this compares the serving paths).
-    flags = ("--detector-delay-ms", str(args.delay_ms), "--quality-gate", "off")
+    flags: tuple[str, ...] = ("--detector-delay-ms", str(args.delay_ms), "--quality-gate", "off")
     flags += ("--detector", args.detector, "--segmenter", args.segmenter)
     # (name, checkout): Ray's workers put the driver's working directory first on their sys.path, so
     # a checkout is both the PYTHONPATH and the working directory of its hitl up

@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any
 
-from . import keys
+from . import errors, keys, scripts
 from .errors import JobNotFound
 from .ids import now_iso
 
@@ -17,6 +17,8 @@ from .ids import now_iso
 class LifecycleMixin:
     r: Any
     cluster: bool
+    sync_command: tuple[Any, ...] | None
+    sync_acks: int
     _scripts: dict[str, Any]
     config: Any
     get: Any  # Store.get
@@ -103,6 +105,45 @@ class LifecycleMixin:
             keys=[keys.inspector_lease(p), keys.inspector_fence(p)], args=[owner, ttl_ms]
         )
         return str(res) if res else None
+
+    async def sweep_read(
+        self, owner: str, ttl_ms: int, lapse_ms: int, grace_ms: int, count: int = 500
+    ) -> list[tuple[int, str, list[str], list[str]]]:
+        """The inspector's reads of one sweep, pipelined: every partition's lease taken or renewed
+        (lease.lua), and on the clock of the server holding the partition, its nodes whose heartbeat
+        lapsed ``lapse_ms`` ago and those past their deadline by ``grace_ms``. ``(partition, lease,
+        lapsed, overdue)`` for each partition whose lease ``owner`` holds. A few round trips, not four
+        sequential ones per partition (issue 37): the sweep runs every few seconds in every replica."""
+        parts = range(keys.PARTITIONS)
+        if self.cluster:  # each master keeps its own clock: read on the one holding the partition
+            async with self.r.pipeline(transaction=False) as pipe:
+                for p in parts:
+                    pipe.eval("return redis.call('TIME')", 1, keys.heartbeats(p))
+                clocks = [int(t[0]) * 1000 + int(t[1]) // 1000 for t in await pipe.execute()]
+        else:
+            t = await self.r.time()
+            clocks = [int(t[0]) * 1000 + int(t[1]) // 1000] * len(parts)
+        lease_lua = scripts.source("lease")
+        lease = self.r.register_script(lease_lua)
+        sync = None if self.cluster else self.sync_command  # as durable.synced: the leases written, then WAITAOF
+        async with self.r.pipeline(transaction=False) as pipe:
+            for p in parts:
+                lease_keys, args = [keys.inspector_lease(p), keys.inspector_fence(p)], [owner, ttl_ms]
+                if self.cluster:  # a cluster pipeline does not load a script missing on a master
+                    pipe.eval(lease_lua, 2, *lease_keys, *args)
+                else:  # the pipeline loads it first when Redis lacks it
+                    await lease(keys=lease_keys, args=args, client=pipe)
+                pipe.zrangebyscore(keys.heartbeats(p), "-inf", clocks[p] - lapse_ms, start=0, num=count)
+                pipe.zrangebyscore(keys.running(p), "-inf", clocks[p] - grace_ms, start=0, num=count)
+            if sync is not None:
+                pipe.execute_command(*sync)
+            res = await pipe.execute()
+        if sync is not None:
+            acks = res[-1]
+            acked = int(acks[0] if isinstance(acks, list) else acks)
+            if acked < self.sync_acks:
+                raise errors.StoreUnavailable(f"{sync[0]} confirmed {acked} of {self.sync_acks}")
+        return [(p, str(res[3 * p]), res[3 * p + 1], res[3 * p + 2]) for p in parts if res[3 * p]]
 
     async def lapsed_heartbeats(self, p: int, before_ms: int, count: int = 500) -> list[str]:
         """Index members (``keys.split_member``) of partition ``p`` whose running node has not beaten

@@ -96,15 +96,12 @@ class Inspector:
         lapsed: list[tuple[int, str]] = []  # (partition, index member: keys.split_member)
         overdue: list[tuple[int, str]] = []
         lapse_ms, grace_ms = int(self.heartbeat_lapse_s * 1000), int(self.grace_s * 1000)
-        for p in range(keys.PARTITIONS):
-            lease = await self.store.acquire_lease(p, self.owner, self.lease_ttl_ms)
-            if lease is None:
-                continue
+        # every partition's lease and both indexes in a few pipelined round trips (Store.sweep_read)
+        for p, held, late, over in await self.store.sweep_read(self.owner, self.lease_ttl_ms, lapse_ms, grace_ms):
             counts["partitions"] += 1
-            self._held[p] = (lease, time.monotonic())
-            now_ms = await self.store.server_ms(keys.heartbeats(p))
-            lapsed += [(p, m) for m in await self.store.lapsed_heartbeats(p, now_ms - lapse_ms)]
-            overdue += [(p, m) for m in await self.store.past_deadline(p, now_ms - grace_ms)]
+            self._held[p] = (held, time.monotonic())
+            lapsed += [(p, m) for m in late]
+            overdue += [(p, m) for m in over]
         if self._recovering:
             counts["recovering"] = len(lapsed) + len(overdue)
             return counts
