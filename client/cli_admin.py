@@ -37,13 +37,11 @@ def cmd_webhooks(args: argparse.Namespace, client: HitlClient) -> int:
     if args.json:
         print_json(log)
         return EXIT_OK
-    console = Console(highlight=False)
-    console.print(f"{log['pending']} deliveries pending")
-    table = Table("at", "event", "type", "url", "attempt", "outcome", "status", "error")
-    for a in log["attempts"]:
-        row = ("at", "event_id", "type", "url", "attempt", "outcome", "status", "error")
-        table.add_row(*(str(a.get(k, "")) for k in row))
-    console.print(table)
+    print(f"{log['pending']} deliveries pending")
+    for a in log["attempts"]:  # one line each (a table of eight columns wraps on a terminal)
+        why = a.get("error") or a.get("status") or ""
+        what = f"{a.get('type')} {a.get('event_id')} #{a.get('attempt')}"
+        print(f"{a.get('at')} {a.get('outcome', ''):9} {what} {a.get('url')} {why}")
     return EXIT_OK
 
 

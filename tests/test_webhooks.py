@@ -312,3 +312,23 @@ async def test_on_a_redis_cluster_the_deliveries_are_queued_in_the_job_s_slot_an
 
 async def _pending_zero(store: Store) -> bool:
     return await webhooks.pending(store.r) == 0
+
+
+def test_hitl_admin_webhooks_prints_the_delivery_log(api_server, capsys):
+    import json
+
+    import redis
+
+    from hitl_review.serve_app import cli
+
+    line = {"event_id": "job_cli:4", "type": "job.finished", "url": "http://h/x", "attempt": 2, "outcome": "failed"}
+    with redis.Redis.from_url(api_server.redis_url, decode_responses=True) as r:
+        r.xadd(keys.WEBHOOK_LOG, {**line, "status": "500", "error": "HTTP 500", "at": "2026-12-07T03:00:00Z"})
+    conn = ["--api-url", api_server.url, "--token", "tok-admin"]
+    capsys.readouterr()
+    assert cli.main(["admin", "webhooks", "--limit", "1", "--json", *conn]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pending"] == 0 and [{k: a[k] for k in line} for a in out["attempts"]] == [{**line, "attempt": "2"}]
+    assert cli.main(["admin", "webhooks", *conn]) == 0
+    text = capsys.readouterr().out
+    assert "0 deliveries pending" in text and "job_cli:4" in text and "HTTP 500" in text
