@@ -114,7 +114,7 @@ async def test_every_event_is_delivered_signed_through_a_failing_receiver_and_no
         async def all_waiting() -> bool:
             return [(await store.get(j)).status for j in job_ids] == ["WAITING_USER_SELECTION"] * 3
 
-        await _until(all_waiting, 10, "the jobs never reached their pause")
+        await _until(all_waiting, 30, "the jobs never reached their pause")
         cancels = []
         for j in job_ids:
             c0 = time.monotonic()
