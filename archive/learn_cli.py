@@ -18,7 +18,9 @@ from .options import _add_location
 DESCRIPTION = (
     "Learn from what reviewers decided (docs/learning.md): `dataset` writes it as JSON lines; `box-policy` fits "
     "the box auto-approve policy and writes its versioned file, or refuses (exit 1) when the held-out evidence "
-    "cannot bound the promised false-accept rate, saying how many more reviewed jobs it needs; `report` shows "
+    "cannot bound the promised false-accept rate, saying how many more reviewed jobs it needs; `gate` trains the "
+    "mask gate on the mask reviews and writes its versioned file (hitl up --quality-gate-policy FILE), or refuses; "
+    "`report` shows "
     "per policy its automatic approvals, spot checks with the live false-accept rate and its bound, and shadow "
     "agreement; `mode` sets the live mode (turn a policy on again after it dropped itself to shadow)."
 )
@@ -43,6 +45,19 @@ def add_learn_command(sub: Any, **kw: Any) -> argparse.ArgumentParser:
     b.add_argument("--since", default=None, metavar="ISO", help="only jobs finished at or after this time")
     b.add_argument("--seed", type=int, default=0, help="of the folds (default 0)")
     b.set_defaults(func=run_box_policy)
+    g = learn.add_parser("gate", help="train the mask gate on the team's mask reviews and write its file", **kw)
+    _add_location(g)
+    g.add_argument("--out", type=Path, required=True, metavar="FILE", help="the gate policy file to write")
+    g.add_argument("--min-recall", type=float, default=0.9, help="the promise: recall's lower bound (default 0.9)")
+    g.add_argument(
+        "--target-recall", type=float, default=0.97, help="recall the threshold is chosen for (default 0.97)"
+    )
+    g.add_argument("--confidence", type=float, default=0.95, help="of the one-sided bounds (default 0.95)")
+    g.add_argument("--name", default="gate", help="the policy's name (default gate)")
+    g.add_argument("--dataset", type=Path, default=None, metavar="FILE", help="JSON lines instead of the archive")
+    g.add_argument("--since", default=None, metavar="ISO", help="only decisions at or after this time")
+    g.add_argument("--seed", type=int, default=0, help="of the folds (default 0)")
+    g.set_defaults(func=run_gate)
     r = learn.add_parser("report", help="what the policies decided and how it is going", **kw)
     _add_location(r)
     r.add_argument("--policy", type=Path, default=None, metavar="FILE", help="also show this file's evidence")
@@ -152,6 +167,42 @@ def run_box_policy(args: argparse.Namespace) -> int:
         return 0
 
     return _needs_extra("learn box-policy", "server", run)
+
+
+def run_gate(args: argparse.Namespace) -> int:
+    def run() -> int:
+        from hitl_review.deployments.quality.gate_file import parse, ref
+        from hitl_review.statecore.autoapprove import PolicyRefused
+
+        from .learn_gate import dataset, gate_policy
+
+        if args.dataset:
+            rows = [json.loads(line) for line in args.dataset.read_text().splitlines() if line.strip()]
+        else:
+            archive = _archive(args)
+            try:
+                rows = dataset(archive, args.since)
+            finally:
+                archive.close()
+        try:
+            doc = gate_policy(rows, args.min_recall, args.target_recall, args.confidence, args.name, args.seed)
+        except PolicyRefused as e:
+            print(f"hitl learn gate: {e}", file=sys.stderr)
+            return 1
+        text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+        parse(text)  # what hitl up will load: refuse to write what it would refuse
+        args.out.write_text(text)
+        ev = doc["evidence"]
+        print(
+            f"learn gate: {ref(doc)} in {args.out}: threshold {doc['threshold']:.4f} on the probability a reviewer "
+            f"accepts the mask; held out: caught {ev['heldout_caught']} of {ev['heldout_bad']} bad masks (recall "
+            f"{ev['recall']:.3f}, lower bound {ev['recall_lower']:.3f}), precision {ev['precision']:.3f} (lower "
+            f"bound {ev['precision_lower']:.3f}), {ev['fail_share']:.1%} of masks failed; "
+            f"use it with hitl up --quality-gate-policy {args.out}"
+        )
+        return 0
+
+    return _needs_extra("learn gate", "server", run)
 
 
 def run_report(args: argparse.Namespace) -> int:
