@@ -383,6 +383,23 @@ def print_table(out: dict[str, Any]) -> None:
         print(f"  note: {note}")
 
 
+def write_decisions(path: Path, rows: list[dict[str, Any]], seed: int, bad_iou: float) -> None:
+    """The simulated reviewers' mask decisions, as ``archive.learn_gate.dataset`` reads them from an archive."""
+    with path.open("w") as f:
+        for i, r in enumerate(rows):
+            good = r["iou"] >= bad_iou
+            row = {
+                "job_id": f"{r['split']}:{seed}:{r['image']}",
+                "box_id": f"s{i}",
+                "scores": r["scores"],
+                "verdict": "PASS" if r["passed"] else "FAIL",
+                "decision": "ACCEPT" if good else "REFINE",
+                "good": good,
+            }
+            f.write(json.dumps(row) + "\n")
+    log(f"wrote {len(rows)} mask decisions to {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="classical", help="comma-separated: classical, sam")
@@ -407,6 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--grey", action="store_true", help="also judge every mask with the picture flat grey (ablation)")
     ap.add_argument("--start", type=int, default=0, help="the first image index of each split (disjoint ranges)")
+    ap.add_argument(
+        "--decisions",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write `hitl learn gate --dataset` rows: each first mask, the first policy's scores and a simulated "
+        "reviewer's decision (ACCEPT at IoU >= --bad-iou against the truth, else REFINE)",
+    )
     ap.add_argument("--quick", action="store_true", help="a tiny set (6 images per split): a smoke run")
     ap.add_argument("--rows", action="store_true", help="also write every subject's features and IoU (calibration)")
     ap.add_argument(
@@ -470,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     out["targets"] = {v: targets(out["results"][v]) for v in versions}
     if args.rows:
         out["rows"] = all_rows
+    if args.decisions:
+        write_decisions(args.decisions, [r for r in all_rows if r["policy"] == versions[0]], args.seed, args.bad_iou)
     print_table(out)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1))

@@ -54,6 +54,7 @@ on average) on the seed left out, at 0.98 0.930-0.990 (0.969), precision 0.625; 
 precision at recall 0.95 0.70 (gate-v2's features alone 0.68). On seed 0: recall 0.943, precision
 0.604 (gate-v2 in the same run 0.962 and 0.598) for 14.5 against 7.1 ms per subject: neither target
 met, so it is not the default.
+from hitl_review.deployments.quality import gate_file
 
 ``gate-v4`` is gate-v3's features plus four pixel margins between the mask's extent and its box
 (``gate_v4.py``: a tight box around a subject whose mask stops 20 px short of a side has lost a part,
@@ -283,6 +284,22 @@ class GatePolicy:
     version: str
     min_fill: float
     max_fill: float
+    if name not in POLICIES and gate_file.is_file(name):
+        doc = gate_file.read(name)
+        # No fixed thresholds: the learned score judges every mask but an empty one (loose boxes, lettering
+        # in pieces and thin plants break gate-v1's degenerate cases while correct).
+        return GatePolicy(
+            version=gate_file.ref(doc),
+            min_fill=0.0,
+            max_fill=1.0,
+            max_box_gap=None,
+            max_cut_off=None,
+            min_largest_share=0.0,
+            min_contrast=None,
+            min_edge_alignment=None,
+            max_bg_closer=None,
+            learned=gate_file.score_of(doc),
+        )
     max_box_gap: float | None
     max_cut_off: float | None
     min_largest_share: float
@@ -330,12 +347,17 @@ POLICIES["gate-v5"] = replace(POLICIES["gate-v2"], version="gate-v5", learned=GA
 
 
 def policy(name: str | None = None) -> GatePolicy:
-    """The policy ``name`` (default ``gate-v1``); ``ValueError`` names the known ones."""
+    """The policy ``name`` (default ``gate-v1``), or the file ``hitl learn gate`` wrote at the path ``name``
+    (``gate_file``: its version is ``policy:<name>@<hash>``); ``ValueError`` names the known ones, or why
+    the file is refused."""
     name = name or DEFAULT_POLICY
     try:
         return POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown quality-gate policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+        known = ", ".join(sorted(POLICIES))
+        raise ValueError(
+            f"unknown quality-gate policy {name!r}; known: {known}, or a file hitl learn gate wrote"
+        ) from None
 
 
 @dataclass(frozen=True)
