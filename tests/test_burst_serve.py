@@ -79,7 +79,7 @@ class OutboxWatch:
             for p in range(keys.PARTITIONS):
                 pipe.zcard(keys.queued(p))
             res = pipe.execute(raise_on_error=False)
-            n = keys.PARTITIONS
+            n = len(keys.all_outboxes())  # every lane's stream of every partition
             pending = sum(int(x["pending"]) for x in res[:n] if isinstance(x, dict))
             queued = sum(int(x) for x in res[n:] if isinstance(x, int))
             self.samples.append((pending, queued))
