@@ -11,13 +11,20 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 STACK="ray or ray_cluster or browser"
 log=$(mktemp -t hitl-tests-rest.XXXXXX.log)
+# HITL_JUNIT_DIR: each half also writes its JUnit XML there (stack.xml, rest.xml): the per-test times
+# scripts/slow_tests.py reads to keep `make test-fast` quick.
+junit_stack=() junit_rest=()
+if [ -n "${HITL_JUNIT_DIR:-}" ]; then
+  mkdir -p "$HITL_JUNIT_DIR"
+  junit_stack=(--junitxml="$HITL_JUNIT_DIR/stack.xml") junit_rest=(--junitxml="$HITL_JUNIT_DIR/rest.xml")
+fi
 
-"$PY" -m pytest -q -p no:cacheprovider --durations=20 -m "not ($STACK)" "$@" >"$log" 2>&1 &
+"$PY" -m pytest -q -p no:cacheprovider --durations=20 -m "not ($STACK)" "${junit_rest[@]}" "$@" >"$log" 2>&1 &
 rest=$!
 trap 'kill -INT "$rest" 2>/dev/null; wait "$rest" 2>/dev/null' INT TERM
 echo "tests: the Ray and browser tests below; the other tests run beside them (log: $log)"
 
-"$PY" -m pytest -q -p no:cacheprovider --durations=20 -m "$STACK" "$@"
+"$PY" -m pytest -q -p no:cacheprovider --durations=20 -m "$STACK" "${junit_stack[@]}" "$@"
 stack_rc=$?
 echo "tests: Ray and browser tests done (exit $stack_rc); waiting for the others"
 wait "$rest"

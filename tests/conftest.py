@@ -184,10 +184,25 @@ def _deadlined(fn: Callable[..., Any], seconds: float) -> Callable[..., Any]:
     return run
 
 
+# The tests a full run measured too slow for `make test-fast` (scripts/slow_tests.py writes the list).
+SLOW_LIST = Path(__file__).with_name("slow_tests.txt")
+
+
+def _measured_slow() -> frozenset[str]:
+    if not SLOW_LIST.exists():
+        return frozenset()
+    lines = (line.strip() for line in SLOW_LIST.read_text().splitlines())
+    return frozenset(line for line in lines if line and not line.startswith("#"))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each group's items moved to where its first item was, in their order; every other item stays.
-    Every async test's function wrapped in its deadline (``ASYNC_DEADLINE_S``)."""
+    Every async test's function wrapped in its deadline (``ASYNC_DEADLINE_S``); the tests of
+    ``SLOW_LIST`` marked slow."""
+    slow = _measured_slow()
     for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
         fn = getattr(item, "obj", None)
         if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(fn):
             stack = not STACK_MARKS.isdisjoint(m.name for m in item.iter_markers())
