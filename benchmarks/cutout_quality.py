@@ -5,7 +5,7 @@ For each backend and split of the labelled set (``benchmarks/cutout_data.py``, e
 subject is segmented from its box — the true box grown by a seeded -1..5 px per side, as a
 detector or a reviewer draws it — with the backend's segmenter (``make_segmenter``, all boxes
 of an image in one ``segment`` call), then, under each policy of ``--policies`` in turn (default
-``gate-v1`` and ``gate-v2``, side by side on the same first masks; ``gate-v3`` when named), scored and
+``gate-v1`` and ``gate-v5``, side by side on the same first masks; a learned file when named), scored and
 judged by the quality gate (``deployments.quality.gate``), and a failed mask is refined
 (``deployments.quality.refine``, attempt 1, 2, …) and gated again, at most ``--max-refinements``
 times. Reported per backend x split x policy, with each policy's ratios to the first (the JSON's
@@ -27,8 +27,8 @@ random-weight ``vit_tiny`` the tests use: its figures mean nothing about SAM's q
 the path runs, and its gate thresholds must be calibrated on real weights.
 
 ``gate-v1`` was calibrated on ``--seed 1`` (``--rows`` writes every subject's features and IoU),
-``gate-v2``'s and ``gate-v3``'s learned scores on seeds 1-5, gate-v4's on 1-10
-(``benchmarks/gate_calibration.py``), gate-v5's network on seeds 1-10 and 14-29 and its threshold on 11-13
+the retired gate-v2's to gate-v4's learned scores on seeds 1-10 (``benchmarks/gate_calibration.py``
+before issue 38), gate-v5's network on seeds 1-10 and 14-29 and its threshold on 11-13
 (``benchmarks/gate_net_training.py``); the default report is on seed 0, images no calibration saw.
 
 Stress splits (a shop none of them saw; ``cutout_data.py``'s docstring): ``--splits new,photos --loose
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-refinements", type=int, default=2)
     ap.add_argument(
         "--policies",
-        default="gate-v1,gate-v2",
+        default="gate-v1,gate-v5",
         help="quality-gate policy versions, side by side; the first is the baseline of the ratios",
     )
     ap.add_argument("--bad-iou", type=float, default=0.85, help="a mask below this IoU is bad")

@@ -370,8 +370,8 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="VERSION",
         help="the quality gate's policy, recorded with every verdict on a mask: gate-v1 (default, thresholds "
-        "on measured features) … gate-v5 (a small network trained on the labelled benchmark; needs torch); "
-        "docs/protocol.md § Cut-out quality",
+        "on measured features), gate-v5 (a small network trained on the labelled benchmark; needs torch), or "
+        "a file hitl learn gate wrote; docs/protocol.md § Cut-out quality",
     )
     m.add_argument(
         "--max-refinements",

@@ -13,11 +13,10 @@ import pytest
 from benchmarks import gate_net_training
 from hitl_review.deployments.quality import gate_net
 from hitl_review.deployments.quality.gate import POLICIES, judge, policy, score_mask
-from hitl_review.deployments.quality.gate_v2 import explain
 from hitl_review.deployments.quality.gate_v5 import GATE_V5_SCORE, NetScore
+from hitl_review.deployments.quality.learned_features import explain
 from hitl_review.deployments.quality.subject import QualityGate
-from tests.test_quality_gate_v2 import studio_subjects
-from tests.test_quality_gate_v3 import half_of
+from tests.test_quality_learned_features import half_of, studio_subjects
 
 
 def test_the_input_is_the_box_and_its_margin_at_a_fixed_size() -> None:
@@ -75,9 +74,9 @@ def test_gate_v5_is_a_policy_by_name_and_only_its_scores_carry_the_network() -> 
     assert QualityGate("gate-v5", 2).policy == "gate-v5"
     image, bbox, mask = studio_subjects()[0]
     assert set(gate_net.NET_FEATURES) <= set(score_mask(image, bbox, mask, gate="gate-v5"))
-    assert not set(gate_net.NET_FEATURES) & set(score_mask(image, bbox, mask, gate="gate-v4"))
+    assert not set(gate_net.NET_FEATURES) & set(score_mask(image, bbox, mask, gate="gate-v1"))
     with pytest.raises(ValueError, match="score_mask"):
-        judge(score_mask(image, bbox, mask, gate="gate-v4"), "gate-v5")
+        judge(score_mask(image, bbox, mask, gate="gate-v1"), "gate-v5")
     empty = score_mask(image, bbox, np.zeros_like(mask), gate="gate-v5")
     assert empty["net_bad"] == 1.0 and judge(empty, "gate-v5").verdict == "FAIL"
     first = judge(score_mask(image, bbox, half_of(mask), gate="gate-v5"), "gate-v5")
@@ -127,7 +126,7 @@ def test_hitl_up_refuses_gate_v5_where_its_network_cannot_load(monkeypatch: pyte
     monkeypatch.setattr(gate_net, "load", no_torch)  # what a demo install (no torch) meets
     with pytest.raises(UpError, match="gate-v5 runs a network and needs torch"):
         check_quality_gate(Settings(quality_gate_policy="gate-v5"))
-    check_quality_gate(Settings(quality_gate_policy="gate-v4"))  # the others need no network
+    check_quality_gate(Settings(quality_gate_policy="gate-v1"))  # gate-v1 needs no network
 
 
 @pytest.mark.ray

@@ -129,15 +129,12 @@ def score_mask(
     - ``bg_closer``: share of the mask nearer in colour to the background (the ring around the box)
       than to the subject's rim: background or shadow swallowed by the mask;
     - ``predicted_iou``, ``stability``: the segmenter's own estimates, when it gives them;
-    - for a learned policy (``gate-v2``), ``gate_v2.extra_features``: ``recut_iou``, ``solidity``,
-      ``edge_share``, ``bg_like``, ``fg_iou_loose``, ``fg_iou_strict``, ``fg_stability``, ``bg_noise``,
-      ``outline_fit``; for ``gate-v3``, also ``gate_v3.v3_features``: ``ring_recut_iou``,
-      ``ring_recut_over``, ``ring_recut_under``, ``stands_out``.
+    - for a learned policy (``gate-v5``, a learned file), ``learned_features.extra_features``:
+      ``recut_iou``, ``solidity``, ``edge_share``, ``bg_like``, ``fg_iou_loose``, ``fg_iou_strict``,
+      ``fg_stability``, ``bg_noise``, ``outline_fit``; for ``gate-v5``, also ``net_bad`` and ``net_iou``.
     """
     score = None if gate is None else (gate if isinstance(gate, GatePolicy) else policy(gate)).learned
     learned = gate is None or score is not None
-    v3 = gate is None or (score is not None and not set(V3_FEATURES).isdisjoint(score.features))
-    gaps = gate is None or (score is not None and not set(GAP_FEATURES).isdisjoint(score.features))
     net = gate is None or (score is not None and not set(NET_FEATURES).isdisjoint(score.features))
     h, w = mask.shape
     x1, y1, x2, y2 = int_box(bbox, w, h)
@@ -157,10 +154,6 @@ def score_mask(
         scores.update(largest_share=0.0, holes=0.0, contrast=0.0, edge_alignment=0.0, bg_closer=0.0)
         if learned:
             scores.update(dict.fromkeys(EXTRA_FEATURES, 0.0))
-        if v3:
-            scores.update(dict.fromkeys(V3_FEATURES, 0.0))
-        if gaps:
-            scores.update(gap_features(None, (0, 0, 0, 0)))
         if net:
             scores.update(net_bad=1.0, net_iou=0.0)
         return scores
@@ -170,8 +163,6 @@ def score_mask(
         max(0.0, mb[0] - bx1) / bw, max(0.0, bx2 - mb[2]) / bw, max(0.0, mb[1] - by1) / bh, max(0.0, by2 - mb[3]) / bh
     )
     scores["box_agreement"] = box_iou(mb, box)
-    if gaps:
-        scores.update(gap_features(mb, box))
 
     lab = cv2.cvtColor(image[ry1:ry2, rx1:rx2].astype(np.float32) / 255.0, cv2.COLOR_RGB2LAB)
     bg = _background(lab, crop, box)
@@ -199,8 +190,6 @@ def score_mask(
     scores["bg_closer"] = _bg_closer(lab, crop, inner, bg)
     if learned:
         scores.update(extra_features(image, mask, (x1, y1, x2, y2), crop, lab, box, outline, grad))
-    if v3:
-        scores.update(v3_features(image, mask, (x1, y1, x2, y2)))
     if net:
         scores.update(net_features(image, bbox, mask))  # the box as given, as in training
     return {k: round(float(v), 4) for k, v in scores.items()}
@@ -323,10 +312,10 @@ POLICIES: dict[str, GatePolicy] = {
         min_edge_alignment=1.8,
         max_bg_closer=0.2,
     ),
-    # The degenerate cases as in gate-v1, then one learned score over gate-v1's features and
-    # gate_v2's (calibration: the module docstring).
-    "gate-v2": GatePolicy(
-        version="gate-v2",
+    # The degenerate cases as in gate-v1, then the mask checker's score (a small network on the picture
+    # and the mask: gate_net.py) instead of gate-v1's other thresholds.
+    "gate-v5": GatePolicy(
+        version="gate-v5",
         min_fill=0.1,
         max_fill=0.98,
         max_box_gap=None,
@@ -335,15 +324,11 @@ POLICIES: dict[str, GatePolicy] = {
         min_contrast=None,
         min_edge_alignment=None,
         max_bg_closer=None,
-        learned=GATE_V2_SCORE,
+        learned=GATE_V5_SCORE,
     ),
 }
-# As gate-v2, its score also over gate_v3's features (calibration: the module docstring).
-POLICIES["gate-v3"] = replace(POLICIES["gate-v2"], version="gate-v3", learned=GATE_V3_SCORE)
-# As gate-v2, its score depth-2 trees over gate-v3's features and gate_v4's (calibration: the module docstring).
-POLICIES["gate-v4"] = replace(POLICIES["gate-v2"], version="gate-v4", learned=GATE_V4_SCORE)
-# As gate-v2, its score the mask checker's (a small network on the picture and the mask: gate_net.py).
-POLICIES["gate-v5"] = replace(POLICIES["gate-v2"], version="gate-v5", learned=GATE_V5_SCORE)
+# Versions no longer offered (--quality-gate-policy refuses them); verdicts they wrote stay readable.
+RETIRED = ("gate-v2", "gate-v3", "gate-v4")
 
 
 def policy(name: str | None = None) -> GatePolicy:

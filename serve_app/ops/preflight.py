@@ -152,9 +152,14 @@ def check_quality_gate(settings: Settings) -> None:
     """An unknown ``--quality-gate-policy``, or one whose mask checker network cannot load here (gate-v5
     without torch, its weights missing), is refused here, not in the Segmenter replica."""
     from hitl_review.deployments.quality import gate_net
-    from hitl_review.deployments.quality.gate import policy
+    from hitl_review.deployments.quality.gate import POLICIES, RETIRED, policy
     from hitl_review.deployments.quality.subject import QualityGate
 
+    if settings.quality_gate_policy in RETIRED:
+        raise UpError(
+            f"--quality-gate-policy {settings.quality_gate_policy} is retired (the verdicts it wrote stay readable): "
+            f"choose {' or '.join(sorted(POLICIES))}, or a file hitl learn gate wrote"
+        )
     try:
         QualityGate(settings.quality_gate_policy, settings.max_refinements)
     except ValueError as e:
@@ -166,7 +171,7 @@ def check_quality_gate(settings: Settings) -> None:
         except ImportError as e:
             raise UpError(
                 f"--quality-gate-policy {settings.quality_gate_policy} runs a network and needs torch ({e}): "
-                "install the full set (make setup), or choose gate-v1 … gate-v4"
+                "install the full set (make setup), or choose gate-v1"
             ) from None
         except (OSError, ValueError) as e:
             raise UpError(f"--quality-gate-policy {settings.quality_gate_policy}: {e}") from None

@@ -1,5 +1,7 @@
-"""``gate-v2``'s extra features and its learned score (SPEC.md §13; the calibration is in ``gate.py``'s
-docstring and ``benchmarks/gate_calibration.py``).
+"""The quality gate's features beyond gate-v1's, and how a learned score's verdict is said
+(SPEC.md §13). First measured for the retired gate-v2 (its calibration: ``gate.py``'s docstring and
+git history); now recorded under every learned policy (gate-v5, a file ``hitl learn gate`` wrote,
+which may read them), and ``explain`` words the verdict of any learned score (``Score``).
 
 Features, measured without ground truth on the box, a margin around it and the mask
 (``gate.score_mask`` passes its own CIELAB crop, outline and gradient, so the extra cost is one tiny
@@ -22,19 +24,12 @@ GrabCut and a few array passes, about 0.8x gate-v1's own time):
   and at twice the threshold; ``fg_stability``, the IoU of those two maps (how clearly the subject
   stands out at all); ``outline_fit``, the share of the outline with the subject's side inside and
   the background's side outside.
-
-``LearnedScore`` adds, per feature, a step function of its value (boosted decision stumps with a
-logistic loss, collapsed per feature: plain numbers, no model library at run time); the sum is the
-log-odds that the mask is bad (IoU < 0.85 on the labelled benchmark), and the mask fails at or above
-``threshold``.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import cv2
@@ -52,34 +47,9 @@ RING_BLUR = 3  # its smoothing window, grid pixels
 RING_NEAR = 5  # how near the outline the subject's and the background's sides are looked for, grid pixels
 
 
-@dataclass(frozen=True)
-class LearnedScore:
-    """An additive logistic score: ``base`` plus, per feature, ``values[i]`` where ``i`` is the number of
-    ``edges`` below the feature's value (``len(values) == len(edges) + 1``); fail at ``>= threshold``.
-    ``words``: ``explain``'s phrases for features it does not know (as its ``_WORDS``)."""
-
-    base: float
-    tables: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]]
-    threshold: float
-    words: Mapping[str, tuple[str, str]] = field(default_factory=dict)
-
-    @property
-    def features(self) -> tuple[str, ...]:
-        """The features the score reads."""
-        return tuple(self.tables)
-
-    def contributions(self, scores: Mapping[str, float]) -> dict[str, float]:
-        return {k: values[bisect_left(edges, scores[k])] for k, (edges, values) in self.tables.items()}
-
-    def score(self, scores: Mapping[str, float]) -> float:
-        return self.base + sum(self.contributions(scores).values())
-
-    def probability(self, scores: Mapping[str, float]) -> float:
-        return 1.0 / (1.0 + math.exp(-self.score(scores)))
-
-
 class Score(Protocol):
-    """What ``gate.judge`` and ``explain`` need of a learned score (``LearnedScore``, gate_v4's ``TreeScore``)."""
+    """What ``gate.judge`` and ``explain`` need of a learned score (gate-v5's ``NetScore``, a learned file's
+    ``gate_file.FileScore``)."""
 
     @property
     def threshold(self) -> float: ...
@@ -93,7 +63,7 @@ class Score(Protocol):
 
 
 # Words for what pushes a mask's score up, as ``(phrase, unit)``, the phrase taking the value formatted by
-# the unit; every feature's bad side is the one its steps rise towards (``GATE_V2_SCORE``'s tables).
+# the unit; every feature's bad side is the one the retired gate-v2's score rose towards.
 _WORDS: dict[str, tuple[str, str]] = {
     "recut_iou": ("a second, coarser cut of the same box overlaps it by only {}", "pct"),
     "fg_iou_loose": ("it overlaps what stands out from the background by only {}", "pct"),
@@ -266,81 +236,3 @@ def _ring_model(lab: np.ndarray, crop: np.ndarray, inbox: np.ndarray, outline: n
 
 EXTRA_FEATURES: tuple[str, ...] = ("recut_iou", "solidity", "edge_share", "bg_like", "fg_iou_loose", "fg_iou_strict")
 EXTRA_FEATURES += ("fg_stability", "bg_noise", "outline_fit")
-
-# Written by ``benchmarks/gate_calibration.py`` (its command line and figures: ``gate.py``'s docstring).
-# fmt: off
-GATE_V2_SCORE = LearnedScore(
-    base=-4.3075,
-    threshold=-2.0529,
-    tables={
-        "fill": (
-            (0.2793, 0.5954, 0.7923, 0.8627,),
-            (1.5222, 0.8620, -0.0001, -1.2091, -2.8983,),
-        ),
-        "box_gap": (
-            (0.0476, 0.0781, 0.1747,),
-            (-0.3247, -0.2043, 1.0958, 1.7200,),
-        ),
-        "box_agreement": (
-            (0.7538, 0.9388,),
-            (0.6988, -0.0931, 0.0142,),
-        ),
-        "edge_touch": (
-            (0.0238, 0.2602,),
-            (-0.1037, -0.0818, 0.4531,),
-        ),
-        "cut_off": (
-            (0.0000, 0.0074,),
-            (-0.0231, 0.0583, 0.1137,),
-        ),
-        "holes": (
-            (0.0000,),
-            (0.0353, -0.6067,),
-        ),
-        "contrast": (
-            (1.1224, 1.9991, 2.3545, 2.7008, 3.0746,),
-            (0.6905, 0.5522, 0.3639, 0.2644, -0.4458, -0.5336,),
-        ),
-        "edge_alignment": (
-            (2.0182, 2.7150, 2.9958, 3.2905, 4.5298,),
-            (0.4922, 0.1798, -0.0392, -0.0808, -0.2134, -0.3824,),
-        ),
-        "bg_closer": (
-            (0.0071, 0.3593,),
-            (-0.0626, 0.0754, -0.0003,),
-        ),
-        "edge_share": (
-            (0.2200, 0.7432, 0.9598,),
-            (0.4814, 0.3705, -0.0874, -0.2365,),
-        ),
-        "solidity": (
-            (0.4856, 0.8632, 1.0006,),
-            (-0.3779, -0.0938, -0.3794, 1.6111,),
-        ),
-        "recut_iou": (
-            (0.3826, 0.7394, 0.8300, 0.8625, 0.8852,),
-            (0.8286, 0.6057, 0.3727, -0.1420, -0.2128, -0.3438,),
-        ),
-        "bg_like": (
-            (0.0826, 0.3234,),
-            (-0.1990, 0.4285, 0.3877,),
-        ),
-        "fg_iou_loose": (
-            (0.6993, 0.8134,),
-            (0.1915, 0.0098, -0.0730,),
-        ),
-        "fg_iou_strict": (
-            (0.6554, 0.8582, 0.9722,),
-            (1.0916, 0.6724, -0.6896, -0.7622,),
-        ),
-        "bg_noise": (
-            (7.7246,),
-            (-0.8052, 0.1610,),
-        ),
-        "outline_fit": (
-            (0.0000,),
-            (0.1494, -0.0190,),
-        ),
-    },
-)
-# fmt: on
