@@ -23,51 +23,17 @@ calibration never saw. What the features cannot tell apart: a correct outline on
 ``box_agreement`` are recorded, not gated: real products have holes, and a tight box touches a
 carton along a whole side.
 
-``gate-v2`` keeps gate-v1's degenerate-case thresholds (empty, fill, pieces) and replaces the others
-by one learned score over gate-v1's features and nine more (``gate_v2.py``: a second, coarse GrabCut
-of the box as a self-consistency check, a background plane fitted to the ring, the outline's share on
-clear edges, solidity), its reason one plain sentence naming what weighed most. Calibration
-(``benchmarks/gate_calibration.py``): seeds 1-5 (2986 subjects, 556 bad), boosted stumps with a
-logistic loss collapsed into one step function per feature, the threshold at recall 0.97 on those
-seeds (precision there 0.61). Candidates, by precision at recall 0.95 in 5-fold cross-validation
-across seeds 1-5: gate-v1's features alone 0.55 (as a learned score; gate-v1's thresholds 0.50); plus
-edge share and solidity 0.61; plus the recut 0.63; plus the background plane 0.67-0.69 (the set
-kept, 0.66 at the cost it runs at: the plane on every other pixel, the recut at 32 px and 1
-iteration); a second recut seeded from the ring's colour 0.71 but another 3.5 ms; a GrabCut GMM
-colour model, a colour-histogram likelihood ratio and a local contrast along the outline 0.65-0.69
-at 5-10x the cost; a logistic regression instead of the stumps 0.59 (0.64 with squared terms). A
-threshold fixed on calibration seeds lands between recall 0.91 and 0.99 on an unseen one (0.956 on
-average at precision 0.61), so it sits at 0.97. On seed 0 (never seen): recall 0.97, precision 0.57
-(gate-v1 on the same masks 0.97 and 0.49; the score's ranking alone reaches 0.74 at recall 0.95 there,
-but no threshold fixed in advance does), 1.8x gate-v1's time (8.0 against 4.4 ms per subject). Short
-of the issue's precision 0.7, so gate-v1 stays the default. What is still beyond it: a ring whose hole
-shows another subject or its own shadow, and masks just under IoU 0.85 (the misses); masks just over
-it (a quarter of the false alarms) and faint subjects on cluttered or low-contrast backgrounds. It is
-calibrated on the classical segmenter's masks only.
+``gate-v2``, ``gate-v3`` and ``gate-v4`` (learned sums of step functions and depth-2 trees over
+gate-v1's features and more) are retired: none met the precision target, gate-v5 and a team's own
+learned file (``hitl learn gate``) do better, and nobody should choose them. ``--quality-gate-policy``
+refuses them at start; a verdict one of them wrote (an archived job's ``policy: gate-v3``) stays
+readable, as its scores and reasons were stored with it. Their calibration is in the git history
+(``benchmarks/gate_calibration.py`` before issue 38). What gate-v2 added is kept: the features of
+``learned_features.py`` (a second, coarse GrabCut of the box as a self-consistency check, a background
+plane fitted to the ring, the outline's share on clear edges, solidity), which gate-v5 records and a
+learned file may read, and the plain sentence naming what weighed most (``explain``).
 
-``gate-v3`` is gate-v2 with two more features in its score (``gate_v3.py``: a second recut at 64 px,
-3 iterations, seeded from a colour plane fitted to the ring, and the share of the box that stands out
-from that plane), calibrated the same way (``gate_calibration.py --policy gate-v3 --recall 0.98
---held-out``; seeds 1-5, 2986 subjects, 553 bad). The threshold keeps recall 0.98 on the calibration
-seeds (precision 0.63 there): leaving one seed out, a threshold at 0.97 gave recall 0.930-0.990 (0.961
-on average) on the seed left out, at 0.98 0.930-0.990 (0.969), precision 0.625; the ranking's
-precision at recall 0.95 0.70 (gate-v2's features alone 0.68). On seed 0: recall 0.943, precision
-0.604 (gate-v2 in the same run 0.962 and 0.598) for 14.5 against 7.1 ms per subject: neither target
-met, so it is not the default.
-from hitl_review.deployments.quality import gate_file
-
-``gate-v4`` is gate-v3's features plus four pixel margins between the mask's extent and its box
-(``gate_v4.py``: a tight box around a subject whose mask stops 20 px short of a side has lost a part,
-however small its share of the box), scored by boosted depth-2 trees instead of stumps (a feature can
-matter only when another is low), its threshold read off out-of-fold scores of the calibration seeds
-(``gate_calibration.py --policy gate-v4 --held-out``; trees fit their own rows too well for a
-threshold read off them). On seed 0 (never seen), the same run as gate-v1 and gate-v3: recall 0.990,
-precision 0.598 (gate-v3 0.951 and 0.592, gate-v1 0.980 and 0.495), 2 bad masks passed (gate-v3 8,
-gate-v1 4), 29.4 % of subjects sent to a person, 16.0 ms per subject. It keeps more bad masks from
-customers at the same precision; the precision target (0.7) is still not met, so it is not the default.
-Its pixel margins are calibrated on the benchmark's boxes (1 px tight to 5 px loose, images ~370 x 270).
-
-``gate-v5`` keeps gate-v2's degenerate-case thresholds and replaces the learned sum by a small
+``gate-v5`` keeps gate-v1's degenerate-case thresholds (empty, fill, pieces), and instead of the others a small
 convolutional network that reads the picture around the box and the mask (``gate_net.py``: its
 training, calibration and figures; ``gate_v5.py``: the score). It is the first policy to meet both
 targets on images it never saw (seed 0 and seeds 30-37: docs/benchmarks.md § Cut-out quality), but it
@@ -81,7 +47,7 @@ sets a threshold on them: they can only be calibrated on real weights, and no ma
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import cv2
@@ -89,11 +55,8 @@ import numpy as np
 
 from hitl_review.deployments.backends.base import box_iou, int_box, mask_bbox
 from hitl_review.deployments.quality.gate_net import NET_FEATURES, net_features
-from hitl_review.deployments.quality.gate_v2 import EXTRA_FEATURES, GATE_V2_SCORE, Score, explain, extra_features
-from hitl_review.deployments.quality.gate_v3 import GATE_V3_SCORE, V3_FEATURES, v3_features
-from hitl_review.deployments.quality.gate_v4 import GAP_FEATURES, gap_features
-from hitl_review.deployments.quality.gate_v4_model import GATE_V4_SCORE
 from hitl_review.deployments.quality.gate_v5 import GATE_V5_SCORE
+from hitl_review.deployments.quality.learned_features import EXTRA_FEATURES, Score, explain, extra_features
 from hitl_review.deployments.quality.metrics import boundary
 
 DEFAULT_POLICY = "gate-v1"
@@ -273,22 +236,6 @@ class GatePolicy:
     version: str
     min_fill: float
     max_fill: float
-    if name not in POLICIES and gate_file.is_file(name):
-        doc = gate_file.read(name)
-        # No fixed thresholds: the learned score judges every mask but an empty one (loose boxes, lettering
-        # in pieces and thin plants break gate-v1's degenerate cases while correct).
-        return GatePolicy(
-            version=gate_file.ref(doc),
-            min_fill=0.0,
-            max_fill=1.0,
-            max_box_gap=None,
-            max_cut_off=None,
-            min_largest_share=0.0,
-            min_contrast=None,
-            min_edge_alignment=None,
-            max_bg_closer=None,
-            learned=gate_file.score_of(doc),
-        )
     max_box_gap: float | None
     max_cut_off: float | None
     min_largest_share: float
