@@ -63,7 +63,10 @@ async def drain_outbox(store: Store, consumer: str = "bulk", count: int = 10_000
                 pipe.xdel(stream, *ids)
                 await pipe.execute()
             drained += len(ids)
-    await store.r.xgroup_delconsumer(keys.all_outboxes()[0], keys.OUTBOX_GROUP, consumer)
+    async with store.r.pipeline(transaction=False) as pipe:  # the consumer exists on every stream it read
+        for stream in keys.all_outboxes():
+            pipe.xgroup_delconsumer(stream, keys.OUTBOX_GROUP, consumer)
+        await pipe.execute(raise_on_error=False)
     return drained
 
 

@@ -15,6 +15,7 @@ from hitl_review.statecore import keys
 from hitl_review.statecore.execution import RunSpec
 from hitl_review.statecore.models import NodeCommand
 from hitl_review.statecore.outbox import outbox_groups
+from loadtest.check_invariants.reading import pending_commands, read_outboxes
 
 from .helpers import iv, keep, waiting_job
 
@@ -153,3 +154,12 @@ async def test_the_sort_of_an_earlier_versions_stream_on_a_cluster(cluster_store
     assert [c.node_instance_id for c in await _commands(store, keys.command_outbox(job_id, "SEGMENT_SUBJECT"))] == [
         "node_seg"
     ]
+
+
+async def test_the_invariant_checker_waits_for_every_lanes_commands(store, image):
+    reviewed = await waiting_job(store, image)  # its detection, answered by hand, still queued
+    st = await store.get(reviewed)
+    assert (await store.intervene(reviewed, iv(st, keep(st, 0, 1)), "rev")).status_code == 200
+    assert await pending_commands(store.r) == 3  # one in the detect lane, two in the segment lane
+    commands = (await read_outboxes(store.r))[reviewed]
+    assert [c.node_type for c in commands] == ["DETECT_SUBJECTS", "SEGMENT_SUBJECT", "SEGMENT_SUBJECT"]

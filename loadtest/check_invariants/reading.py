@@ -172,8 +172,7 @@ async def pending_commands(r: Any) -> int:
     the consumer group's last-delivered id and pending list, not from XINFO's ``lag`` (which Redis
     cannot compute once entries were deleted)."""
     total = 0
-    for p in range(keys.PARTITIONS):
-        stream = keys.outbox(p)
+    for stream in keys.all_outboxes():  # every lane's stream of every partition
         try:
             group = next((g for g in await r.xinfo_groups(stream) if g["name"] == keys.OUTBOX_GROUP), None)
         except Exception:  # no stream yet
