@@ -303,7 +303,7 @@ async def memory_per_job(store: Store, sync: Any, n: int) -> dict[str, Any]:
     sync.xgroup_create("bench:probe:outbox", keys.OUTBOX_GROUP, id="0", mkstream=True)
     empty_outbox = int(sync.execute_command("MEMORY", "USAGE", "bench:probe:outbox", "SAMPLES", "0"))
     sync.delete("bench:probe:outbox")
-    shared_bytes["outbox_streams"] -= empty_outbox * keys.PARTITIONS
+    shared_bytes["outbox_streams"] -= empty_outbox * len(keys.all_outboxes())  # one per lane and partition
     key_sum = sum(job_bytes.values()) + sum(shared_bytes.values())
     per_key = {k: round(v / n, 1) for k, v in {**job_bytes, **shared_bytes}.items()}
     return {
