@@ -38,6 +38,8 @@ async def wait_after_stale(attempt: int) -> None:
 
 class NodeWritesMixin:
     config: Any
+    r: Any
+    cluster: bool
     _scripts: dict[str, Any]
     _meta: Any  # Store._meta
     _keys: Any  # Store._keys
@@ -45,6 +47,20 @@ class NodeWritesMixin:
     server_ms: Any  # LifecycleMixin.server_ms
     _subject_write: Any  # SubjectWritesMixin._subject_write
     stale_answers = 0  # writes that found the job changed under them and planned again (tests, benchmarks)
+
+    async def _meta_and_clock(self, job_id: str) -> tuple[dict[str, str], int]:
+        """The job's meta and the Redis server's clock (ms) in one pipelined round trip."""
+        jk = keys.job(job_id)
+        async with self.r.pipeline(transaction=False) as pipe:
+            pipe.hgetall(jk.meta)
+            if self.cluster:  # the clock of the master holding the job, as server_ms reads it
+                pipe.eval("return redis.call('TIME')", 1, jk.meta)
+            else:
+                pipe.time()
+            meta, t = await pipe.execute()
+        if not meta:  # a job the store may restore (Store.on_missing): as Store._meta reads it
+            meta = await self._meta(job_id)
+        return meta, int(t[0]) * 1000 + int(t[1]) // 1000
 
     async def node_started(self, cmd: NodeCommand, *, actor: str = "executor") -> str:
         """Start the queued node: see :meth:`node_started_by`."""
@@ -168,12 +184,12 @@ class NodeWritesMixin:
         jk = keys.job(job_id)
         for attempt in range(STALE_RETRIES):
             await wait_after_stale(attempt)
-            meta = await self._meta(job_id)
+            # Deadlines, backoffs and heartbeats are all read on one clock: the Redis server's, read
+            # with the job in one round trip (on a cluster on the job's own master).
+            meta, now_ms = await self._meta_and_clock(job_id)
             if not meta:
                 return "IGNORED"  # finished and expired long ago
             state = decide.JobState.from_meta(meta)
-            # Deadlines, backoffs and heartbeats are all read on one clock: the Redis server's.
-            now_ms = await self.server_ms(jk.meta)
             now = now_iso(now_ms / 1000)
             node = state.live_node(nid)  # the job's current node, or one of its subject nodes
             # A node whose result was already applied stays current (COMPLETED/FAILED/TIMED_OUT) until
