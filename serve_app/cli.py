@@ -21,6 +21,7 @@ from hitl_review.archive.cli import add_export_command, add_upgrade_command
 from hitl_review.archive.learn_cli import add_auto_approve_arguments, add_learn_command
 from hitl_review.client.commands import HelpFormatter, add_client_commands
 
+from .ops.public_flags import add_public_options
 from .ops.webhook_flags import add_webhook_options
 from .work.standalone import add_arguments as add_dispatcher_arguments
 
@@ -92,19 +93,7 @@ def _add_up_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the role of a user a trusted proxy names (default reviewer)",
     )
-    g.add_argument(
-        "--public-metrics",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="/metrics without a token (default: only when --host is loopback; elsewhere Prometheus sends a "
-        "token of role monitor, which reads /metrics and nothing else)",
-    )
-    g.add_argument(
-        "--public-docs",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="the API's /docs, /redoc and /openapi.json without a token (default: only when --host is loopback)",
-    )
+    add_public_options(g)  # --public-metrics, --public-docs
     g.add_argument(
         "--data-dir",
         default=None,
