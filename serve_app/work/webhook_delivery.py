@@ -125,6 +125,10 @@ class WebhookDeliverer:
                 else:
                     log.warning("webhooks loop error (retrying): %s", e)
                     await asyncio.sleep(1)
+            except Exception as e:  # an entry that does not parse, a bug: logged, the loop goes on
+                reraise_if_cancelled(e)
+                log.exception("webhooks loop error (retrying): %s", e)
+                await asyncio.sleep(1)
 
     def _spawn(self, d: Delivery) -> None:
         key = (d.stream, d.entry_id)
@@ -146,6 +150,9 @@ class WebhookDeliverer:
                 except (RedisConnectionError, RedisTimeoutError) as e:
                     reraise_if_cancelled(e)
                     await asyncio.sleep(1)
+        except Exception as e:  # left pending: reclaimed and tried again after reclaim_idle_ms
+            reraise_if_cancelled(e)
+            log.exception("webhook delivery %s failed unexpectedly: %s", d.event_id, e)
         finally:
             self.held.pop((d.stream, d.entry_id), None)
 
