@@ -17,6 +17,7 @@ import pytest
 from harness.hitl_up import HitlUp
 from harness.tokens import TOKENS, TOKENS_SPEC
 
+from .auto_policy_util import big_image_policy_text
 from .browser_util import VIEWPORT, WAIT_MS, Reviewer, print_past_capture, require_chromium
 
 
@@ -45,13 +46,30 @@ def ui_up(
 # The box stages only (the mask review has its own module), the label set the editor's buttons show;
 # "signed-in" with the reviewers' identities of harness.tokens, so each page signs in, and an authenticating
 # proxy trusted on 127.0.0.1 (a page sends its X-Forwarded-User only where a test gives it one).
+# "box-stages" also runs a box auto-approve policy in on with --spot-check 1.0 (tests/auto_policy_util.py): it
+# would approve every job on an image of 0.2 megapixels or more, so each of those still waits for a person
+# as a spot check (test_spot_check_browser.py tells them from the others by nothing on the page).
 SHARED_STACKS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
-    "box-stages": (("--quality-gate", "off"), {"HITL_LABELS": "shoe,bag,shirt"}),
+    "box-stages": (
+        (
+            "--quality-gate",
+            "off",
+            "--auto-approve",
+            "on",
+            "--auto-approve-policy",
+            "{files}/box-policy.json",
+            "--spot-check",
+            "1.0",
+        ),
+        {"HITL_LABELS": "shoe,bag,shirt"},
+    ),
     "signed-in": (
         ("--quality-gate", "off", "--trusted-proxy", "127.0.0.1"),
         {"HITL_TOKENS": TOKENS_SPEC, "HITL_LABELS": "shoe,bag,shirt"},
     ),
 }
+# Files a group's options name as {files}/NAME: written into a folder of their own before it starts.
+SHARED_FILES: dict[str, dict[str, Callable[[], bytes]]] = {"box-stages": {"box-policy.json": big_image_policy_text}}
 _running: dict[str, HitlUp] = {}  # started by a group's first module, stopped after its last (``stop_shared``)
 TERMINAL = frozenset({"SUCCEEDED", "PARTIAL_SUCCEEDED", "FAILED", "EMPTY_SELECTION", "CANCELLED", "TIMED_OUT"})
 
@@ -68,6 +86,10 @@ def shared_ui_up(
     if up is None:
         require_chromium()
         began = time.monotonic()
+        files = tmp_path_factory.mktemp(f"files-{group}")
+        for name, make in SHARED_FILES.get(group, {}).items():
+            (files / name).write_bytes(make())
+        args = tuple(a.replace("{files}", str(files)) for a in args)
         up = _running[group] = HitlUp(tmp_path_factory.mktemp(f"hitl-{group}"), *args, ui=True, env=env).start()
         print_past_capture(request, f"shared hitl up {group!r} started in {time.monotonic() - began:.1f} s")
     began, first_line = time.monotonic(), len(up.child.lines)
