@@ -54,6 +54,7 @@ import cv2
 import numpy as np
 
 from hitl_review.deployments.backends.base import box_iou, int_box, mask_bbox
+from hitl_review.deployments.quality import gate_file
 from hitl_review.deployments.quality.gate_net import NET_FEATURES, net_features
 from hitl_review.deployments.quality.gate_v5 import GATE_V5_SCORE
 from hitl_review.deployments.quality.learned_features import EXTRA_FEATURES, Score, explain, extra_features
@@ -283,6 +284,22 @@ def policy(name: str | None = None) -> GatePolicy:
     (``gate_file``: its version is ``policy:<name>@<hash>``); ``ValueError`` names the known ones, or why
     the file is refused."""
     name = name or DEFAULT_POLICY
+    if name not in POLICIES and gate_file.is_file(name):
+        doc = gate_file.read(name)
+        # No fixed thresholds: the learned score judges every mask but an empty one (loose boxes, lettering
+        # in pieces and thin plants break gate-v1's degenerate cases while correct).
+        return GatePolicy(
+            version=gate_file.ref(doc),
+            min_fill=0.0,
+            max_fill=1.0,
+            max_box_gap=None,
+            max_cut_off=None,
+            min_largest_share=0.0,
+            min_contrast=None,
+            min_edge_alignment=None,
+            max_bg_closer=None,
+            learned=gate_file.score_of(doc),
+        )
     try:
         return POLICIES[name]
     except KeyError:
