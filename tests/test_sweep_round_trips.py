@@ -31,3 +31,12 @@ async def test_a_sweep_on_a_cluster_reads_every_partition(cluster_store, image):
     counts = await inspector.sweep()
     assert counts["partitions"] == keys.PARTITIONS
     assert inspector.held() == list(range(keys.PARTITIONS))
+
+
+async def test_under_strict_durability_the_leases_are_synced_once_a_sweep(store):
+    store.sync_command, store.sync_acks = ("WAITAOF", 1, 0, 2000), 1  # as durability.configure on Redis >= 7.2
+    if tuple(int(x) for x in (await store.r.info("server"))["redis_version"].split(".")[:2]) < (7, 2):
+        store.sync_command, store.sync_acks = None, 0
+    with traffic() as seen:
+        assert (await Inspector(store, owner="i1").sweep())["partitions"] == keys.PARTITIONS
+    assert seen.commands["WAITAOF"] == (1 if store.sync_command else 0), seen.commands
