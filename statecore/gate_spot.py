@@ -18,11 +18,19 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
-if TYPE_CHECKING:  # jobstate blinds its snapshot through this module
-    from .jobstate import JobState
-    from .models import SubjectResult
+from .models import SubjectResult
+
+
+class JobState(Protocol):
+    """What this module reads of a job (statecore.jobstate.JobState, which blinds its snapshot through
+    this module: no import of it here)."""
+
+    job_id: str
+    policy: dict[str, Any]
+    results: list[SubjectResult]
+
 
 SHARE: Final = "mask_spot_check"  # the job policy's fields
 SALT: Final = "spot_salt"
