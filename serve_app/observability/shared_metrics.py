@@ -88,8 +88,11 @@ class Shared(Collector):
                 log.debug("shared metrics flush failed: %s", e)
 
     def collect(self) -> Iterator[Metric]:
+        # A sample no process has moved yet (an unlabelled histogram before its first observation) is
+        # in no Redis total: it is exported as 0, as prometheus_client would, so a rule over it has a series.
+        totals = {k: 0.0 for k in self._samples()} | self.totals
         by_name: dict[str, list[tuple[str, dict[str, str], float]]] = {}
-        for k, v in self.totals.items():
+        for k, v in totals.items():
             name, labels = json.loads(k)
             by_name.setdefault(name, []).append((name, dict(labels), v))
         for family in self._families():
