@@ -59,3 +59,49 @@ async def test_two_processes_increments_read_the_same_totals_from_either(store):
     await a.flush(r)
     await b.refresh(r)
     assert samples(rb)[("t_interventions_total", (("outcome", "OK"),))] == 6
+
+
+def test_two_event_loops_of_one_process_flush_without_waiting_on_each_other(redis_server):
+    """The tests' in-process uvicorn server runs its own event loop in a thread beside the test's, and
+    both flush the one ``metrics.SHARED``. Before: an asyncio.Lock held by one loop's flush (here slowed
+    by CLIENT PAUSE) and waited on from the other was released from the first loop's thread, which never
+    woke the waiting loop: a loop with no timer of its own slept for good (a 600 s hang in CI, a test of
+    0.8 s taking 204 s in a full run)."""
+    import asyncio
+    import threading
+
+    import redis
+    import redis.asyncio as aioredis
+
+    shared, c, _, _ = process()
+    done: dict[str, BaseException | int] = {}
+
+    def flush_in_own_loop(name: str) -> None:
+        async def go() -> int:
+            r = aioredis.Redis.from_url(redis_server.url)
+            try:
+                return await shared.flush(r)
+            finally:
+                await r.aclose()
+
+        try:
+            done[name] = asyncio.run(go())
+        except BaseException as e:  # reported below, not lost in the thread
+            done[name] = e
+
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.delete(KEY)
+    c.labels("OK").inc()
+    admin.execute_command("CLIENT", "PAUSE", 600, "WRITE")  # the first flush holds on in HINCRBYFLOAT
+    first = threading.Thread(target=flush_in_own_loop, args=("first",), daemon=True)
+    first.start()
+    import time
+
+    time.sleep(0.2)
+    second = threading.Thread(target=flush_in_own_loop, args=("second",), daemon=True)
+    second.start()
+    first.join(10)
+    second.join(10)
+    assert not second.is_alive(), "the second loop's flush never woke after the first released"
+    assert done == {"first": 1, "second": 0}, done
+    assert float(admin.hget(KEY, next(iter(shared.flushed)))) == 1.0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,7 +47,10 @@ class Shared(Collector):
         self.local = local
         self.flushed: dict[str, float] = {}
         self.totals: dict[str, float] = {}
-        self._lock = asyncio.Lock()
+        # A thread lock held only between awaits, never across one: one process may run several event
+        # loops (the tests' in-process uvicorn server beside their own loop), and an asyncio.Lock waited
+        # on from one loop and released from another's thread never wakes the waiting loop.
+        self._lock = threading.Lock()
 
     def _families(self) -> list[Metric]:
         return [m for m in self.local.collect() if m.type in SHARED_TYPES]
@@ -60,18 +64,26 @@ class Shared(Collector):
         }
 
     async def flush(self, r: Any) -> int:
-        """Add this process's increments since the last flush to Redis; how many samples moved."""
-        async with self._lock:
+        """Add this process's increments since the last flush to Redis; how many samples moved.
+        The increments are taken as flushed before the write (so a concurrent flush sends only what
+        moved after) and given back if the write fails, to go with the next flush."""
+        with self._lock:
             now = self._samples()
             moved = {k: v - self.flushed.get(k, 0.0) for k, v in now.items() if v != self.flushed.get(k, 0.0)}
-            if not moved:
-                return 0
+            self.flushed.update({k: now[k] for k in moved})
+        if not moved:
+            return 0
+        try:
             async with r.pipeline(transaction=False) as pipe:
                 for k, delta in moved.items():
                     pipe.hincrbyfloat(KEY, k, delta)
                 await pipe.execute()
-            self.flushed.update({k: now[k] for k in moved})
-            return len(moved)
+        except BaseException:
+            with self._lock:
+                for k, delta in moved.items():
+                    self.flushed[k] -= delta
+            raise
+        return len(moved)
 
     async def refresh(self, r: Any) -> None:
         raw = await r.hgetall(KEY)
