@@ -22,6 +22,7 @@ import os
 import random
 import socket
 import time
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,12 +31,23 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from hitl_review import __version__
 from hitl_review.statecore import webhooks
 from hitl_review.statecore.durable import reraise_if_cancelled
 from hitl_review.statecore.webhooks import Delivery, Webhook
 
 from ..observability import metrics
+
+
+def _version() -> str:
+    """The installed distribution's version; the replicas of a Ray cluster get the packages REPLICA_PACKAGES
+    names, not ``hitl_review``'s own ``__init__`` (tests/test_cluster_packages.py)."""
+    try:
+        return version("hitl-review")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+_VERSION = _version()
 
 log = logging.getLogger("hitl.webhooks")
 
@@ -179,7 +191,7 @@ class WebhookDeliverer:
     async def _post(self, d: Delivery, hook: Webhook, attempt: int) -> tuple[int | None, str | None, int]:
         headers = {
             "Content-Type": "application/json",
-            "User-Agent": f"hitl-review-webhooks/{__version__}",
+            "User-Agent": f"hitl-review-webhooks/{_VERSION}",
             webhooks.ID_HEADER: d.event_id,
             webhooks.TYPE_HEADER: d.type,
             webhooks.ATTEMPT_HEADER: str(attempt),
