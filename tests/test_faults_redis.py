@@ -34,6 +34,8 @@ import redis
 from harness.ci import require_binary
 from harness.tokens import TOKENS_SPEC, auth
 from harness.uvicorn import LocalServer
+from hitl_review.archive.db import Archive, archive_url
+from hitl_review.archive.schema import LiveMirror
 from hitl_review.statecore import keys
 from tests.api_util import blank_with_product, get, keep_all, submit, wait_status
 
@@ -78,6 +80,25 @@ def waiting_jobs(c: httpx.Client, n: int, seed: int = 0) -> list[dict[str, Any]]
         assert r.status_code == 202, r.text
         ids.append(r.json()["job_id"])
     return [wait_status(c, j, WAITING, timeout=60) for j in ids]
+
+
+def mirror_status_within(data_dir: Path, job_id: str, timeout: float) -> tuple[str, int] | None:
+    """The archive's live mirror row of ``job_id`` as (status, version) once it is at WAITING, or the
+    last seen when ``timeout`` passes."""
+    archive = Archive(archive_url(data_dir))
+    seen = None
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with archive.reading() as db:
+                row = db.get(LiveMirror, job_id)
+                seen = None if row is None else (row.status, row.version)
+            if seen is not None and seen[0] in WAITING:
+                break
+            time.sleep(0.1)
+    finally:
+        archive.close()
+    return seen
 
 
 def body(snap: dict[str, Any], iid: str) -> dict[str, Any]:
@@ -253,7 +274,12 @@ def test_redis_back_empty_groups_are_recreated_new_jobs_run_and_the_loss_is_repo
 ):
     s, c = served
     (old,) = waiting_jobs(c, 1)
-    time.sleep(1.5)  # the dispatcher's watch looks every inspector period: it has seen the job
+    # The archiver mirrors live jobs asynchronously: wait until its mirror holds the job as it waits
+    # (a loaded machine lags; restoring what the mirror last saw, DETECTING, is right then, and not
+    # what this test is about), then for the dispatcher's watch, which looks every inspector period.
+    mirrored = mirror_status_within(s.data_dir, old["job_id"], timeout=30)
+    assert mirrored == ("WAITING_USER_SELECTION", old["version"]), mirrored
+    time.sleep(1.5)
     caplog.set_level(logging.INFO, logger="hitl.dispatcher")
     direct = redis.Redis.from_url(s.redis_url)
     direct.flushall()
