@@ -43,7 +43,7 @@ up: setup
 	$(VENV)/bin/hitl up
 
 test: setup
-	# The Ray and browser tests in one pytest, the others in a second one beside it (scripts/run_tests.sh).
+	# Three pytest runs side by side: browser + some Ray, the longest Ray modules, the rest (scripts/run_tests.sh).
 	PY=$(PY) scripts/run_tests.sh $(PYTEST_ARGS)
 
 # The quick loop: real redis-server (and the 3-node cluster), no Ray, no browser, nothing slow.

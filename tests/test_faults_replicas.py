@@ -38,12 +38,17 @@ pytestmark = [pytest.mark.faults, pytest.mark.ray, pytest.mark.slow]
 
 
 def detector_replicas(up: HitlUp, deployment: str = "Detector") -> list[psutil.Process]:
-    """The processes of a model deployment's replicas (Ray titles them ServeReplica:…:<deployment>)."""
+    """The processes of a model deployment's replicas (Ray titles them ServeReplica:…:<deployment>)
+    in ``up``'s process tree: never another ``hitl up``'s on this machine (make test runs two Ray
+    test runs at once)."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
-        line = " ".join(p.info.get("cmdline") or [])
-        if "ServeReplica" in line and deployment in line and p.status() != psutil.STATUS_ZOMBIE:
-            found.append(p)
+    for p in up.child.tree():
+        try:
+            line = " ".join(p.cmdline())
+            if "ServeReplica" in line and deployment in line and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:  # a worker that exited meanwhile
+            continue
     return found
 
 
