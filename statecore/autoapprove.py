@@ -24,7 +24,6 @@ from itertools import combinations
 from typing import Any
 
 import orjson
-from scipy.stats import beta
 
 from .ids import canonical_json
 
@@ -69,18 +68,27 @@ class PolicyRefused(ValueError):
 # --------------------------------------------------------------------------- exact binomial bounds
 
 
+def _beta() -> Any:
+    """SciPy's beta distribution, imported on first use: scipy.stats costs ~1 s of CPU to import, and
+    every process that imports the store (each Serve replica, each ``hitl`` command) would pay it at
+    start for bounds that only a policy check computes."""
+    from scipy.stats import beta
+
+    return beta
+
+
 def upper_bound(k: int, n: int, confidence: float) -> float:
     """One-sided upper Clopper–Pearson bound on a rate seen ``k`` times in ``n`` (1.0 with no data)."""
     if n <= 0 or k >= n:
         return 1.0
-    return float(beta.ppf(confidence, k + 1, n - k))
+    return float(_beta().ppf(confidence, k + 1, n - k))
 
 
 def lower_bound(k: int, n: int, confidence: float) -> float:
     """One-sided lower Clopper–Pearson bound (0.0 with no event seen)."""
     if n <= 0 or k <= 0:
         return 0.0
-    return float(beta.ppf(1 - confidence, k, n - k + 1))
+    return float(_beta().ppf(1 - confidence, k, n - k + 1))
 
 
 def approvals_needed(k: int, max_false_accept: float, confidence: float) -> int:
