@@ -6,8 +6,10 @@ the share and a secret salt in its policy (never shown by any route). A passed m
 hash of the salt and its subject falls below the share: pure (a re-planned write draws the same), as
 uniform as SHA-256, and unpredictable to anyone without the salt. A drawn mask goes to the mask review
 with the failed ones, and the review is *blind* in every such job: no subject shows the gate's verdict
-(the pause's ``quality`` is withheld, and the snapshot's while the subject waits), so a reviewer cannot
-tell a spot check from a failure and judges both by the mask alone. When the review is consumed,
+(the pause's ``quality`` is withheld, the snapshot's while the subject waits, and the verdicts the
+``SUBJECT_SEGMENTED``/``SUBJECT_REFINED``/``SUBJECT_GATED`` events carry in the job's live event
+stream: :func:`shown_event`; the stored events keep them, for the archive and ``hitl learn``), so a
+reviewer cannot tell a spot check from a failure and judges both by the mask alone. When the review is consumed,
 ``GATE_SPOT_CHECKED`` records the person's decision against the gate (``false_accept``: the person did
 not accept the mask the gate passed), counted live in the partition counters (``gate_spot``,
 ``gate_spot_fa``); ``hitl learn report`` turns the archived events into the gate's recall with its bound.
@@ -20,7 +22,8 @@ import secrets
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from .models import SubjectResult
+from .models import Event, SubjectResult
+from .states import JobStatus, is_terminal
 
 
 class JobState(Protocol):
@@ -28,6 +31,7 @@ class JobState(Protocol):
     this module: no import of it here)."""
 
     job_id: str
+    status: JobStatus
     policy: dict[str, Any]
     results: list[SubjectResult]
 
@@ -51,7 +55,12 @@ def policy_fields(share: float, quality_gate: str, salt: Callable[[], str] = new
 
 
 def share_of(state: JobState) -> float:
-    return float(state.policy.get(SHARE) or 0.0) if state.policy.get(SALT) else 0.0
+    return policy_share(state.policy)
+
+
+def policy_share(policy: dict[str, Any]) -> float:
+    """The share of passed masks a job with this policy sends to a person (0: none)."""
+    return float(policy.get(SHARE) or 0.0) if policy.get(SALT) else 0.0
 
 
 def blind(state: JobState) -> bool:
@@ -85,10 +94,33 @@ def checked(state: JobState, r: SubjectResult, decision: str) -> dict[str, Any] 
 
 
 def shown(state: JobState) -> list[SubjectResult]:
-    """The job's results as its snapshot shows them: in a blind job, a subject waiting for the mask
-    review shows neither the gate's verdict nor the refinements it tried (a mask that passed at once
-    has none), so the snapshot does not tell a spot check from a failure either."""
-    if not blind(state):
+    """The job's results as its snapshot shows them: in a blind job, until the job ends, no subject
+    shows the gate's verdict, the refinements it tried (a mask that passed at once has none) or a
+    ``decided_by`` of "gate", so the snapshot does not tell a spot check from a failure either, while
+    the subject waits for the mask review nor before (a page opened while the masks were made)."""
+    if not blind(state) or is_terminal(state.status):
         return state.results
     hidden: dict[str, Any] = {"quality": None, "refinements": []}
-    return [r.model_copy(update=hidden) if r.status == "WAITING_REVIEW" else r for r in state.results]
+    return [
+        r.model_copy(update={**hidden, "decided_by": None if r.decided_by == "gate" else r.decided_by})
+        for r in state.results
+    ]
+
+
+VERDICT_EVENTS: Final = frozenset({"SUBJECT_SEGMENTED", "SUBJECT_REFINED", "SUBJECT_GATED"})
+
+
+def shown_event(ev: Event) -> Event:
+    """``ev`` as a blind job's live event stream sends it: a subject's result without the gate's verdict,
+    its refinements or who let it through (``decided_by`` "gate" names a pass); a refinement or a
+    verdict as its subject and number alone, ``withheld`` saying why. Other events are unchanged."""
+    if ev.type not in VERDICT_EVENTS:
+        return ev
+    data = ev.data
+    if ev.type == "SUBJECT_SEGMENTED":
+        hidden: dict[str, Any] = {"quality": None, "refinements": []}
+        if data.get("decided_by") == "gate":
+            hidden["decided_by"] = None
+        return ev.model_copy(update={"data": {**data, **{k: v for k, v in hidden.items() if k in data}}})
+    kept = {k: data[k] for k in ("status", "box_id", "refinement") if k in data}
+    return ev.model_copy(update={"data": {**kept, "withheld": BLIND}})

@@ -9,7 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from . import eventrefs, keys
+from . import eventrefs, gate_spot, keys
 from .models import Event, Pause
 
 
@@ -34,6 +34,12 @@ class HistoryMixin:
         with Redis) gets every event stored, from the restore's ``JOB_RESTORED`` on."""
         raws = await eventrefs.read_after(self.r, job_id, after, count)
         return [self._event(job_id, raw) for raw in raws]
+
+    async def review_is_blind(self, job_id: str) -> bool:
+        """Whether the job's mask review withholds the gate's verdicts (statecore.gate_spot): its live
+        event stream then sends them withheld (:func:`gate_spot.shown_event`)."""
+        raw = await self.r.hget(keys.job(job_id).meta, "policy")
+        return gate_spot.policy_share(json.loads(raw) if raw else {}) > 0
 
     async def stream_events(self, job_id: str, after: int = 0, poll_s: float = 0.2) -> AsyncIterator[Event]:
         """The whole history after ``after``; then, for a live job, live events until JOB_FINISHED.

@@ -5,6 +5,8 @@ exact bound from the archived events."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import itertools
 
 import pytest
@@ -14,7 +16,9 @@ from scipy.stats import beta
 from harness.executor import report
 from hitl_review.archive.archiver import archive_job
 from hitl_review.archive.gate_report import gate_report
+from hitl_review.serve_app.routes.events import EventHub
 from hitl_review.statecore import auto_store, gate_spot
+from hitl_review.statecore.models import Event
 from hitl_review.statecore.states import JobStatus as S
 from hitl_review.statecore.store import Store, StoreConfig
 from hitl_review.ui.mask_review import MaskReview, mask_panel_from_snapshot, subject_md
@@ -125,6 +129,69 @@ async def test_a_spot_check_looks_like_a_failure_and_the_decision_is_recorded_ag
         good: "PASS",
         bad: "FAIL",
     }
+
+
+async def _live_stream(s: Store, job_id: str) -> list[Event]:
+    """The job's event stream as an API client reads it (GET /jobs/{id}/events), up to its last event."""
+    last = (await s.events_after(job_id))[-1].id
+    hub = EventHub(s)
+    got: list[Event] = []
+    async with contextlib.aclosing(hub.stream(job_id)) as stream:
+        async for ev in stream:
+            got.append(ev)
+            if ev.id >= last:
+                break
+    for t in hub._tasks:
+        t.cancel()
+    return got
+
+
+def _verdict_events(events: list[Event], box_id: str) -> list[tuple[str, dict]]:
+    """A subject's verdict-carrying events with what names the subject taken out (and the job's status
+    the event was written in, but for SUBJECT_SEGMENTED whose status is the subject's: the last subject's
+    verdict is written as the job moves on)."""
+    out = []
+    for e in events:
+        if e.type in gate_spot.VERDICT_EVENTS and e.data.get("box_id") == box_id:
+            names = (
+                "box_id",
+                "mask_url",
+                "cutout_url",
+                "name",
+                "bbox",
+                *(() if e.type == "SUBJECT_SEGMENTED" else ("status",)),
+            )
+            data = {k: v for k, v in e.data.items() if k not in names}
+            out.append((e.type, data))
+    return out
+
+
+async def test_a_blind_job_s_event_stream_does_not_tell_a_spot_check_from_a_failure(stores, image) -> None:
+    s = await stores(1.0)
+    job_id, (good, bad) = await _segmented(s, image, [PASS, FAIL])
+    assert (await s.get(job_id)).status == S.WAITING_MASK_REVIEW
+    stored = await s.events_after(job_id)
+    # What Redis keeps still says which mask passed (the archive and `hitl learn` read it) ...
+    assert [e.data["verdict"] for e in stored if e.type == "SUBJECT_GATED"] == ["PASS", "FAIL"]
+    live = await _live_stream(s, job_id)
+    assert [e.id for e in live] == [e.id for e in stored]
+    # ... and the stream a client reads does not: the two subjects' events read alike.
+    a, b = _verdict_events(live, good), _verdict_events(live, bad)
+    assert a and a == b, (a, b)
+    assert "PASS" not in str(a) and "FAIL" not in str(b) and "gate" not in str([x for _t, x in a if "decided_by" in x])
+    # Nor does the snapshot of a blind job before its mask review (a page opened while the masks were
+    # made): a mask the gate passed shows no verdict and no "gate" as who let it through.
+    st = await s.get(job_id)
+    making = [r.model_copy(update={"status": "SUCCEEDED", "decided_by": "gate"}) for r in st.results]
+    before = dataclasses.replace(st, status=S.PROCESSING_APPROVED_SUBJECTS, results=making)
+    for x in before.snapshot().model_dump(mode="json")["subjects"]:
+        assert x["quality"] is None and x["refinements"] == [] and x["decided_by"] is None, x
+    # Once the job has ended, its results are whole (see the test above).
+    # Without spot checks the stream carries the verdicts.
+    plain = await stores(0.0)
+    job_id, (_, bad) = await _segmented(plain, image, [PASS, FAIL])
+    gated = [e.data for e in await _live_stream(plain, job_id) if e.type == "SUBJECT_GATED"]
+    assert [g["verdict"] for g in gated] == ["PASS", "FAIL"]
 
 
 async def test_without_spot_checks_the_review_shows_the_gate_s_verdict(stores, image) -> None:

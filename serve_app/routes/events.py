@@ -23,14 +23,15 @@ the history covered; ids already yielded are dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import socket
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
-from hitl_review.statecore import keys, watchers
+from hitl_review.statecore import gate_spot, keys, watchers
 from hitl_review.statecore.models import Event
 from hitl_review.statecore.store import Store
 
@@ -138,7 +139,14 @@ class EventHub:
                         q.put_nowait(ev)
 
     async def stream(self, job_id: str, after: int = 0) -> AsyncIterator[Event]:
-        """The whole history after ``after``; then, for a live job, live events until JOB_FINISHED."""
+        """The whole history after ``after``; then, for a live job, live events until JOB_FINISHED; in a
+        job whose mask review is blind (spot checks of passed masks), without the gate's verdicts."""
+        shown = gate_spot.shown_event if await self.store.review_is_blind(job_id) else None
+        async with contextlib.aclosing(self._stream(job_id, after)) as events:  # a client gone: unsubscribed now
+            async for ev in events:
+                yield ev if shown is None else shown(ev)
+
+    async def _stream(self, job_id: str, after: int) -> AsyncGenerator[Event, None]:
         q = self.subscribe(job_id, after)
         self.open_streams += 1
         last = after
