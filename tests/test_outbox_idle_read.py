@@ -16,12 +16,13 @@ async def pending(store) -> int:
 
 
 async def test_an_idle_poll_with_one_free_slot_is_one_round_trip(store):
+    store.view_ttl_ms = 1000  # a loaded machine may pause longer than 50 ms between the two reads
     with traffic() as idle:
         assert await store.outbox_read("d1", count=1, block_ms=0) == []
     assert idle.round_trips == 1, idle.commands
     with traffic() as waited:
         assert await store.outbox_read("d1", count=1, block_ms=50) == []
-    assert waited.round_trips == 2, waited.commands  # the look, then the blocking wait
+    assert waited.round_trips == 1, waited.commands  # the blocking wait: the look just before saw nothing
 
 
 async def test_a_read_takes_only_what_it_can_start_and_leaves_the_rest_undelivered(store, image):
