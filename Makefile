@@ -43,7 +43,7 @@ up: setup
 	$(VENV)/bin/hitl up
 
 test: setup
-	# Three pytest runs side by side: browser + some Ray, the longest Ray modules, the rest (scripts/run_tests.sh).
+	# Two lanes side by side: browser + Ray tests; the others, then the longest Ray modules (scripts/run_tests.sh).
 	PY=$(PY) scripts/run_tests.sh $(PYTEST_ARGS)
 
 # The quick loop: real redis-server (and the 3-node cluster), no Ray, no browser, nothing slow.
