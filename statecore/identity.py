@@ -30,18 +30,26 @@ async def ensure(r: Any) -> str:
 
 
 async def live_jobs(r: Any, cap: int = 10_000) -> tuple[dict[str, list[str]], bool]:
-    """The ids of every job waiting on a person, queued or running (from the partition indexes,
-    oldest first), at most ``cap`` in all; and whether some were left out."""
+    """The ids of jobs waiting on a person, queued or running (from the partition indexes, each
+    partition's oldest first), at most ``cap`` in all; and whether some were left out. Each index of
+    each partition gives at most ``cap / partitions`` (rounded up): one look costs O(cap) whatever
+    the backlog (a look every inspector pass read every live id: 100,000 waiting cost 151 ms of
+    Redis CPU and 364 ms here per pass, to keep 10,000), and with fewer live jobs than that share in
+    every partition, all of them."""
+    per = -(-cap // keys.PARTITIONS)
     async with r.pipeline(transaction=False) as pipe:
         for index in LIVE_INDEXES.values():
             for p in range(keys.PARTITIONS):
-                pipe.zrange(index(p), 0, cap)
+                pipe.zrange(index(p), 0, per - 1)
+                pipe.zcard(index(p))
         res = await pipe.execute()
     out: dict[str, list[str]] = {}
     total, truncated = 0, False
     for i, name in enumerate(LIVE_INDEXES):
         ids: dict[str, None] = {}  # a job cutting its subjects is there once per subject node: once here
-        for chunk in res[i * keys.PARTITIONS : (i + 1) * keys.PARTITIONS]:
+        answers = res[i * 2 * keys.PARTITIONS : (i + 1) * 2 * keys.PARTITIONS]
+        for chunk, held in zip(answers[0::2], answers[1::2], strict=True):
+            truncated = truncated or int(held) > len(chunk)
             for raw in chunk:
                 if total >= cap:
                     truncated = True
