@@ -369,15 +369,27 @@ async def create_groups(r: Any, streams: list[str], group: str) -> None:
 async def prune_idle_consumers(r: Any, streams: list[str], group: str, keep: str, idle_ms: int) -> int:
     """Delete the consumers of ``group`` on ``streams`` (but ``keep``) idle for ``idle_ms`` that hold
     nothing. A consumer with pending entries is kept: deleting it would drop them from the group's
-    pending list; reclaiming moves them first, and a later pass deletes the name."""
-    deleted = 0
-    for stream in streams:
-        try:
-            consumers = await r.xinfo_consumers(stream, group)
-        except ResponseError:  # no such stream or group yet
+    pending list; reclaiming moves them first, and a later pass deletes the name. One pipelined
+    look at every stream (a look per stream, one after another, was 192 round trips every inspector
+    pass), and one for the deletions when there are any."""
+    async with r.pipeline(transaction=False) as pipe:
+        for stream in streams:
+            pipe.xinfo_consumers(stream, group)
+        answers = await pipe.execute(raise_on_error=False)
+    gone: list[tuple[str, str]] = []
+    for stream, consumers in zip(streams, answers, strict=True):
+        if isinstance(consumers, Exception):
+            if not isinstance(consumers, ResponseError):  # no such stream or group yet: nothing to prune
+                raise consumers
             continue
-        for c in consumers:
-            if c["name"] != keep and int(c["pending"]) == 0 and int(c["idle"]) >= idle_ms:
-                await r.xgroup_delconsumer(stream, group, c["name"])
-                deleted += 1
-    return deleted
+        gone += [
+            (stream, c["name"])
+            for c in consumers
+            if c["name"] != keep and int(c["pending"]) == 0 and int(c["idle"]) >= idle_ms
+        ]
+    if gone:
+        async with r.pipeline(transaction=False) as pipe:
+            for stream, name in gone:
+                pipe.xgroup_delconsumer(stream, group, name)
+            await pipe.execute()
+    return len(gone)

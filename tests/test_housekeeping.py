@@ -4,11 +4,16 @@ their retention passed, and the outbox group forgets consumer names of dispatche
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
 
 from hitl_review.serve_app.work.inspector import Inspector
 from hitl_review.statecore import keys
 from hitl_review.statecore.store import Store, StoreConfig
 
+from .conftest import _fresh_store
 from .helpers import create
 
 
@@ -64,7 +69,18 @@ async def _serve_one(store: Store, consumer: str, image) -> None:
         await store.outbox_ack(entry)
 
 
-async def test_idle_consumer_names_are_deleted_but_never_one_holding_work(store, image):
+@pytest_asyncio.fixture(params=["server", "cluster"])
+async def any_store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    """A fresh store on one redis-server, then on the 3-node cluster (the prune's pipeline spans slots)."""
+    cluster = request.param == "cluster"
+    server = request.getfixturevalue("redis_cluster" if cluster else "redis_server")
+    s = await _fresh_store(server.url, cluster=cluster)
+    yield s
+    await s.close()
+
+
+async def test_idle_consumer_names_are_deleted_but_never_one_holding_work(any_store: Store, image):
+    store = any_store
     for n in range(6):  # six dispatcher processes that came and went, holding nothing
         await _serve_one(store, f"gone-{n}", image)
     await create(store, image)  # a DETECT_SUBJECTS command...
