@@ -4,6 +4,8 @@ balancer agree (the two-replica run under Ray Serve: tests/test_metrics_replicas
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -105,3 +107,29 @@ def test_two_event_loops_of_one_process_flush_without_waiting_on_each_other(redi
     assert not second.is_alive(), "the second loop's flush never woke after the first released"
     assert done == {"first": 1, "second": 0}, done
     assert float(admin.hget(KEY, next(iter(shared.flushed)))) == 1.0
+
+
+async def test_the_flusher_stops_when_a_cancel_is_swallowed_on_the_way(store, monkeypatch):
+    """redis-py can swallow a task's cancel without raising (seen: a replica's shutdown in
+    test_reviewer_accounts waited 300 s on this task, asleep for its next flush). The flusher checks
+    once a round whether it is being cancelled, so the shutdown's gather returns."""
+    shared, counter, _h, _r = process()
+    flushing = asyncio.Event()
+    real_flush = shared.flush
+
+    async def swallowing_flush(r):
+        flushing.set()
+        try:
+            await asyncio.sleep(0.2)  # the cancel lands here, as in a pipeline's read
+        except asyncio.CancelledError:
+            pass  # what the library did: no error, the call returns
+        return await real_flush(r)
+
+    monkeypatch.setattr(shared, "flush", swallowing_flush)
+    counter.labels("OK").inc()
+    task = asyncio.create_task(shared.flush_forever(store.r, every_s=0.01))
+    await asyncio.wait_for(flushing.wait(), 5)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert done, "the flusher kept going after its cancel was swallowed"
+    assert task.cancelled()

@@ -104,6 +104,7 @@ class RayExport:
 
     async def run_forever(self, every_s: float = EXPORT_EVERY_S) -> None:
         while True:
+            reraise_if_cancelled(None)  # a cancel swallowed on the way ends the loop
             try:
                 self.copy()
             except Exception as e:  # Ray's metrics are best effort: the replica serves on without them

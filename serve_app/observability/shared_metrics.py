@@ -90,8 +90,11 @@ class Shared(Collector):
         self.totals = {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in raw.items()}
 
     async def flush_forever(self, r: Any, every_s: float = FLUSH_S) -> None:
-        """The background flusher of a process (its increments reach Redis within ``every_s``)."""
+        """The background flusher of a process (its increments reach Redis within ``every_s``). A cancel
+        that redis-py swallowed without an error (seen: a shutdown waiting on this task for good)
+        ends the loop at the next round (``reraise_if_cancelled``)."""
         while True:
+            reraise_if_cancelled(None)
             await asyncio.sleep(every_s)
             try:
                 await self.flush(r)

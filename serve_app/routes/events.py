@@ -32,6 +32,7 @@ from collections import defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from hitl_review.statecore import gate_spot, keys, watchers
+from hitl_review.statecore.durable import reraise_if_cancelled
 from hitl_review.statecore.models import Event
 from hitl_review.statecore.store import Store
 
@@ -104,6 +105,7 @@ class EventHub:
     async def _beacon_loop(self) -> None:
         """Every ``watchers.BEACON_S``: the jobs streamed here are watched, and how many streams are open."""
         while True:
+            reraise_if_cancelled(None)  # a cancel swallowed on the way ends the loop
             try:
                 await watchers.beacon(self.store.r, self.server, list(self._subs), self.open_streams)
             except asyncio.CancelledError:

@@ -22,6 +22,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from hitl_review.statecore.durable import reraise_if_cancelled
+
 from ..observability import metrics
 
 log = logging.getLogger("hitl.capacity")
@@ -109,6 +111,7 @@ class ServeCapacity:
 
     async def _refresh_forever(self) -> None:
         while True:
+            reraise_if_cancelled(None)  # a cancel swallowed on the way ends the loop
             try:
                 found = await asyncio.to_thread(read_deployments, self.app, list(self.seen))
                 for name, (replicas, slots) in found.items():
