@@ -283,6 +283,26 @@ class Reviewer:
         raw = self.page.evaluate("(k) => localStorage.getItem(k)", f"hitl-draft:{job_id}:{pause_token}")
         return json.loads(raw) if raw else None
 
+    def wait_draft(
+        self, job_id: str, pause_token: str, ok: Callable[[dict[str, Any]], bool], what: str, timeout: float = 30
+    ) -> dict[str, Any]:
+        """The kept draft once ``ok`` holds for its edits. The page's script writes localStorage after
+        Gradio renders the round trip's outputs, so the notes may say an edit before the draft keeps it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            kept = self.draft(job_id, pause_token)
+            if kept is not None and ok(kept["draft"]):
+                return kept
+            assert time.monotonic() < deadline, f"the draft never kept {what}: {kept}"
+            time.sleep(0.1)
+
+    def wait_no_draft(self, job_id: str, pause_token: str, why: str, timeout: float = 10) -> None:
+        """Until the browser keeps no draft of this review (reset, or its submission confirmed)."""
+        deadline = time.monotonic() + timeout
+        while (kept := self.draft(job_id, pause_token)) is not None:
+            assert time.monotonic() < deadline, f"the draft outlived {why}: {kept}"
+            time.sleep(0.1)
+
     def focused(self) -> dict[str, Any]:
         """The focused element: its id (or its Gradio block's), accessible name and outline."""
         info: dict[str, Any] = self.page.evaluate(

@@ -133,8 +133,8 @@ def test_a_row_click_selects_its_box_and_tab_walks_the_boxes(stack: Stack, revie
     expect_selected(rv, 1)
     rv.page.keyboard.press("Delete")
     rv.expect_text("#box-notes", "deleted 1")
-    kept = rv.draft(job, snap["active_pause"]["pause_token"])
-    assert kept is not None and kept["draft"]["deleted"] == [boxes[0]["box_id"]], kept
+    token = snap["active_pause"]["pause_token"]
+    rv.wait_draft(job, token, lambda d: d["deleted"] == [boxes[0]["box_id"]], "the deleted box")
     stack.api.cancel(job)
 
 

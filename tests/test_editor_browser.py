@@ -19,7 +19,6 @@ The module prints its wall time. HITL_SCREENSHOTS=1 saves docs/screenshots/edito
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -104,8 +103,7 @@ def test_number_keys_label_the_selected_box_and_undo_redo(stack: Stack, reviewer
     rv.page.keyboard.press("2")
     rv.expect_no_text("#box-notes", "needs a label")
     notes(rv, "drew 1 new")
-    kept = rv.draft(job, token)
-    assert kept is not None and [a["label"] for a in kept["draft"]["added"]] == ["bag"], kept
+    rv.wait_draft(job, token, lambda d: [a["label"] for a in d["added"]] == ["bag"], "the drawn box named bag")
 
     first = boxes[0]
     rv.select_box(first["bbox"], size)
@@ -121,8 +119,7 @@ def test_number_keys_label_the_selected_box_and_undo_redo(stack: Stack, reviewer
     rv.page.keyboard.press("Control+Shift+z")  # twice at once: both count
     rv.page.keyboard.press("Control+Shift+z")
     notes(rv, "relabelled 1, drew 1 new")
-    kept = rv.draft(job, token)
-    assert kept is not None and kept["draft"]["relabelled"] == {first["box_id"]: "shirt"}, kept
+    rv.wait_draft(job, token, lambda d: d["relabelled"] == {first["box_id"]: "shirt"}, "the redone relabel")
 
     rv.page.click("#submit-btn")
     # The drawn box lies on empty background, so the validator sends it back: the "Submitted" banner may
@@ -132,10 +129,7 @@ def test_number_keys_label_the_selected_box_and_undo_redo(stack: Stack, reviewer
     manual = [b for b in after["box_list"] if b["source"] == "manual"]
     assert [b["label"] for b in manual] == ["bag"] and manual[0]["bbox"] == pytest.approx(GHOST, abs=3)
     assert {b["box_id"]: b["label"] for b in after["box_list"]}[first["box_id"]] == "shirt"
-    deadline = time.monotonic() + 10
-    while rv.draft(job, token) is not None:  # confirmed: the browser forgets the draft
-        assert time.monotonic() < deadline, "the draft outlived its confirmed submission"
-        time.sleep(0.1)
+    rv.wait_no_draft(job, token, "its confirmed submission")  # confirmed: the browser forgets the draft
     stack.api.cancel(job)
 
 
@@ -205,7 +199,7 @@ def test_reset_to_model_boxes(stack: Stack, reviewer: Callable[..., Reviewer]) -
     notes(rv, "deleted 1, drew 1 new")
     rv.page.click("#reset-btn")
     notes(rv, "No changes yet")
-    assert rv.draft(job, snap["active_pause"]["pause_token"]) is None
+    rv.wait_no_draft(job, snap["active_pause"]["pause_token"], "the reset")
     rv.page.click("#undo-btn")
     notes(rv, "deleted 1, drew 1 new")
     stack.api.cancel(job)
