@@ -112,15 +112,25 @@ def vocabulary(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     return [lab for lab, _ in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[: aa.MAX_LABELS]]
 
 
-def matrix(rows: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    x = np.array([aa.features(r["boxes"], r["width"], r["height"], labels) for r in rows], dtype=float)
+def with_evidence(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the detector's evidence may be read: every box of every job carries it (a window that
+    spans a detector without it would teach the model that its absence means something)."""
+    return any(r["boxes"] for r in rows) and all(aa.has_evidence(r["boxes"]) for r in rows)
+
+
+def matrix(
+    rows: Sequence[Mapping[str, Any]], labels: Sequence[str], evidence: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    x = np.array([aa.features(r["boxes"], r["width"], r["height"], labels, evidence) for r in rows], dtype=float)
     y = np.array([1 if r["unchanged"] else 0 for r in rows], dtype=int)
     return x, y
 
 
-def fit_model(x: np.ndarray, y: np.ndarray, labels: Sequence[str], seed: int = 0) -> dict[str, Any]:
+def fit_model(
+    x: np.ndarray, y: np.ndarray, labels: Sequence[str], seed: int = 0, evidence: bool = False
+) -> dict[str, Any]:
     """The box policy's model over ``autoapprove.features`` with the vocabulary ``labels``."""
-    return {"labels": list(labels), **fit_calibrated(x, y, aa.feature_names(labels), seed)}
+    return {"labels": list(labels), **fit_calibrated(x, y, aa.feature_names(labels, evidence), seed)}
 
 
 def fit_calibrated(
@@ -155,12 +165,13 @@ def heldout_probabilities(
     rows: Sequence[Mapping[str, Any]], labels: Sequence[str], folds: int = FOLDS, seed: int = 0
 ) -> np.ndarray:
     """Each job's probability from a model fitted without its fold (cross-fitting)."""
-    x, y = matrix(rows, labels)
+    evidence = with_evidence(rows)
+    x, y = matrix(rows, labels, evidence)
     p = np.zeros(len(rows))
     k = max(2, min(folds, int(min(np.bincount(y, minlength=2)))))
     split = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(x, y)
     for train, test in split:
-        model = fit_model(x[train], y[train], labels, seed)
+        model = fit_model(x[train], y[train], labels, seed, evidence)
         p[test] = [aa.predict(model, row) for row in x[test]]
     return p
 
@@ -264,7 +275,8 @@ def box_policy(
             "approved held-out jobs without a false accept are needed to bound the promise"
         )
     labels = vocabulary(rows)
-    x, y = matrix(rows, labels)
+    seen = with_evidence(rows)  # what the detector saw around its boxes: read when every job has it
+    x, y = matrix(rows, labels, seen)
     if len(set(y.tolist())) < 2:
         raise aa.PolicyRefused("refused: every reviewed job has the same outcome; nothing tells them apart")
     p = heldout_probabilities(rows, labels, folds, seed)
@@ -298,7 +310,7 @@ def box_policy(
             "unchanged": int(y.sum()),
             "spot_checks": sum(1 for r in rows if r.get("spot_check")),
         },
-        "model": fit_model(x, y, labels, seed),
+        "model": fit_model(x, y, labels, seed, seen),
     }
     return aa.sealed(doc)
 

@@ -56,6 +56,12 @@ BASE_FEATURES = (
     "image_megapixels",
     "n_labels",
 )
+# What the detector saw in the picture around each box, where its backend reports it (a box's
+# ``evidence``: ``shrink``, 1 − IoU of the box with its foreground less shadow-like pixels; ``parts``,
+# the separate pieces of that foreground): a box that took in its subject's shadow or merged two
+# subjects looks like any other to the features above. A policy uses these only when every job it
+# was fitted on carried them (its model's ``features`` name them).
+EVIDENCE_FEATURES = ("shrink_max", "shrink_mean", "parts_max", "n_multi_part")
 LOW_SCORE = 0.5
 OVERLAP_IOU = 0.3
 BORDER = 0.01  # a box within 1 % of the image's side from its edge touches the border
@@ -120,13 +126,24 @@ def iou(a: Sequence[float], b: Sequence[float]) -> float:
     return inter / union if union > 0 else 0.0
 
 
-def feature_names(labels: Sequence[str]) -> list[str]:
-    return [*BASE_FEATURES, *(f"label:{lab}" for lab in labels), "label:other"]
+def feature_names(labels: Sequence[str], evidence: bool = False) -> list[str]:
+    extra = EVIDENCE_FEATURES if evidence else ()
+    return [*BASE_FEATURES, *extra, *(f"label:{lab}" for lab in labels), "label:other"]
 
 
-def features(boxes: Sequence[Mapping[str, Any]], width: int, height: int, labels: Sequence[str]) -> list[float]:
+def has_evidence(boxes: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether every box carries the detector's evidence (``EVIDENCE_FEATURES``)."""
+    return all(isinstance(b.get("evidence"), Mapping) for b in boxes)
+
+
+def features(
+    boxes: Sequence[Mapping[str, Any]], width: int, height: int, labels: Sequence[str], evidence: bool = False
+) -> list[float]:
     """The policy's inputs for one detection: ``boxes`` as the detector reported them (``bbox``,
-    ``score``, ``label``), the image's size, and the policy's label vocabulary."""
+    ``score``, ``label``, and with ``evidence`` what the detector saw around each), the image's size,
+    and the policy's label vocabulary. A box without evidence counts as the worst evidence (the box
+    would move entirely, in no parts), so a policy that reads evidence never approves a list on its
+    absence."""
     w, h = max(float(width), 1.0), max(float(height), 1.0)
     bbs = [tuple(float(v) for v in b["bbox"]) for b in boxes]
     scores = [float(b.get("score") or 0.0) for b in boxes]
@@ -154,6 +171,19 @@ def features(boxes: Sequence[Mapping[str, Any]], width: int, height: int, labels
         w * h / 1e6,
         float(len(set(names))),
     ]
+    if evidence:
+        ev: list[Mapping[str, Any]] = []
+        for b in boxes:
+            seen = b.get("evidence")
+            ev.append(seen if isinstance(seen, Mapping) else {})
+        shrink = [float(e.get("shrink", 1.0)) for e in ev]
+        parts = [float(e.get("parts", 0.0)) for e in ev]
+        row += [
+            max(shrink, default=0.0),
+            sum(shrink) / n if n else 0.0,
+            max(parts, default=0.0),
+            float(sum(1 for v in parts if v >= 2)),
+        ]
     known = set(labels)
     row += [float(names.count(lab)) for lab in labels]
     row.append(float(sum(1 for x in names if x not in known)))
@@ -256,8 +286,17 @@ class BoxPolicy:
     def labels(self) -> list[str]:
         return [str(x) for x in self.doc["model"]["labels"]]
 
+    @property
+    def reads_evidence(self) -> bool:
+        """Whether its model reads the detector's evidence (it was fitted on jobs that all carried it)."""
+        return uses_evidence(self.doc["model"])
+
     def probability(self, boxes: Sequence[Mapping[str, Any]], width: int, height: int) -> float:
-        return predict(self.doc["model"], features(boxes, width, height, self.labels))
+        return predict(self.doc["model"], features(boxes, width, height, self.labels, self.reads_evidence))
+
+
+def uses_evidence(model: Mapping[str, Any]) -> bool:
+    return EVIDENCE_FEATURES[0] in (model.get("features") or ())
 
 
 def evidence_problem(doc: Mapping[str, Any]) -> str | None:
@@ -295,9 +334,12 @@ def load(text: str | bytes, mode: str = "on") -> BoxPolicy:
         raise PolicyRefused("its hash does not match its content (edited after it was written)")
     try:
         model = doc["model"]
-        width = len(feature_names(model["labels"]))
+        names = feature_names(model["labels"], uses_evidence(model))
+        width = len(names)
         if not all(len(model[k]) == width for k in ("mean", "scale", "coef")):
             raise PolicyRefused(f"its model has not {width} features")
+        if "features" in model and list(model["features"]) != names:
+            raise PolicyRefused("its model names features this version does not compute")
         iso = model["isotonic"]
         if not iso["x"] or len(iso["x"]) != len(iso["y"]):
             raise PolicyRefused("its isotonic calibration is empty or ragged")

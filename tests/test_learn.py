@@ -149,3 +149,54 @@ async def test_the_data_set_holds_reviewed_jobs_and_not_those_a_policy_decided(s
     assert (got[kept]["unchanged"], got[deleted]["unchanged"], got[deleted]["change"]) == (True, False, "deleted")
     assert [b["score"] for b in got[kept]["boxes"]] == [b["score"] for b in THREE_BOXES]
     assert got[kept]["width"] == image.width
+
+
+def evidence_rows(n: int, seed: int = 0, readable: bool = True) -> list[dict]:
+    """Jobs whose scores say nothing (all sure) and whose detector evidence says everything: a reviewer
+    changes the list exactly when a box took in its shadow (``shrink``) or merged two subjects (``parts``)."""
+    rng = random.Random(seed)
+    out = []
+    for r in rows(n, seed):
+        ok = rng.random() < 0.7
+        for b in r["boxes"]:
+            b["score"], b["label"] = rng.uniform(0.92, 1.0), "shoe"
+            b["evidence"] = {"shrink": rng.uniform(0.0, 0.1), "parts": 1.0}
+        if not ok:
+            r["boxes"][0]["evidence"] = rng.choice([{"shrink": 0.3, "parts": 1.0}, {"shrink": 0.05, "parts": 2.0}])
+        r["unchanged"], r["change"] = ok, "" if ok else "moved"
+        if not readable:
+            for b in r["boxes"]:
+                b.pop("evidence")
+        out.append(r)
+    return out
+
+
+def test_a_policy_reads_the_detectors_evidence_only_when_every_job_carried_it():
+    data = evidence_rows(2500)
+    doc = learn.box_policy(data, 0.02)
+    assert [f for f in doc["model"]["features"] if f in aa.EVIDENCE_FEATURES] == list(aa.EVIDENCE_FEATURES)
+    policy = aa.load(orjson.dumps(doc))
+    assert policy.reads_evidence
+    fresh = evidence_rows(600, seed=9)  # jobs the fit never saw
+    approved = [policy.probability(r["boxes"], 640, 480) >= policy.threshold for r in fresh]
+    assert not any(a for a, r in zip(approved, fresh, strict=True) if not r["unchanged"])
+    assert sum(approved) >= 0.8 * sum(r["unchanged"] for r in fresh)
+    # a box without evidence counts as the worst: never approved on its absence
+    kept = next(r for a, r in zip(approved, fresh, strict=True) if a)
+    blind = [{k: v for k, v in b.items() if k != "evidence"} for b in kept["boxes"]]
+    assert policy.probability(blind, 640, 480) < policy.threshold
+    # the same jobs without the evidence: nothing tells the lists apart, and the fit says so
+    with pytest.raises(aa.PolicyRefused, match="refused"):
+        learn.box_policy(evidence_rows(2500, readable=False), 0.02)
+    # one job without it: the window spans a detector that did not report it, so none is read
+    mixed = evidence_rows(2500)
+    mixed[0]["boxes"][0].pop("evidence")
+    assert not learn.with_evidence(mixed)
+
+
+def test_a_policy_file_naming_features_this_version_does_not_compute_is_refused():
+    doc = learn.box_policy(evidence_rows(2500), 0.02)
+    body = {k: v for k, v in doc.items() if k != "hash"}
+    body["model"] = {**body["model"], "features": [*body["model"]["features"][:-1], "label:else"]}
+    with pytest.raises(aa.PolicyRefused, match="names features"):
+        aa.load(orjson.dumps(aa.sealed(body)))

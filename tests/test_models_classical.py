@@ -166,3 +166,23 @@ def test_factory_names():
         make_detector("yolo")
     with pytest.raises(ValueError, match="unknown segmenter backend"):
         make_segmenter("torchvision")
+
+
+def test_detector_evidence_sees_a_shadow_taken_in_and_two_subjects_merged():
+    """``ClassicalDetector.evidence`` (the box policy's image features, benchmarks/box_evidence.py): a box
+    stretched over its subject's drop shadow would shrink more than the tight one, and a box around two
+    separate subjects holds two parts."""
+    h, w = 300, 400
+    img = np.full((h, w, 3), 235.0, np.float32)
+    subject = np.zeros((h, w), np.float32)
+    subject[80:180, 100:200] = 1
+    shadow = cv2.GaussianBlur(np.roll(subject, (14, 16), (0, 1)), (0, 0), 5)
+    img *= (1 - 0.35 * shadow)[..., None]
+    img[80:180, 100:200] = (150, 40, 30)
+    img[60:120, 280:360] = (30, 60, 150)
+    img = np.clip(img + np.random.default_rng(0).normal(0, 2, img.shape), 0, 255).astype(np.uint8)
+    det = ClassicalDetector()
+    tight, over_shadow, both = [100, 80, 200, 180], [100, 80, 222, 200], [95, 55, 365, 185]
+    ev = det.evidence(img, [tight, over_shadow, both])
+    assert ev[0]["parts"] == ev[1]["parts"] == 1.0 and ev[2]["parts"] == 2.0, ev
+    assert ev[0]["shrink"] < 0.1 and ev[1]["shrink"] > ev[0]["shrink"] + 0.15, ev
