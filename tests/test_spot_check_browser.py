@@ -61,8 +61,9 @@ def _lines(text: str, labels: set[str]) -> set[str]:
 
 
 def _ids(ids: list[str]) -> set[str]:
-    """The ids of the page's shown elements, those a component numbers at random (html-42losp3te) by kind."""
-    return {re.sub(r"-[0-9a-z]*\d[0-9a-z]*$", "-<n>", i) for i in ids}
+    """The ids of the page's shown elements, those a component numbers at random by kind: Gradio's
+    ``html-`` ids are random base-36 (html-42losp3te, and one in twenty has no digit: html-lkyfmkhoh)."""
+    return {re.sub(r"^html-[0-9a-z]+$", "html-<n>", re.sub(r"-[0-9a-z]*\d[0-9a-z]*$", "-<n>", i)) for i in ids}
 
 
 def _sample(api_url: str, name: str, **labels: str) -> float | None:

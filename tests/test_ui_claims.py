@@ -125,6 +125,31 @@ def test_a_page_left_on_another_job_is_drawn_again_by_the_timer(api_server: Any,
             admin.cancel(j)
 
 
+def test_a_page_left_on_a_closed_round_of_its_job_is_drawn_again_by_the_timer(api_server: Any, tmp_path: Path) -> None:
+    """Within the open job: the update that closed a submitted round may land after the follower's panel of
+    the round the validator opened next (two events, no order between them), leaving the page with no
+    panel under "round 2 is open below" while the session holds round 2. The page's last view names the
+    pause it showed (``shown_pause``); once the page has shown another pause than the session's for
+    ``UNSEEN_REDRAW_S``, the timer has the panel drawn again."""
+    comps, cb = make_callbacks(api_server.url, tmp_path / "ui")
+    job = waiting_job(api_server.url, 47)
+    st = ReviewerState(token=TOKENS["rev1"], signed_in=True)
+    opened = cb.open_job(st, job)
+    assert st.panel is not None
+    token = st.panel.pause_token
+    assert opened[comps.shown_pause] == token  # every view names the pause it shows
+    assert comps.redraw_key not in cb.on_tick(st, job, token)  # the page shows it
+    assert comps.redraw_key not in cb.on_tick(st, job, "") and st.unseen is not None  # behind: maybe on its way
+    st.unseen = (st.unseen[0], st.unseen[1], st.unseen[2] - claims.UNSEEN_REDRAW_S)  # it has lasted
+    out = cb.on_tick(st, job, "")
+    assert out[comps.redraw_key].startswith(f"{job}|unseen|") and st.conflict_view == (True, None)
+    drawn = cb.on_conflict_view(st)
+    assert drawn[comps.shown_pause] == token and comps.annotator in drawn and visible(drawn[comps.review_col.style])
+    assert comps.redraw_key not in cb.on_tick(st, job, token) and st.unseen is None
+    with HitlClient(api_server.url, TOKENS["admin"]) as admin:
+        admin.cancel(job)
+
+
 def test_n_with_every_other_waiting_job_held_says_by_whom(api_server: Any, tmp_path: Path) -> None:
     """N when no job is free: the banner tells "every other one is being reviewed by someone else" (and by
     whom) from "none is waiting", and the page keeps its own job and claim."""

@@ -119,8 +119,11 @@ def wire(demo: gr.Blocks, c: Components, cb: Callbacks, boxes: BoxListView) -> N
         c.banner_md,
     ]
     tick_outputs += [c.submit_btn, c.cut_btn, c.mask.submit_btn, c.redraw_key]
-    # With the job the page shows (its last view's ``current_job``): a page left on another job is drawn again.
-    c.timer.tick(cb.on_tick, inputs=[c.session, c.current_job], outputs=tick_outputs, show_progress="hidden")
+    # With the job and pause the page shows (its last view's ``current_job``, ``shown_pause``): a page left on
+    # another job, or on a closed round while the session has the next one open, is drawn again.
+    c.timer.tick(
+        cb.on_tick, inputs=[c.session, c.current_job, c.shown_pause], outputs=tick_outputs, show_progress="hidden"
+    )
     c.current_job.change(None, inputs=[c.current_job], js=URL_JS)
 
     then_draw(c.queue_table.select(cb.on_queue_select, inputs=st, outputs=panel_outputs))

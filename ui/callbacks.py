@@ -114,6 +114,7 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
             c.reapply_btn: gr.update(visible=st.offer is not None and panel is not None, value=c.reapply_btn.value),
             c.cancel_btn: gr.update(visible=snap is not None and not terminal, value=c.cancel_btn.value),
             c.current_job: st.job_id or "",
+            c.shown_pause: panel.pause_token if panel is not None else "",
             c.notes_key: st.notes_signature(),  # the notes are drawn again only when it changes
         }
         out.update(self.presence_update(st))
@@ -187,12 +188,18 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
             return {self.c.queue_note: gr.skip()}
         return self.queue_update(st)
 
-    def on_tick(self, st: ReviewerState, page_job: str | None = None, request: gr.Request | None = None) -> Update:
+    def on_tick(
+        self,
+        st: ReviewerState,
+        page_job: str | None = None,
+        page_pause: str | None = None,
+        request: gr.Request | None = None,
+    ) -> Update:
         """The page's timer: renew the open job's claim and check the page shows it (``ui.claims``), then
-        refresh the queue. ``page_job``: the job the page's last view named."""
+        refresh the queue. ``page_job``, ``page_pause``: the job and pause the page's last view named."""
         if not st.signed_in:
             return {self.c.queue_note: gr.skip()}
-        out = self.renew(st) | self.converge(st, page_job)
+        out = self.renew(st) | self.converge(st, page_job, page_pause)
         self.remember_session(st, request)
         out.update(self.queue_update(st, quiet=True))
         return out

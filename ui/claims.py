@@ -185,17 +185,22 @@ class ClaimHandlers:
             out[self.c.banner_md] = st.notice
         return out
 
-    def converge(self, st: ReviewerState, page_job: str | None) -> Update:
+    def converge(self, st: ReviewerState, page_job: str | None, page_pause: str | None = None) -> Update:
         """The timer's check that the page shows the job this session has open (``page_job``: the job the
         page's last view named, ``current_job``). An update of the job left that lands after the next
         job's panel would leave the page on the old one while the session holds, and the timer renews, a
         claim on the new one: a job nobody else is offered and its reviewer does not see (the
-        four-reviewer benchmark stranded one this way, docs/benchmarks.md). When the page has shown
-        another job for ``UNSEEN_REDRAW_S`` under the same opening (an opening's own update is on its
-        way for far less), the panel is drawn again, by the event a 409's redraw uses."""
+        four-reviewer benchmark stranded one this way, docs/benchmarks.md). The same within a job
+        (``page_pause``, the pause whose panel the page's last view showed, "" for none): the update
+        that closed a submitted round, landing after the follower's panel of the round the validator
+        opened next, hid that panel under "round 2 is open below" (a CI run saw it). When the page has
+        shown another job or pause for ``UNSEEN_REDRAW_S`` under the same opening (an opening's own
+        update is on its way for far less), the panel is drawn again, by the event a 409's redraw uses."""
         with st.lock:
             job = st.job_id
-            if page_job is None or not job or page_job == job or st.emitting or st.sending:
+            pause = st.panel.pause_token if st.panel is not None else ""
+            same = page_job == job and (page_pause is None or page_pause == pause)
+            if page_job is None or not job or same or st.emitting or st.sending:
                 st.unseen = None
                 return {}
             now = time.monotonic()

@@ -76,6 +76,7 @@ class Components:
     mask_gallery: gr.Gallery
     results_files: gr.File
     current_job: gr.Textbox
+    shown_pause: gr.Textbox  # the pause whose panel the page's last view showed ("" none): ui.claims.converge
     timer: gr.Timer
     label_btns: tuple[gr.Button, ...]
     undo_btn: gr.Button
@@ -125,6 +126,7 @@ class Components:
             self.mask_gallery,
             self.results_files,
             self.current_job,
+            self.shown_pause,
             self.undo_btn,
             self.redo_btn,
             self.pause_key,
@@ -163,6 +165,7 @@ class Components:
             self.cancel_confirm.style,
             self.results_col.style,
             self.current_job,
+            self.shown_pause,
             self.notes_key,
             self.draft_out,
             self.zoom.panel.style,
@@ -342,7 +345,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
                     interactive=False,
                     elem_id="results-files",
                 )
-    current_job = hidden_box("current-job")
+    current_job, shown_pause = hidden_box("current-job"), hidden_box("shown-pause")
     pick_in, draft_out = hidden_box("pick-in"), hidden_box("draft-out")
     pause_key, draft_in = hidden_box("pause-key"), hidden_box("draft-in")
     notes_key, redraw_key = hidden_box("notes-key"), hidden_box("redraw-key")
@@ -392,6 +395,7 @@ def layout(token: str | None, require_login: bool, labels: tuple[str, ...] = ())
         mask_gallery=mask_gallery,
         results_files=results_files,
         current_job=current_job,
+        shown_pause=shown_pause,
         timer=timer,
         label_btns=tuple(label_btns),
         undo_btn=undo_btn,
