@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from archive import learn
 from benchmarks import cutout_data
 from benchmarks.learning_stream import review
-from deployments.backends.classical import ClassicalDetector
+from hitl_review.archive import learn
+from hitl_review.deployments.backends.classical import ClassicalDetector
 from hitl_review.statecore import autoapprove as aa
 
 

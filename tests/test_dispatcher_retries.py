@@ -43,6 +43,11 @@ async def _run_until_settled(store: Store, model: CrashingModel, job_id_of) -> s
         while (await store.get(job_id)).status == "DETECTING":
             assert time.monotonic() < deadline, "the job never moved on"
             await asyncio.sleep(0.05)
+        # The report is written before its command is acknowledged (a crash between the two leaves the
+        # command to be reclaimed and found done): the dispatcher is stopped once it has acknowledged.
+        while await store.outbox_pending():
+            assert time.monotonic() < deadline, "a command stayed in the outbox after the job moved on"
+            await asyncio.sleep(0.05)
         return job_id
     finally:
         task.cancel()

@@ -189,17 +189,13 @@ class Callbacks(QueueHandlers, EditorHandlers, ClaimHandlers, SignInHandlers):
         return self.queue_update(st)
 
     def on_tick(
-        self,
-        st: ReviewerState,
-        page_job: str | None = None,
-        page_pause: str | None = None,
-        request: gr.Request | None = None,
+        self, st: ReviewerState, job: str | None = None, pause: str | None = None, request: gr.Request | None = None
     ) -> Update:
         """The page's timer: renew the open job's claim and check the page shows it (``ui.claims``), then
-        refresh the queue. ``page_job``, ``page_pause``: the job and pause the page's last view named."""
+        refresh the queue. ``job``, ``pause``: the job and pause the page's last view named."""
         if not st.signed_in:
             return {self.c.queue_note: gr.skip()}
-        out = self.renew(st) | self.converge(st, page_job, page_pause)
+        out = self.renew(st) | self.converge(st, job, pause)
         self.remember_session(st, request)
         out.update(self.queue_update(st, quiet=True))
         return out
