@@ -141,9 +141,8 @@ def features(
 ) -> list[float]:
     """The policy's inputs for one detection: ``boxes`` as the detector reported them (``bbox``,
     ``score``, ``label``, and with ``evidence`` what the detector saw around each), the image's size,
-    and the policy's label vocabulary. A box without evidence counts as the worst evidence (the box
-    would move entirely, in no parts), so a policy that reads evidence never approves a list on its
-    absence."""
+    and the policy's label vocabulary. A box without evidence reads as shrink 1 in no parts (for
+    training rows; a policy that reads evidence gives such a list probability 0: ``BoxPolicy``)."""
     w, h = max(float(width), 1.0), max(float(height), 1.0)
     bbs = [tuple(float(v) for v in b["bbox"]) for b in boxes]
     scores = [float(b.get("score") or 0.0) for b in boxes]
@@ -292,6 +291,9 @@ class BoxPolicy:
         return uses_evidence(self.doc["model"])
 
     def probability(self, boxes: Sequence[Mapping[str, Any]], width: int, height: int) -> float:
+        """0 for a list with a box its detector said nothing about, when the model reads evidence."""
+        if self.reads_evidence and not has_evidence(boxes):
+            return 0.0
         return predict(self.doc["model"], features(boxes, width, height, self.labels, self.reads_evidence))
 
 

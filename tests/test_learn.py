@@ -184,7 +184,7 @@ def test_a_policy_reads_the_detectors_evidence_only_when_every_job_carried_it():
     # a box without evidence counts as the worst: never approved on its absence
     kept = next(r for a, r in zip(approved, fresh, strict=True) if a)
     blind = [{k: v for k, v in b.items() if k != "evidence"} for b in kept["boxes"]]
-    assert policy.probability(blind, 640, 480) < policy.threshold
+    assert policy.probability(blind, 640, 480) == 0.0 < policy.threshold
     # the same jobs without the evidence: nothing tells the lists apart, and the fit says so
     with pytest.raises(aa.PolicyRefused, match="refused"):
         learn.box_policy(evidence_rows(2500, readable=False), 0.02)
