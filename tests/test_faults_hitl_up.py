@@ -31,6 +31,9 @@ def test_hitl_up_restarts_its_embedded_redis_after_sigkill(tmp_path: Path):
     require_binary("redis-server")
     up = HitlUp(tmp_path / "data", "--store-timeout-s", "1", log_path=tmp_path / "hitl-up.log").start(timeout=300)
     try:
+        # Serve's controller loops every 0.5 s on a cluster hitl up starts (serving.ray_runtime.CONTROL_LOOP_ENV).
+        (controller,) = [p for p in up.child.tree() if " ".join(p.cmdline()).startswith("ray::ServeController")]
+        assert controller.environ().get("RAY_SERVE_CONTROL_LOOP_INTERVAL_S") == "0.5"
         headers = {"Authorization": f"Bearer {up.token}"}
         with httpx.Client(base_url=up.api_url, headers=headers, timeout=30) as c:
             data, _ = product_composite(seed=5, n=1)

@@ -46,3 +46,23 @@ def test_help_names_the_flag_and_its_default():
     text = up.format_help()
     assert "--ingress {auto,direct,proxy}" in text and "auto (default): direct" in " ".join(text.split())
     assert up.parse_args([]).ingress == "auto"
+
+
+def test_our_own_cluster_runs_serves_control_loop_every_half_second_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Serve's controller loops every 0.1 s by default (75 ms/s of an idle ``hitl up``'s CPU); on a
+    cluster ``hitl up`` starts it is told 0.5 s through the environment Ray's processes inherit.
+    A value the caller's environment already has is kept. (A started controller's environment is
+    checked in tests/test_faults_hitl_up.py.)"""
+    from hitl_review.serve_app.serving.ray_runtime import CONTROL_LOOP_ENV, own_cluster_env
+
+    monkeypatch.delenv("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", raising=False)
+    own_cluster_env()
+    assert CONTROL_LOOP_ENV == {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
+    import os
+
+    assert os.environ["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.5"
+    monkeypatch.setenv("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.2")
+    own_cluster_env()
+    assert os.environ["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.2"

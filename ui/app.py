@@ -18,7 +18,7 @@ import gradio as gr
 
 from hitl_review.statecore.trusted_proxy import TrustedProxies
 
-from . import gradio_skips, progress_on
+from . import gradio_skips, progress_on, queue_polling
 from .assets import KEYS_JS, LOAD_DRAFT_JS, SAVE_DRAFT_JS, URL_JS, pick_js
 from .box_list_view import BoxListView, wire_box_list
 from .callbacks import Callbacks, show
@@ -70,6 +70,7 @@ def build_app(
         wire_zoom(comps.zoom, comps.session, comps.annotator, root / "zoom")  # the full-size view
         progress_on.narrow(demo, comps.banner_md)  # the page tracks loading statuses on the banner only
     demo.queue(default_concurrency_limit=None)
+    queue_polling.calm(demo)  # an idle page server sleeps (ui.queue_polling)
     return demo
 
 
