@@ -76,7 +76,7 @@ LOADTEST_ARGS ?= --seconds 60 --users 50
 loadtest: setup
 	$(PY) -m loadtest.run $(LOADTEST_ARGS)
 
-# The short run CI does after the tests.
+# The short run `make test` ends its second lane with (scripts/run_tests.sh).
 loadtest-short: setup
 	$(PY) -m loadtest.run --seconds 20 --users 10 --no-bench
 

@@ -4,10 +4,12 @@
 #   lane 1   the browser tests (their shared `hitl up`s of tests/browser_stack.py intact: those groups
 #            span modules, so they stay in one pytest) and the Ray modules not named in RAY_SPLIT;
 #   lane 2   every test without the markers ray, ray_cluster or browser ("others": Redis and Lua,
-#            CPU-bound), then the Ray modules in RAY_SPLIT, once the others are done.
+#            CPU-bound), then the Ray modules in RAY_SPLIT, once the others are done, then the short
+#            load test (`make loadtest-short`: locust on a fresh `hitl up`, the invariant checker; any
+#            breach or 5xx fails it), which used to run after both lanes in CI.
 # Lane 1 prints as it goes; lane 2 logs to files printed at the end. With arguments (-k, -x, a file,
 # --lf) lane 2 runs the others alone and lane 1 every Ray and browser test, as a module list of
-# RAY_SPLIT would otherwise run twice. The exit status is the worst of them.
+# RAY_SPLIT would otherwise run twice, and no load test. The exit status is the worst of them.
 #   usage: scripts/run_tests.sh [PYTEST_ARGS...]      (PY: the interpreter, default .venv/bin/python)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,14 +34,18 @@ lane2() {  # the others, then (no arguments) the Ray modules of RAY_SPLIT; a log
   if [ $# -eq 0 ]; then
     "$PY" -m pytest "${common[@]}" $(junit ray) -m "$STACK" "${RAY_SPLIT[@]}" >"$log_ray" 2>&1
     echo "$?" >"$log_ray.rc"
+    "$PY" -m loadtest.run $LOAD_ARGS >"$log_load" 2>&1
+    echo "$?" >"$log_load.rc"
   fi
 }
 log_others=$(mktemp -t hitl-tests-others.XXXXXX.log)
 log_ray=$(mktemp -t hitl-tests-ray.XXXXXX.log)
+log_load=$(mktemp -t hitl-tests-load.XXXXXX.log)
+LOAD_ARGS="--seconds 20 --users 10 --no-bench"  # the Makefile's loadtest-short
 lane2 "$@" &
 lane2_pid=$!
 trap 'kill -INT "$lane2_pid" 2>/dev/null; pkill -INT -P "$lane2_pid" 2>/dev/null; wait' INT TERM
-echo "tests: beside these, the other tests (log: $log_others), then the longest Ray modules (log: $log_ray)"
+echo "tests: beside these, the other tests (log: $log_others), then the longest Ray modules (log: $log_ray), then the short load test (log: $log_load)"
 stack_args=(-m "$STACK")
 if [ $# -eq 0 ]; then
   for f in "${RAY_SPLIT[@]}"; do stack_args+=(--ignore="$f"); done
@@ -53,10 +59,11 @@ all_empty=$(( worst == 5 ))  # pytest's 5, "no test selected": fine for some run
 echo "tests: the stack tests done ($summary); waiting for the others"
 wait "$lane2_pid"
 trap - INT TERM
-for part in others ray; do
+for part in others ray load; do
   log=$log_others
   [ "$part" = ray ] && log=$log_ray
-  if [ "$part" = ray ] && [ "$#" -gt 0 ]; then continue; fi  # not run: arguments given
+  [ "$part" = load ] && log=$log_load
+  if [ "$part" != others ] && [ "$#" -gt 0 ]; then continue; fi  # not run: arguments given
   rc=$(cat "$log.rc" 2>/dev/null || echo 1)  # no status: that run never finished, a failure
   echo "================ the $part tests ================"
   cat "$log"
