@@ -15,12 +15,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 STACK="ray or ray_cluster or browser"
-# Chosen from the per-test times of a full run (HITL_JUNIT_DIR below) so the lanes end close together:
-# the others take ~17 min beside lane 1, these ~570 s of Ray tests after them; lane 1 holds the
-# browser tests (~590 s) and the other Ray modules (~950 s).
+# Chosen from the per-test times of a full run (HITL_JUNIT_DIR below) so the lanes end close together
+# (stop 43's run: lane 1 2,142 s of tests, lane 2 1,014 + 902 + the load test's ~60 s before
+# test_store_recovery_serve moved here): the others take ~17 min beside lane 1, these ~11 min of Ray
+# tests after them; lane 1 holds the browser tests (~13 min) and the other Ray modules (~22 min).
 RAY_SPLIT=(
   tests/test_autoscale.py tests/test_restart_same_port.py tests/test_e2e_serve.py tests/test_benchmarks_smoke.py
-  tests/test_e2e_sam.py tests/test_ray_cluster.py
+  tests/test_e2e_sam.py tests/test_ray_cluster.py tests/test_store_recovery_serve.py
 )
 # HITL_JUNIT_DIR: each run also writes its JUnit XML there (stack.xml, rest.xml, ray.xml): the per-test
 # times scripts/slow_tests.py reads (rest.xml) to keep `make test-fast` quick.

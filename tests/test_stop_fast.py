@@ -52,11 +52,24 @@ def _listening_ports(procs: list[psutil.Process]) -> set[int]:
     return ports
 
 
-def _still_listening(ports: set[int]) -> set[int]:
+def _started_before(pid: int | None, when: float) -> bool:
+    """Whether process ``pid`` existed at ``when`` (time.time()); an unknown owner counts as old."""
+    if pid is None:
+        return True
+    try:
+        return psutil.Process(pid).create_time() < when
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _still_listening(ports: set[int], since: float) -> set[int]:
+    """The ports of ``ports`` a process that existed before the stop (``since``, time.time()) listens on.
+    A process started after it is not a leftover: the other lane of `make test` runs its own `hitl up`s,
+    and one of them took a port of this stack's that had just been freed (seen once: 44227, a Ray port)."""
     return {
         c.laddr.port
         for c in psutil.net_connections("inet")
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports and _started_before(c.pid, since)
     }
 
 
@@ -127,14 +140,14 @@ def test_hitl_up_stops_within_10s_leaving_nothing(tmp_path: Path, how: str):
             raylet.kill()
             time.sleep(2)
             assert not _alive([raylet])
-        t0 = time.monotonic()
+        t0, stop_began = time.monotonic(), time.time()
         SIGNALS[how](up.pid)
         left = _alive(tree)
         while left and time.monotonic() - t0 < STOP_LIMIT_S + 20:
             time.sleep(0.1)
             left = _alive(tree)
         stopped_s = time.monotonic() - t0
-        busy = _still_listening(ports)
+        busy = _still_listening(ports, stop_began)
         print(
             f"\n[stop-fast] {how}: {len(tree)} processes gone in {stopped_s:.1f}s "
             f"(start-up {started_s:.0f}s; ports {sorted(ports)})"
