@@ -23,7 +23,6 @@ import json
 import platform
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -84,16 +83,16 @@ def measure(name: str, env: dict[str, str], settle: float, seconds: float) -> di
         span = time.monotonic() - t0
     finally:
         up.stop()
-    idle: Counter[str] = Counter()
+    idle: dict[str, float] = {}
     for pid, (what, cpu) in second.items():
-        idle[what] += 1000 * (cpu - first.get(pid, (what, 0.0))[1]) / span
+        idle[what] = idle.get(what, 0.0) + 1000 * (cpu - first.get(pid, (what, 0.0))[1]) / span
     return {
         "variant": name,
         "env": env,
         "ready_s": round(ready_s, 1),
         "start_cpu_s": round(sum(cpu for _, cpu in first.values()), 1),
         "idle_ms_per_s": round(sum(idle.values()), 1),
-        "idle_by_process": {k: round(v, 1) for k, v in idle.most_common()},
+        "idle_by_process": {k: round(v, 1) for k, v in sorted(idle.items(), key=lambda kv: -kv[1])},
     }
 
 
