@@ -52,24 +52,36 @@ def _listening_ports(procs: list[psutil.Process]) -> set[int]:
     return ports
 
 
-def _started_before(pid: int | None, when: float) -> bool:
-    """Whether process ``pid`` existed at ``when`` (time.time()); an unknown owner counts as old."""
+def _sessions(procs: list[psutil.Process]) -> set[int]:
+    """The session ids of ``procs`` (hitl up's own, the UI's, any Ray process that made its own)."""
+    out = set()
+    for p in procs:
+        try:
+            out.add(os.getsid(p.pid))
+        except OSError:
+            continue
+    return out
+
+
+def _in_sessions(pid: int | None, sessions: set[int]) -> bool:
+    """Whether ``pid`` belongs to one of ``sessions``; an unknown owner counts as ours."""
     if pid is None:
         return True
     try:
-        return psutil.Process(pid).create_time() < when
-    except psutil.NoSuchProcess:
+        return os.getsid(pid) in sessions
+    except OSError:
         return False
 
 
-def _still_listening(ports: set[int], since: float) -> set[int]:
-    """The ports of ``ports`` a process that existed before the stop (``since``, time.time()) listens on.
-    A process started after it is not a leftover: the other lane of `make test` runs its own `hitl up`s,
-    and one of them took a port of this stack's that had just been freed (seen once: 44227, a Ray port)."""
+def _still_listening(ports: set[int], sessions: set[int]) -> set[int]:
+    """The ports of ``ports`` that a process of the stack's sessions still listens on. A child the stack
+    left behind keeps its parent's session; the other lane of `make test` runs its own `hitl up`s, in
+    sessions of their own, whose Ray processes open ports at any time: twice one of them took a port of
+    this stack's just freed (44227 and 52365, Ray ports), which is not a leftover of this stack."""
     return {
         c.laddr.port
         for c in psutil.net_connections("inet")
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports and _started_before(c.pid, since)
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports and _in_sessions(c.pid, sessions)
     }
 
 
@@ -127,6 +139,7 @@ def test_hitl_up_stops_within_10s_leaving_nothing(tmp_path: Path, how: str):
                 assert time.monotonic() < deadline, "the detection never started"
                 time.sleep(0.2)
         tree = up.child.tree()
+        sessions = _sessions(tree)  # taken while every process of the stack is alive
         names = sorted({p.name() for p in tree})
         assert any("raylet" in n for n in names) and any("redis-server" in n for n in names), names
         if with_ui:
@@ -140,14 +153,14 @@ def test_hitl_up_stops_within_10s_leaving_nothing(tmp_path: Path, how: str):
             raylet.kill()
             time.sleep(2)
             assert not _alive([raylet])
-        t0, stop_began = time.monotonic(), time.time()
+        t0 = time.monotonic()
         SIGNALS[how](up.pid)
         left = _alive(tree)
         while left and time.monotonic() - t0 < STOP_LIMIT_S + 20:
             time.sleep(0.1)
             left = _alive(tree)
         stopped_s = time.monotonic() - t0
-        busy = _still_listening(ports, stop_began)
+        busy = _still_listening(ports, sessions)
         print(
             f"\n[stop-fast] {how}: {len(tree)} processes gone in {stopped_s:.1f}s "
             f"(start-up {started_s:.0f}s; ports {sorted(ports)})"
