@@ -108,6 +108,10 @@ async def test_a_result_redis_cannot_take_is_spooled_survives_a_restart_and_is_a
     finally:
         await _stop(t1)  # the replica goes away with the result only in its spool
         await store.close()
+    # Stopped means stopped: none of its calls still retries the write-back (the stop came while its
+    # loop waited out the outage; such a call once applied the spooled result beside the next
+    # dispatcher, and the failure was counted twice).
+    assert [t for t in d1._tasks if not t.done()] == []
     (spooled,) = list((data_dir / "spool").glob("*.json"))
     rec = json.loads(spooled.read_text())
     assert rec["report"]["job_id"] == job_id and rec["report"]["outcome"] == "SUCCEEDED" and not rec["dead"]

@@ -71,6 +71,9 @@ class _NotRun:
 # A node status after which nobody waits for the node's call: the inspector timed it out or gave
 # it up as lost, or its command was dead-lettered (a re-dispatch makes the node superseded instead).
 GIVEN_UP = frozenset({"TIMED_OUT", "LOST", "FAILED"})
+# How long a stopping dispatcher waits for its cancelled calls to unwind (a model call cancelled
+# mid-flight returns at once; nothing here waits for Redis).
+STOP_WAIT_S = 5.0
 
 
 class NodeRunner(Protocol):
@@ -140,7 +143,13 @@ class Dispatcher:
         try:
             await self._loop()
         finally:
-            resume.cancel()
+            # A stopped dispatcher leaves nothing of its own running: its calls and their write-backs
+            # (a result left in the spool is the next dispatcher's, and two would apply it twice). The
+            # cancel may come wherever the loop waits, its Redis-outage pause included.
+            work = [resume, *self._tasks]
+            for t in work:
+                t.cancel()
+            await asyncio.wait(work, timeout=STOP_WAIT_S)
 
     async def _loop(self) -> None:
         while True:
@@ -184,10 +193,6 @@ class Dispatcher:
                     continue
                 for entry in await self.store.outbox_read(self.consumer, count=free, block_ms=1000, lanes=lanes):
                     self._spawn(entry)
-            except asyncio.CancelledError:
-                for t in list(self._tasks):
-                    t.cancel()
-                raise
             except (RedisConnectionError, RedisTimeoutError) as e:  # Redis down or hung: wait for it
                 reraise_if_cancelled(e)
                 self.inspector.store_unreachable()
