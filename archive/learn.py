@@ -80,11 +80,20 @@ def row_of(job_id: str, snapshot: Mapping[str, Any], events: Sequence[Mapping[st
         "finished_at": next((e["at"] for e in events if e["type"] == "JOB_FINISHED"), snapshot.get("updated_at")),
         "width": int(image.get("width") or 1),
         "height": int(image.get("height") or 1),
-        "boxes": [{"bbox": b["bbox"], "score": b.get("score"), "label": b.get("label")} for b in shown],
+        "boxes": [_proposed(b) for b in shown],
         "unchanged": same,
         "change": change,
         "spot_check": "POLICY_SPOT_CHECKED" in types,
     }
+
+
+def _proposed(box: Mapping[str, Any]) -> dict[str, Any]:
+    """A box of the first review's list as the policy reads it: with the detector's evidence where
+    the box carries it (``statecore.models.DetectorEvidence``)."""
+    out = {"bbox": box["bbox"], "score": box.get("score"), "label": box.get("label")}
+    if isinstance(box.get("evidence"), Mapping):
+        out["evidence"] = dict(box["evidence"])
+    return out
 
 
 def dataset(archive: Archive, since: str | None = None) -> list[dict[str, Any]]:

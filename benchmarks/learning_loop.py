@@ -63,7 +63,7 @@ from benchmarks import cutout_data
 from benchmarks.learning_stream import Domain, Job, Stream, review
 from harness.bench import log
 from harness.hitl_up import HitlUp
-from hitl_review.statecore.autoapprove import lower_bound, upper_bound
+from hitl_review.statecore.autoapprove import EVIDENCE_FEATURES, lower_bound, upper_bound
 
 CLI = [sys.executable, "-m", "hitl_review.serve_app.cli"]
 BASE_FLAGS = ("--detector", "classical", "--segmenter", "null", "--validator", "null", "--quality-gate", "off")
@@ -101,6 +101,7 @@ def fit(data_dir: Path, rows: Path, out: Path, promise: float, confidence: float
     if p.returncode == 0:
         doc = json.loads(out.read_text())
         res.update(written=str(out), threshold=doc["threshold"], evidence=doc["evidence"])
+        res["reads_evidence"] = any(f in EVIDENCE_FEATURES for f in doc["model"]["features"])
         res["ref"] = re.search(r"(policy:\S+@[0-9a-f]{16})", p.stdout).group(1)  # type: ignore[union-attr]
         res["bound"] = doc["evidence"]["false_accept_upper"]
     else:
@@ -108,6 +109,23 @@ def fit(data_dir: Path, rows: Path, out: Path, promise: float, confidence: float
         clean = int(m.group(1)) if m else 0
         res.update(written=None, clean_approved=clean, bound=upper_bound(0, clean, confidence))
     return res
+
+
+def without_evidence(rows: Path) -> tuple[Path, float]:
+    """The data set ``rows`` with the detector's evidence taken off every box (the ablation: what the
+    policy's own features bound without it), beside it; and the share of rows whose every box carried
+    it (the Detector's report, through the job and the archive)."""
+    blind = rows.with_name(rows.stem + "-no-evidence.jsonl")
+    n = seen = 0
+    with rows.open() as src, blind.open("w") as dst:
+        for line in src:
+            row = json.loads(line)
+            n += 1
+            seen += all(isinstance(b.get("evidence"), dict) for b in row.get("boxes") or [])
+            for b in row.get("boxes") or []:
+                b.pop("evidence", None)
+            dst.write(json.dumps(row) + "\n")
+    return blind, seen / max(n, 1)
 
 
 # --------------------------------------------------------------------------- figures
@@ -291,10 +309,15 @@ class Loop:
                 archived = dataset(self.dir / "hitl", rows, reviewed)
                 log(f"checkpoint {c}: {archived} reviewed jobs in the archive")
                 point: dict[str, Any] = {"checkpoint": c, "dataset_rows": archived, "fits": []}
+                blind, point["rows_with_evidence"] = without_evidence(rows)
+                point["fits_without_evidence"] = []
                 for promise in a.promises:
                     res = fit(self.dir / "hitl", rows, self.dir / f"policy-{c}-{promise}.json", promise, a.confidence)
                     log(f"  box-policy R={promise}: {res['said'][:240]}")
                     point["fits"].append(res)
+                    res = fit(self.dir / "hitl", blind, self.dir / f"blind-{c}-{promise}.json", promise, a.confidence)
+                    log(f"  box-policy R={promise}, the evidence taken off: {res['said'][:160]}")
+                    point["fits_without_evidence"].append(res)
                 written = [f for f in point["fits"] if f["written"]]
                 if written:
                     best = min(written, key=lambda f: f["promise"])
@@ -374,9 +397,9 @@ class Loop:
 def table(out: dict[str, Any]) -> str:
     lines = [
         "| reviewed jobs | policy (tightest promise written) | held-out evidence | tightest bound the evidence "
-        "allows | fresh jobs approved automatically | their false accepts (truth), 95 % upper bound | "
-        "person-min / 1,000 images before → after |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "allows | the same without the detector's evidence | fresh jobs approved automatically | their false "
+        "accepts (truth), 95 % upper bound | person-min / 1,000 images before → after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for p in out["checkpoints"]:
         written = [f for f in p["fits"] if f["written"]]
@@ -386,6 +409,7 @@ def table(out: dict[str, Any]) -> str:
             best = min(written, key=lambda f: f["promise"])
             ev = best["evidence"]
             pol = f"R={best['promise']}, threshold {best['threshold']:.3f}" + (f" ({refused})" if refused else "")
+            pol += ", reads the evidence" if best.get("reads_evidence") else ", features only"
             evid = f"{ev['heldout_false_accepts']} of {ev['heldout_approved']} approved ({ev['approve_share']:.1%})"
         else:
             pol, evid = (
@@ -400,7 +424,7 @@ def table(out: dict[str, Any]) -> str:
             pm = f"{fr['person_min_per_1000_before']:.0f} → {fr['person_min_per_1000_after']:.0f}"
         else:
             share = fa = pm = "–"
-        lines.append(f"| {p['dataset_rows']} | {pol} | {evid} | {bound:.2%} | {share} | {fa} | {pm} |")
+        lines.append(f"| {p['dataset_rows']} | {pol} | {evid} | {bound:.2%} | {ablation(p)} | {share} | {fa} | {pm} |")
     d = out.get("drift")
     if d and "prediction" in d:
         pr = d["prediction"]
@@ -420,6 +444,19 @@ def table(out: dict[str, Any]) -> str:
     elif d:
         lines.append(f"drift: {d}")
     return "\n".join(lines)
+
+
+def ablation(point: dict[str, Any]) -> str:
+    """The checkpoint's fits on its data set with the evidence taken off: the tightest written, or none."""
+    fits = point.get("fits_without_evidence") or []
+    if not fits:
+        return "not run"
+    written = [f for f in fits if f["written"]]
+    if not written:
+        return f"none written (bound at best {min(f['bound'] for f in fits):.2%})"
+    best = min(written, key=lambda f: f["promise"])
+    ev = best["evidence"]
+    return f"R={best['promise']}: {ev['heldout_false_accepts']} of {ev['heldout_approved']} ({ev['approve_share']:.1%})"
 
 
 def floats(text: str) -> list[float]:

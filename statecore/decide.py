@@ -247,7 +247,8 @@ def diff_subjects(
         seen.add(ref)
         old = by_id[ref]
         label = s.label if s.label is not None else old.label
-        changed = tuple(s.bbox) != tuple(old.bbox) or label != old.label
+        moved = tuple(s.bbox) != tuple(old.bbox)
+        changed = moved or label != old.label
         validation = None if (old.source == "manual" and changed) else old.validation
         out.append(
             old.model_copy(
@@ -256,6 +257,8 @@ def diff_subjects(
                     "label": label,
                     "target_policy": s.target_policy,
                     "validation": validation,
+                    # What the detector saw is about the box it proposed, not the one a reviewer drew from it.
+                    "evidence": None if moved else old.evidence,
                 }
             )
         )

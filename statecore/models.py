@@ -49,6 +49,16 @@ class Validation(BaseModel):
     label_score: float | None = None
 
 
+class DetectorEvidence(BaseModel):
+    """What the detector saw around a box it proposed, beyond its score (docs/protocol.md § Routes; the
+    box policy reads it: ``statecore.autoapprove.EVIDENCE_FEATURES``): ``shrink``, 1 − IoU of the box
+    with its foreground less shadow-like pixels (0: tight around it; 1: no foreground found), and
+    ``parts``, the separate pieces of that foreground (2 or more: subjects merged into one box)."""
+
+    shrink: float = Field(ge=0.0, le=1.0)
+    parts: int = Field(ge=0)
+
+
 class Box(BaseModel):
     box_id: str
     bbox: BBox
@@ -57,6 +67,9 @@ class Box(BaseModel):
     source: Literal["model", "manual"]
     target_policy: Literal["SEGMENT", "SKIP"] = "SEGMENT"
     validation: Validation | None = None
+    # A model box's evidence, as its detector proposed it: left out of the JSON where the detector
+    # said none (every byte of a waiting job counts), dropped when a reviewer moves the box.
+    evidence: DetectorEvidence | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ConsumedBy(BaseModel):

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from .errors import NodeExecutionError
-from .models import BBox, Box, ImageRef, QualityVerdict, Refinement, Validation
+from .models import BBox, Box, DetectorEvidence, ImageRef, QualityVerdict, Refinement, Validation
 from .states import NodeType
 
 INVALID_NODE_INPUT = "INVALID_NODE_INPUT"
@@ -80,6 +80,7 @@ class NodeBox(_Wire):
     source: Literal["model", "manual"] | None = None
     target_policy: Literal["SEGMENT", "SKIP"] = "SEGMENT"
     validation: Validation | None = None
+    evidence: DetectorEvidence | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @classmethod
     def of(cls, box: Box) -> NodeBox:
@@ -151,6 +152,8 @@ class Detection(_Wire):
     bbox: Coords
     label: str | None = None
     score: Number | None = None
+    # What the backend saw around the box, where it says (no key where it does not).
+    evidence: DetectorEvidence | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class DetectOutput(_Wire):

@@ -283,6 +283,7 @@ def _on_detect(
                 source="model",
                 target_policy="SEGMENT",
                 validation=None,
+                evidence=d.evidence,
             )
         )
     plan.meta["box_list"] = dump(boxes)

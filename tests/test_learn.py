@@ -17,6 +17,9 @@ from hitl_review.archive import learn
 from hitl_review.archive.archiver import archive_job
 from hitl_review.serve_app.cli import main
 from hitl_review.statecore import autoapprove as aa
+from hitl_review.statecore import keys
+from hitl_review.statecore.auto_store import AutoApproveConfig
+from hitl_review.statecore.models import DetectorEvidence
 from hitl_review.statecore.store import Store, StoreConfig
 
 from .auto_policy_util import SURE_BOXES, config, policy_doc
@@ -192,6 +195,55 @@ def test_a_policy_reads_the_detectors_evidence_only_when_every_job_carried_it():
     mixed = evidence_rows(2500)
     mixed[0]["boxes"][0].pop("evidence")
     assert not learn.with_evidence(mixed)
+
+
+async def test_the_detectors_evidence_goes_from_its_report_to_the_data_set_and_a_live_policy(store, image, archive):
+    """What the Detector reports with each box (``ClassicalDetector.detect``) is kept with the box in the
+    job (a box without it writes no key), dropped from a box a reviewer moves, read back from the
+    archive by ``hitl learn`` as it was proposed; a policy fitted on it approves, in the store, a
+    detection whose evidence is clean and neither one that merged two subjects nor one without evidence."""
+    clean = [{**b, "evidence": {"shrink": 0.04, "parts": 1}} for b in SURE_BOXES]
+    job = (await store.create_job("alice", image)).job_id
+    assert await report(store, job, {"boxes": [clean[0], SURE_BOXES[1]]}) == "OK"
+    st = await store.get(job)
+    assert st.box_list[0].evidence == DetectorEvidence(shrink=0.04, parts=1) and st.box_list[1].evidence is None
+    stored = orjson.loads(await store.r.hget(keys.job(job).meta, "box_list"))
+    assert stored[0]["evidence"] == {"parts": 1, "shrink": 0.04} and "evidence" not in stored[1]
+
+    async def reviewed(moved: bool) -> str:
+        job_id = (await store.create_job("alice", image)).job_id
+        assert await report(store, job_id, {"boxes": clean}) == "OK"
+        st = await store.get(job_id)
+        subjects = keep(st, 0, 1)
+        if moved:
+            subjects[0]["bbox"] = [40, 40, 100, 120]
+        assert (await store.intervene(job_id, iv(st, subjects), "rev1")).status_code == 200
+        after = await store.get(job_id)
+        assert [b.evidence is None for b in after.box_list] == [moved, False]
+        await store.cancel(job_id, "admin")
+        await archive_job(store, archive, job_id)
+        return job_id
+
+    unchanged, moved = await reviewed(False), await reviewed(True)
+    rows = {r["job_id"]: r for r in learn.dataset(archive)}
+    assert [b["evidence"] for b in rows[moved]["boxes"]] == [{"shrink": 0.04, "parts": 1}] * 2  # as proposed
+    assert (rows[unchanged]["unchanged"], rows[moved]["unchanged"]) == (True, False)
+    assert learn.with_evidence(list(rows.values()))
+
+    pol = aa.load(orjson.dumps(learn.box_policy(evidence_rows(2500), 0.02)), "on")
+    live = Store(store.r, StoreConfig(retention_s=3600, auto_approve=AutoApproveConfig(pol, "on", 0.0)))
+    merged = [clean[0], {**SURE_BOXES[1], "evidence": {"shrink": 0.05, "parts": 2}}]
+    decided = {}
+    for name, boxes in (("clean", clean), ("merged", merged), ("without", SURE_BOXES)):
+        job_id = (await live.create_job("alice", image)).job_id
+        assert await report(live, job_id, {"boxes": boxes}) == "OK"
+        st = await live.get(job_id)
+        decided[name] = (st.status.value, st.decided_by)
+    assert decided == {
+        "clean": ("PROCESSING_APPROVED_SUBJECTS", pol.ref),
+        "merged": ("WAITING_USER_SELECTION", None),
+        "without": ("WAITING_USER_SELECTION", None),
+    }
 
 
 def test_a_policy_file_naming_features_this_version_does_not_compute_is_refused():

@@ -34,4 +34,9 @@ def test_learning_loop_benchmark_runs(tmp_path: Path):
     (fit,) = point["fits"]
     assert fit["rc"] == 1 and fit["written"] is None and "refused" in fit["said"], fit
     assert 0 < data["learning_stream"]["unchanged_share_truth"] <= 1
+    # The classical Detector's evidence reached every archived row (report, job, archive, hitl learn
+    # dataset), and the ablation without it ran through the same CLI.
+    assert point["rows_with_evidence"] == 1.0, point
+    [blind] = point["fits_without_evidence"]
+    assert blind["rc"] == 1 and blind["written"] is None, blind
     assert "| reviewed jobs |" in proc.stdout

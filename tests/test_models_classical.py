@@ -14,6 +14,7 @@ from skimage import data as skdata
 
 from hitl_review.deployments.backends.base import box_iou, make_detector, make_segmenter, make_validator, mask_bbox
 from hitl_review.deployments.backends.classical import ClassicalDetector, ClassicalSegmenter, ClassicalValidator
+from hitl_review.statecore.nodes import Detection
 
 
 def composite(h: int = 480, w: int = 640, seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -143,7 +144,7 @@ def test_real_photographs_end_to_end(photo):
     det, val, seg = make_detector(), make_validator(), make_segmenter()
     boxes = det.detect(img, photo)
     for d in boxes:
-        assert set(d) == {"bbox", "label", "score"} and 0 <= d["score"] <= 1
+        assert set(d) == {"bbox", "label", "score", "evidence"} and 0 <= d["score"] <= 1
     h, w = img.shape[:2]
     probes = [{"box_id": f"b{i}", "bbox": d["bbox"], "label": d["label"]} for i, d in enumerate(boxes[:2])]
     probes.append({"box_id": "centre", "bbox": [w * 0.25, h * 0.25, w * 0.75, h * 0.75], "label": None})
@@ -184,5 +185,9 @@ def test_detector_evidence_sees_a_shadow_taken_in_and_two_subjects_merged():
     det = ClassicalDetector()
     tight, over_shadow, both = [100, 80, 200, 180], [100, 80, 222, 200], [95, 55, 365, 185]
     ev = det.evidence(img, [tight, over_shadow, both])
-    assert ev[0]["parts"] == ev[1]["parts"] == 1.0 and ev[2]["parts"] == 2.0, ev
+    assert ev[0]["parts"] == ev[1]["parts"] == 1 and ev[2]["parts"] == 2, ev
     assert ev[0]["shrink"] < 0.1 and ev[1]["shrink"] > ev[0]["shrink"] + 0.15, ev
+    # What the Detector deployment reports: each detected box with the evidence of that box.
+    found = det.detect(img, "sha")
+    assert found and [b["evidence"] for b in found] == det.evidence(img, [b["bbox"] for b in found])
+    assert all(Detection.model_validate(b).evidence is not None for b in found)

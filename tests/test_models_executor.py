@@ -79,7 +79,8 @@ def test_detect_subjects(models, store, image_ref):
     assert out["backend"] == "classical"
     assert len(out["boxes"]) == 2
     for b in out["boxes"]:
-        assert set(b) == {"bbox", "label", "score"} and len(b["bbox"]) == 4
+        assert set(b) == {"bbox", "label", "score", "evidence"} and len(b["bbox"]) == 4
+        assert set(b["evidence"]) == {"shrink", "parts"}  # what the box policy reads (statecore.models)
         assert all(isinstance(v, float) for v in b["bbox"]) and 0.0 <= b["score"] <= 1.0
 
 

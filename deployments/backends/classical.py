@@ -70,23 +70,35 @@ class ClassicalDetector:
         self.border_frac = float(border_frac)
         self.label = label
 
-    def foreground(self, image: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
-        """The work-size difference map, its binary foreground, the threshold and the scale."""
+    def residual(self, image: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """The work-size picture less its background plane fitted to the border (CIELAB, per
+        channel), the background's noise threshold (Delta E) and the scale."""
         small, scale = resize_max(check_image(image), self.work_size)
         lab = to_lab(small)
         h, w = lab.shape[:2]
         border = max(2, round(self.border_frac * min(h, w)))
         bg, residuals = fit_background(lab, border)
-        diff = np.linalg.norm(lab - bg, axis=2)
-        thr = noise_threshold(residuals, 5.0)
+        return lab - bg, noise_threshold(residuals, 5.0), scale
+
+    def foreground(self, image: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """The work-size difference map, its binary foreground, the threshold and the scale."""
+        d, thr, scale = self.residual(image)
+        return (*self._foreground_of(d, thr), thr, scale)
+
+    def _foreground_of(self, d: np.ndarray, thr: float) -> tuple[np.ndarray, np.ndarray]:
+        h, w = d.shape[:2]
+        diff = np.linalg.norm(d, axis=2)
         fg = (diff > thr).astype(np.uint8)
         fg = cv2.morphologyEx(fg, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
         k = max(3, round(0.012 * math.hypot(h, w))) | 1
         fg = cv2.morphologyEx(fg, cv2.MORPH_CLOSE, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (k, k)))
-        return diff, fg, thr, scale
+        return diff, fg
 
     def detect(self, image: np.ndarray, image_sha: str) -> list[dict[str, Any]]:
-        diff, fg, thr, scale = self.foreground(image)
+        """Scored boxes, each with its ``evidence`` (``evidence_of``: what the picture says about the
+        box beyond its score, which the box policy reads)."""
+        d, thr, scale = self.residual(image)
+        diff, fg = self._foreground_of(d, thr)
         if thr > self.clutter_threshold:
             # The border is no plain background (a scene, not a studio shot).
             candidates = self._grabcut_proposals(image)
@@ -94,7 +106,8 @@ class ClassicalDetector:
             candidates = self._blob_proposals(diff, fg, thr, scale)
         merged = _merge_boxes(candidates)
         oh, ow = image.shape[:2]
-        out = []
+        out: list[dict[str, Any]] = []
+        kept: list[list[float]] = []
         for bbox, score in sorted(merged, key=lambda c: -c[1]):
             if score < self.min_score:
                 continue
@@ -106,26 +119,27 @@ class ClassicalDetector:
                 round(min(float(oh), y2), 2),
             ]
             out.append({"bbox": bbox, "label": self.label, "score": round(float(score), 4)})
+            kept.append(bbox)
             if len(out) >= self.max_detections:
                 break
+        for box, seen in zip(out, self.evidence_of(d, thr, scale, kept), strict=True):
+            box["evidence"] = seen
         return out
 
     def evidence(self, image: np.ndarray, bboxes: list[list[float]]) -> list[dict[str, float]]:
+        """``evidence_of`` the boxes ``bboxes`` of ``image`` (what ``detect`` reports with each box)."""
+        return self.evidence_of(*self.residual(image), bboxes)
+
+    def evidence_of(self, d: np.ndarray, thr: float, scale: float, bboxes: list[list[float]]) -> list[dict[str, float]]:
         """What the picture says about each box beyond its score, for the box policy
-        (``statecore.autoapprove.EVIDENCE_FEATURES``): ``shrink``, how far the box would move
-        (1 − IoU) around its foreground without the shadow-like pixels (darker than the background,
-        its colour kept: a chroma change under 0.3 × the drop in L; 0.3 chosen on other images than
-        benchmarks/box_evidence.py judges it on), and ``parts``,
-        how many separate pieces of that foreground hold at least 4 % of the box (two subjects
-        merged into one box show 2). Measured in benchmarks/box_evidence.py; the Detector deployment
-        does not report it yet (docs/benchmarks.md § What the detector saw)."""
-        small, scale = resize_max(check_image(image), self.work_size)
-        lab = to_lab(small)
-        h, w = lab.shape[:2]
-        border = max(2, round(self.border_frac * min(h, w)))
-        bg, residuals = fit_background(lab, border)
-        d = lab - bg
-        thr = noise_threshold(residuals, 5.0)
+        (``statecore.models.DetectorEvidence``, ``statecore.autoapprove.EVIDENCE_FEATURES``), from the
+        work-size residual ``d`` (``residual``): ``shrink``, how far the box would move (1 − IoU)
+        around its foreground without the shadow-like pixels (darker than the background, its colour
+        kept: a chroma change under 0.3 × the drop in L; 0.3 chosen on other images than
+        benchmarks/box_evidence.py judges it on), and ``parts``, how many separate pieces of that
+        foreground hold at least 4 % of the box (two subjects merged into one box show 2). Measured in
+        benchmarks/box_evidence.py (docs/benchmarks.md § What the detector saw)."""
+        h, w = d.shape[:2]
         fg = np.linalg.norm(d, axis=2) > thr
         chroma = np.hypot(d[..., 1], d[..., 2])
         shadow = (d[..., 0] < 0) & (chroma < 0.3 * np.abs(d[..., 0]))
@@ -138,14 +152,14 @@ class ClassicalDetector:
             n, _lab, stats, _c = cv2.connectedComponentsWithStats(inside, connectivity=8)
             big = [stats[i] for i in range(1, n) if stats[i][4] >= 0.04 * inside.size]
             if not big:
-                out.append({"shrink": 1.0, "parts": 0.0})
+                out.append({"shrink": 1.0, "parts": 0})
                 continue
             cx1 = min(int(s[0]) for s in big)
             cy1 = min(int(s[1]) for s in big)
             cx2 = max(int(s[0] + s[2]) for s in big)
             cy2 = max(int(s[1] + s[3]) for s in big)
             tight = (cx2 - cx1) * (cy2 - cy1) / float(inside.size)  # the core's box inside this box: IoU
-            out.append({"shrink": round(1.0 - tight, 4), "parts": float(len(big))})
+            out.append({"shrink": round(1.0 - tight, 4), "parts": len(big)})
         return out
 
     def _blob_proposals(
