@@ -48,7 +48,8 @@ test: setup
 
 # The quick loop: real redis-server (and the 3-node cluster), no Ray, no browser, nothing slow.
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m "not ray and not browser and not slow" $(PYTEST_ARGS)
+	# With bytecode caches even where the environment says PYTHONDONTWRITEBYTECODE (scripts/run_tests.sh says why).
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider -m "not ray and not browser and not slow" $(PYTEST_ARGS)
 
 # ruff (lint + format check) and mypy (strict on statecore/ and client/, see pyproject.toml).
 lint: setup

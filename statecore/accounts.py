@@ -61,8 +61,12 @@ def token_hash(token: str | bytes) -> str:
 
 
 def new_token() -> str:
-    """A fresh account token: 32 random bytes, URL-safe (43 characters)."""
-    return secrets.token_urlsafe(32)
+    """A fresh token: 32 random bytes, URL-safe (43 characters), never starting with "-" (one in 64
+    would: a command line reads ``--token -Xy…`` as another option, and argparse refuses it)."""
+    while True:
+        token = secrets.token_urlsafe(32)
+        if not token.startswith("-"):
+            return token
 
 
 def check_name(name: str) -> str:

@@ -313,6 +313,18 @@ def test_trusted_proxy_settings_and_flags() -> None:
 # ----------------------------------------------------------------------------- the CLI and the UI's sign-in
 
 
+def test_a_new_token_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One URL-safe token in 64 began with "-", and ``hitl … --token -Xy…`` was then refused by argparse
+    as a missing argument (a full run's ``test_hitl_admin_reviewers_add_list_remove`` hit it)."""
+    import secrets
+
+    drawn = iter(["-dashed" + "a" * 36, "b" * 43])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda n: next(drawn))
+    assert accounts.new_token() == "b" * 43
+    parsed = build_parser().parse_args(["admin", "reviewers", "add", "x", "--token", "b" * 43])
+    assert parsed.token == "b" * 43
+
+
 def test_hitl_admin_reviewers_add_list_remove(api_server: Any, capsys: pytest.CaptureFixture[str]) -> None:
     name = f"rev-{uuid.uuid4().hex[:8]}"
     conn = ["--api-url", api_server.url, "--token", TOKENS["admin"]]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hmac
 import logging
 import os
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -67,7 +66,7 @@ def local_token(data_dir: Path) -> str:
     if path.exists():
         return path.read_text().strip()
     data_dir.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
+    token = accounts.new_token()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
