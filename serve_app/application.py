@@ -150,7 +150,11 @@ class ServeRunner:
         return result
 
     async def describe(self) -> dict[str, Any]:
-        return {name: await h.describe.remote() for name, h in self.handles.items()}
+        """Each model deployment's own description, asked of all at once (``/readyz`` waits for the
+        slowest, not the sum: one after another they took past its 5 s on a loaded host)."""
+        names = list(self.handles)
+        found = await asyncio.gather(*(self.handles[n].describe.remote() for n in names))
+        return dict(zip(names, found, strict=True))
 
     async def preview(self, image: ImageRef, bbox: list[float], points: list[dict[str, Any]]) -> dict[str, Any]:
         """A reviewer's preview mask, from a Segmenter replica (its embedding cache, its gate)."""

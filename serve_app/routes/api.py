@@ -508,7 +508,7 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
             info["redis"] = await asyncio.wait_for(rt().store.ping(), 2)
             info.update(await asyncio.wait_for(rt().readiness(), 5))
         except Exception as e:  # readiness reports, it does not raise
-            info["error"] = str(e)
+            info["error"] = f"{type(e).__name__}: {e}"  # a timeout's own text is empty
         ok = bool(info.get("redis")) and bool(info.get("models_ready", True)) and "error" not in info
         return JSONResponse(
             {"ready": ok, **info}, status_code=200 if ok else 503, headers=None if ok else {"Retry-After": "1"}
