@@ -83,6 +83,9 @@ def measure(name: str, env: dict[str, str], settle: float, seconds: float) -> di
         span = time.monotonic() - t0
     finally:
         up.stop()
+    started: dict[str, float] = {}
+    for what, cpu in first.values():
+        started[what] = started.get(what, 0.0) + cpu
     idle: dict[str, float] = {}
     for pid, (what, cpu) in second.items():
         idle[what] = idle.get(what, 0.0) + 1000 * (cpu - first.get(pid, (what, 0.0))[1]) / span
@@ -91,6 +94,7 @@ def measure(name: str, env: dict[str, str], settle: float, seconds: float) -> di
         "env": env,
         "ready_s": round(ready_s, 1),
         "start_cpu_s": round(sum(cpu for _, cpu in first.values()), 1),
+        "start_cpu_by_process": {k: round(v, 2) for k, v in sorted(started.items(), key=lambda kv: -kv[1])},
         "idle_ms_per_s": round(sum(idle.values()), 1),
         "idle_by_process": {k: round(v, 1) for k, v in sorted(idle.items(), key=lambda kv: -kv[1])},
     }
@@ -115,6 +119,14 @@ def main() -> None:
     print(f"{'all':<{width}} " + " ".join(f"{r['idle_ms_per_s']:>20.1f}" for r in results))
     print(f"{'start: CPU s':<{width}} " + " ".join(f"{r['start_cpu_s']:>20.1f}" for r in results))
     print(f"{'start: READY s':<{width}} " + " ".join(f"{r['ready_s']:>20.1f}" for r in results))
+    starts = sorted(
+        {k for r in results for k in r["start_cpu_by_process"]},
+        key=lambda k: -results[0]["start_cpu_by_process"].get(k, 0),
+    )
+    print()
+    print(f"{'start: CPU s by process':<{width}} " + " ".join(f"{r['variant']:>20}" for r in results))
+    for k in starts:
+        print(f"{k:<{width}} " + " ".join(f"{r['start_cpu_by_process'].get(k, 0.0):>20.2f}" for r in results))
     base = results[0]["idle_ms_per_s"]
     for r in results[1:]:
         print(f"idle {r['variant']} / {results[0]['variant']}: {r['idle_ms_per_s'] / base:.2f}")

@@ -34,7 +34,7 @@ from typing import Any
 from harness.bulk import bulk_waiting
 from hitl_review.serve_app.observability import metrics
 from hitl_review.serve_app.ops.redis_server import RedisServer
-from hitl_review.statecore import counters, keys, watchers
+from hitl_review.statecore import counters, keys, watchers, webhooks
 from hitl_review.statecore.store import Store, StoreConfig
 
 WINDOW_S = 3600.0
@@ -53,17 +53,14 @@ def parts(store: Store) -> dict[str, Callable[[], Awaitable[Any]]]:
         "read_stuck": lambda: metrics.read_stuck(r, WINDOW_S),
         "watchers_read": lambda: watchers.read(r),
         "outbox_pending": store.outbox_pending,
+        "webhooks_pending": lambda: webhooks.pending(r),
         "shared": shared,
     }
 
 
 async def scrape(store: Store) -> bytes:
     """One whole scrape as the route runs it: the reads, the gauges updated, the page rendered."""
-    metrics.REDIS_STATE.update(await counters.read(store.r, WINDOW_S))
-    await metrics.refresh_stuck(store.r, WINDOW_S)
-    metrics.OUTBOX_LAG.set(await store.outbox_pending())
-    await metrics.SHARED.flush(store.r)
-    await metrics.SHARED.refresh(store.r)
+    await metrics.refresh_from_store(store, WINDOW_S)
     return metrics.render()
 
 
@@ -194,7 +191,7 @@ def print_row(row: dict[str, Any]) -> None:
 
 
 def parts_names() -> tuple[str, ...]:
-    return ("counters_read", "read_stuck", "watchers_read", "outbox_pending", "shared")
+    return ("counters_read", "read_stuck", "watchers_read", "outbox_pending", "webhooks_pending", "shared")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,9 +10,14 @@ import asyncio
 import time
 from collections import Counter
 
+import pytest
+import redis.exceptions
+
 from harness.bulk import bulk_waiting
 from hitl_review.serve_app.observability import metrics
-from hitl_review.statecore import counters, keys, watchers
+from hitl_review.serve_app.ops.ports import free_port
+from hitl_review.statecore import keys, watchers
+from hitl_review.statecore.store import Store
 
 from .helpers import waiting_job
 from .redis_traffic import Traffic, traffic
@@ -21,12 +26,8 @@ WINDOW_S = 3600.0
 
 
 async def route_reads(store) -> None:
-    """What the /metrics route (serve_app/routes/api.py ``prometheus``) reads from Redis, in its order."""
-    metrics.REDIS_STATE.update(await counters.read(store.r, WINDOW_S))
-    await metrics.refresh_stuck(store.r, WINDOW_S)
-    metrics.OUTBOX_LAG.set(await store.outbox_pending())
-    await metrics.SHARED.flush(store.r)
-    await metrics.SHARED.refresh(store.r)
+    """What the /metrics route (serve_app/routes/api.py ``prometheus``) reads from Redis: its own call."""
+    await metrics.refresh_from_store(store, WINDOW_S)
 
 
 # The shared counters' flush (``metrics.SHARED.flush``) sends one HINCRBYFLOAT per sample this process moved
@@ -82,6 +83,9 @@ async def test_a_scrape_sends_the_same_commands_with_10_and_1000_jobs_waiting(st
     grown = large.reply_chars - small.reply_chars
     assert grown < 120 * keys.PARTITIONS, (small.reply_chars, large.reply_chars)
     assert small.round_trips <= 12, small.round_trips  # the outbox's 64 sequential XINFO are one round
+    # The settled coverage reads four sums a partition (the read script sums the buckets): it read each of
+    # the window's ~220 bucket fields, most of them empty (~1,600 characters a partition in all, now ~550).
+    assert large.reply_chars < 800 * keys.PARTITIONS, large.reply_chars
 
 
 async def test_unwatched_pauses_agree_with_reading_every_waiting_job(store):
@@ -141,3 +145,20 @@ async def test_the_counter_counts_only_what_its_block_sends(store):
     assert during > 5, during  # the other loop was busy meanwhile
     assert seen.commands["GET"] == 1 and set(seen.commands) <= {"GET", "HELLO", "CLIENT", "PING"}, seen
     assert seen.commands["PING"] <= 1, seen  # at most a new connection's own, never the loop's
+
+
+async def test_a_scrape_whose_store_read_fails_shows_the_store_down_and_says_why(store):
+    """The reads run side by side (``metrics.refresh_from_store``): one failing still marks the counters'
+    series down and raises, as the reads one after the other did; the route logs it and answers."""
+    await bulk_waiting(store, 3)
+    await metrics.refresh_from_store(store, WINDOW_S)
+    assert b"hitl_metrics_store_up 1.0" in metrics.render()
+    gone = Store.from_url(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    try:
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await metrics.refresh_from_store(gone, WINDOW_S)
+    finally:
+        await gone.close()
+    assert b"hitl_metrics_store_up 0.0" in metrics.render()
+    await metrics.refresh_from_store(store, WINDOW_S)  # back: up, the counts read again
+    assert b"hitl_metrics_store_up 1.0" in metrics.render()

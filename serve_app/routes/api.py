@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis import exceptions as redis_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hitl_review.statecore import counters, deadletters, durable, errors, prelabelled, webhooks
+from hitl_review.statecore import deadletters, durable, errors, prelabelled
 from hitl_review.statecore.artifacts import ArtifactStore
 from hitl_review.statecore.models import (
     CreateJobResponse,
@@ -521,14 +521,8 @@ def create_app(build_runtime: Callable[[], Awaitable[Runtime]], echo_request_id:
         # balancer would alternate inside one series); every Ray Api replica also exports them to Ray's port.
         one_process = rt().settings.api_replicas == 1
         try:
-            metrics.REDIS_STATE.update(None)  # down until this scrape's read succeeds
             # From the counters in Redis: the same on every replica, O(partitions) per scrape.
-            metrics.REDIS_STATE.update(await counters.read(store.r, rt().settings.coverage_window_s))
-            await metrics.refresh_stuck(store.r, rt().settings.coverage_window_s)
-            metrics.OUTBOX_LAG.set(await store.outbox_pending())
-            metrics.WEBHOOK_PENDING.set(await webhooks.pending(store.r))
-            await metrics.SHARED.flush(store.r)  # this replica's increments, then everyone's totals
-            await metrics.SHARED.refresh(store.r)
+            await metrics.refresh_from_store(store, rt().settings.coverage_window_s)
             model_stats = rt().model_stats
             if model_stats is not None:
                 for deployment, info in (await asyncio.wait_for(model_stats(), 5)).items():
