@@ -74,7 +74,16 @@ from hitl_review.serve_app.ops.samples import product_composite
 
 def hitl_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--detector-delay-ms", str(args.detector_delay_ms), "--segmenter-delay-ms", str(args.segmenter_delay_ms)]
-    return flags + list(args.hitl_arg or [])
+    extra = list(args.hitl_arg or [])
+    if any(a == "--segmenter" and b == "null" for a, b in zip(extra, extra[1:], strict=False)):
+        # The null segmenter's mask is its box, which the pixel gate always fails: refined twice, each subject
+        # would be segmented three times (three delays, not the ideal's one) and, under the default gate, wait
+        # for a mask review. The burst then measures what the ideal counts: one segmentation per subject.
+        for flag, value in (("--quality-gate", "off"), ("--max-refinements", "0")):
+            if flag not in extra:
+                log(f"--segmenter null: adding {flag} {value} (a box as the mask fails the pixel gate)")
+                extra += [flag, value]
+    return flags + extra
 
 
 async def run_stack(up: HitlUp, args: argparse.Namespace, images: list[bytes], phases: list[str]) -> dict[str, Any]:
@@ -158,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="ARG",
-        help="one more argument for hitl up (repeat: --hitl-arg=--heartbeat-lapse-s --hitl-arg=30)",
+        help="one more argument for hitl up (repeat: --hitl-arg=--heartbeat-lapse-s --hitl-arg=30); with "
+        "--segmenter null, --quality-gate off and --max-refinements 0 are added unless given (its box-shaped "
+        "masks fail the pixel gate)",
     )
     ap.add_argument("--data-dir", type=Path, default=None, help="default: a temporary directory")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/out/burst.json"))

@@ -219,10 +219,13 @@ def _bg_closer(lab: np.ndarray, crop: np.ndarray, inner: np.ndarray, bg: np.ndar
     just inside the outline); lightness counts half, so a shadow on the ground is still ground."""
     if bg is None or not inner.any():
         return 0.0
-    wt = np.array([0.5, 1.0, 1.0], np.float32)
-    px = lab[crop] * wt
-    rim = np.median(lab[inner], axis=0) * wt
-    return float((np.linalg.norm(px - bg * wt, axis=1) < np.linalg.norm(px - rim, axis=1)).mean())
+    wt2 = np.array([0.25, 1.0, 1.0])  # the weights squared: lightness at half
+    rim = np.median(lab[inner], axis=0).astype(np.float64)
+    bgc = np.asarray(bg, np.float64)
+    # |w(p - bg)|^2 < |w(p - rim)|^2  <=>  p . 2 w^2 (rim - bg) < w^2 . (rim^2 - bg^2): one dot product per
+    # pixel instead of two distances (the same pixels, to rounding; a third of the gate's time went here).
+    toward = lab[crop] @ (2 * wt2 * (rim - bgc))
+    return float((toward < wt2 @ (rim * rim - bgc * bgc)).mean())
 
 
 # --------------------------------------------------------------------------- policy
