@@ -52,6 +52,7 @@ from typing import Any
 
 import httpx
 
+from harness.bench import stop_on_sigterm
 from harness.hitl_up import HitlUp
 from harness.uvicorn import UvicornServer
 from hitl_review.client import HitlClient
@@ -313,4 +314,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     raise SystemExit(main())

@@ -46,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from harness.bench import stop_on_sigterm
 from harness.hitl_up import HitlUp
 from harness.tokens import resolve_token
 from harness.uvicorn import UvicornServer
@@ -251,4 +252,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     sys.exit(main())

@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.bench import log
+from harness.bench import log, stop_on_sigterm
 from harness.burst_phases import burst_phase, cancel_phase
 from harness.burst_report import print_table, targets
 from harness.burst_stack import Stack
@@ -224,4 +224,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     sys.exit(main())

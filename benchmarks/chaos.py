@@ -53,6 +53,7 @@ import httpx
 import psutil
 import redis
 
+from harness.bench import stop_on_sigterm
 from harness.hitl_up import HitlUp
 from hitl_review.client.approve_calls import answer_keeping
 from hitl_review.serve_app.ops.samples import product_composite
@@ -459,4 +460,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     raise SystemExit(main())

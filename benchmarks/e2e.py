@@ -49,7 +49,7 @@ import psutil
 import redis
 from httpx_sse import aconnect_sse
 
-from harness.bench import log, parse_at, pct
+from harness.bench import log, parse_at, pct, stop_on_sigterm
 from harness.hitl_up import HitlUp
 from harness.uvicorn import UvicornServer
 from hitl_review.client.approve_calls import answer_keeping
@@ -476,4 +476,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     sys.exit(main())

@@ -28,6 +28,7 @@ from typing import Any
 
 import psutil
 
+from harness.bench import stop_on_sigterm
 from harness.hitl_up import HitlUp
 
 DEFAULT_VARIANTS = ["shipped", "serve-default-loop:RAY_SERVE_CONTROL_LOOP_INTERVAL_S=0.1"]
@@ -138,4 +139,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     main()

@@ -61,7 +61,7 @@ import psutil
 
 from benchmarks import cutout_data
 from benchmarks.learning_stream import Domain, Job, Stream, review
-from harness.bench import log
+from harness.bench import log, stop_on_sigterm
 from harness.hitl_up import HitlUp
 from hitl_review.statecore.autoapprove import EVIDENCE_FEATURES, lower_bound, upper_bound
 
@@ -504,4 +504,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     sys.exit(main())

@@ -57,7 +57,7 @@ import httpx
 import psutil
 
 from benchmarks.reviewer_figures import ADMIN, figures, table
-from harness.bench import log
+from harness.bench import log, stop_on_sigterm
 from harness.hitl_up import HitlUp
 from harness.reviewer_page import (
     ANSWERED_JS,
@@ -464,4 +464,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     sys.exit(main())

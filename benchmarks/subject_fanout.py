@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from harness.bench import stop_on_sigterm
 from harness.hitl_up import HitlUp
 from harness.sse import read_events
 from hitl_review.serve_app.ops.samples import product_composite
@@ -193,4 +194,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()
     raise SystemExit(main())

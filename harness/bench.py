@@ -1,10 +1,17 @@
 """Small helpers the benchmark scripts share: a timestamped progress line, a percentile over a
-list, and the server's ISO timestamps as epoch seconds."""
+list, the server's ISO timestamps as epoch seconds, and SIGTERM taken as Ctrl-C."""
 
 from __future__ import annotations
 
+import signal
 import time
 from datetime import datetime
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, ``timeout``) as Ctrl-C: the script's ``finally`` blocks stop the ``hitl up`` it
+    started. By default SIGTERM ends Python at once and leaves that stack, its Redis and its Ray running."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def log(msg: str) -> None:
