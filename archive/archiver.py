@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -186,9 +186,11 @@ def _upsert(session: Session, record: JobRecord, on_written: Callable[[], None] 
         job = ArchivedJob(job_id=record.job_id)
         _fill_job(job, record)
         session.add(job)
-        session.flush()  # the parent row first: the children's foreign keys refer to it
-    session.add_all(_children(record))
-    session.flush()
+    session.flush()  # the job's own row (inserted or replaced) before its children
+    connection = session.connection()
+    for table, rows in _children(record).items():
+        if rows:  # one Core executemany a table: the ORM's unit of work cost ~0.2 ms a row
+            connection.execute(insert(table.__table__), rows)
     if on_written is not None:
         on_written()
     return "INSERTED" if existing is None else "REPLACED"
@@ -211,30 +213,36 @@ def _fill_job(job: ArchivedJob, r: JobRecord) -> None:
     job.interventions = r.interventions
 
 
-def _children(r: JobRecord) -> list[Any]:
-    rows: list[Any] = []
+def _children(r: JobRecord) -> dict[type[Any], list[dict[str, Any]]]:
+    """The job's child rows, by table, as the column values an ``INSERT`` takes."""
+    pauses = []
     for i, p in enumerate(r.pauses):
         pause = Pause.model_validate(p)
-        rows.append(
-            ArchivedPause(
-                job_id=r.job_id,
-                pause_token=pause.pause_token,
-                position=i,
-                status=pause.status,
-                stage=pause.stage,
-                round=pause.round,
-                base_version=pause.base_version,
-                created_at=pause.created_at,
-                body=p,
-            )
+        pauses.append(
+            {
+                "job_id": r.job_id,
+                "pause_token": pause.pause_token,
+                "position": i,
+                "status": pause.status,
+                "stage": pause.stage,
+                "round": pause.round,
+                "base_version": pause.base_version,
+                "created_at": pause.created_at,
+                "body": p,
+            }
         )
-    for e in r.events:
-        rows.append(ArchivedEvent(job_id=r.job_id, event_id=e.id, type=e.type, version=e.version, at=e.at, data=e.data))
-    for a in r.audit:
-        rows.append(AuditEntry(job_id=r.job_id, **a))
-    for i, (kind, name, box_id, url) in enumerate(artifact_refs(r.snapshot, r.results)):
-        rows.append(ArtifactRef(job_id=r.job_id, position=i, name=name, kind=kind, box_id=box_id, url=url))
-    return rows
+    return {
+        ArchivedPause: pauses,
+        ArchivedEvent: [
+            {"job_id": r.job_id, "event_id": e.id, "type": e.type, "version": e.version, "at": e.at, "data": e.data}
+            for e in r.events
+        ],
+        AuditEntry: [{"job_id": r.job_id, **{k: a.get(k) for k in (*AUDIT_FIELDS, "intent")}} for a in r.audit],
+        ArtifactRef: [
+            {"job_id": r.job_id, "position": i, "name": name, "kind": kind, "box_id": box_id, "url": url}
+            for i, (kind, name, box_id, url) in enumerate(artifact_refs(r.snapshot, r.results))
+        ],
+    }
 
 
 def artifact_refs(snapshot: Mapping[str, Any], results: Mapping[str, Any]) -> list[tuple[str, str, str | None, str]]:

@@ -268,7 +268,7 @@ class Events:
         self.hub = EventHub(store_for(settings, settings.redis_url))
 
     async def stream(self, job_id: str, after: int) -> AsyncIterator[str]:
-        async for line in sse_lines(self.hub.stream(job_id, after)):
+        async for line in sse_lines(self.hub.batches(job_id, after)):
             yield line
 
 

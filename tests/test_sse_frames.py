@@ -11,14 +11,16 @@ from hitl_review.statecore.models import Event
 
 async def _slow_events():
     await asyncio.sleep(0.35)
-    yield Event(
-        id=7,
-        type="PAUSE_OPENED",
-        job_id="job_x",
-        version=3,
-        at="2026-01-01T00:00:00.000Z",
-        data={"status": "WAITING_USER_SELECTION"},
-    )
+    yield [
+        Event(
+            id=7,
+            type="PAUSE_OPENED",
+            job_id="job_x",
+            version=3,
+            at="2026-01-01T00:00:00.000Z",
+            data={"status": "WAITING_USER_SELECTION"},
+        )
+    ]
 
 
 async def test_keepalive_comments_then_event_frame():
@@ -34,3 +36,15 @@ def test_frame_is_one_data_line():
     ev = Event(id=1, type="JOB_CREATED", job_id="j", version=1, at="x", data={"text": "a\nb"})
     frame = sse_frame(ev)
     assert frame.count("\ndata: ") == 1 and frame.count("\n") == 4  # the newline inside data is escaped
+
+
+async def test_a_batch_of_events_is_one_chunk_of_frames():
+    """What one wake-up brought goes out as one chunk (through Ray Serve, one streamed item per chunk)."""
+
+    async def one_batch():
+        yield [Event(id=i, type="NODE_STARTED", job_id="j", version=i, at="x", data={}) for i in (1, 2, 3)]
+
+    chunks = [f async for f in sse_lines(one_batch(), keepalive_s=5)]
+    assert chunks[0] == ": stream open\n\n" and len(chunks) == 2
+    frames = chunks[1].split("\n\n")[:-1]
+    assert [f.split("\n", 1)[0] for f in frames] == ["id: 1", "id: 2", "id: 3"]

@@ -85,3 +85,29 @@ async def test_hub_keeps_no_position_after_the_last_subscriber_leaves(redis_serv
             t.cancel()
         await asyncio.gather(*hub._tasks, return_exceptions=True)
         await gated.close()
+
+
+async def test_a_transitions_events_arrive_as_one_batch(store, image):
+    """A cancel writes several events at once (NODE…, JOB_FINISHED): a live subscriber gets them in
+    one batch, not one by one, and the events flattened are the job's history exactly."""
+    hub = EventHub(store, poll_s=5.0)  # only the wake-up delivers within the test
+    job_id = await create(store, image)
+    history = await store.events_after(job_id, 0)
+    got: list[list[Event]] = []
+
+    async def follow() -> None:
+        async for batch in hub.batches(job_id, 0):
+            got.append(batch)
+
+    task = asyncio.create_task(asyncio.wait_for(follow(), 10))
+    for _ in range(100):
+        if got:
+            break
+        await asyncio.sleep(0.02)
+    await store.cancel(job_id, "ops")
+    await task
+    flat = [ev for batch in got for ev in batch]
+    assert flat == await store.events_after(job_id, 0)
+    live = got[1:]  # the first batch is the history read at subscription
+    assert [len(b) for b in got[:1]] == [len(history)]
+    assert len(flat) - len(history) >= 2 and len(live) == 1, [[e.type for e in b] for b in got]

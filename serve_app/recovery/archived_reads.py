@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from hitl_review.statecore.models import Event
 
-from ..routes.events import sse_lines
+from ..routes.events import BATCH_MAX, sse_lines
 
 if TYPE_CHECKING:
     from hitl_review.archive.db import Archive
@@ -33,9 +33,9 @@ async def archived_events(archive: Archive, job_id: str, after: int) -> AsyncIte
     found: list[Event] | None = await asyncio.to_thread(reads.events, archive, job_id, after)
     history = found or []
 
-    async def replay() -> AsyncIterator[Event]:
-        for ev in history:
-            yield ev
+    async def replay() -> AsyncIterator[list[Event]]:
+        for start in range(0, len(history), BATCH_MAX):
+            yield history[start : start + BATCH_MAX]
 
     async for line in sse_lines(replay()):
         yield line

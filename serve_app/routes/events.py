@@ -143,50 +143,77 @@ class EventHub:
     async def stream(self, job_id: str, after: int = 0) -> AsyncIterator[Event]:
         """The whole history after ``after``; then, for a live job, live events until JOB_FINISHED; in a
         job whose mask review is blind (spot checks of passed masks), without the gate's verdicts."""
-        shown = gate_spot.shown_event if await self.store.review_is_blind(job_id) else None
-        async with contextlib.aclosing(self._stream(job_id, after)) as events:  # a client gone: unsubscribed now
-            async for ev in events:
-                yield ev if shown is None else shown(ev)
+        async with contextlib.aclosing(self.batches(job_id, after)) as batches:
+            async for batch in batches:
+                for ev in batch:
+                    yield ev
 
-    async def _stream(self, job_id: str, after: int) -> AsyncGenerator[Event, None]:
+    async def batches(self, job_id: str, after: int = 0) -> AsyncGenerator[list[Event], None]:
+        """:meth:`stream` in batches: the history in chunks of at most ``BATCH_MAX`` events, then what
+        one wake-up brought (a transition writes several events at once). An SSE response sends a
+        batch as one chunk: through Ray Serve each chunk is one streamed item from the Events replica
+        to the Api replica, whose per-item cost was most of the Events replica's CPU (docs/benchmarks.md)."""
+        shown = gate_spot.shown_event if await self.store.review_is_blind(job_id) else None
+        async with contextlib.aclosing(self._batches(job_id, after)) as batches:  # a client gone: unsubscribed now
+            async for batch in batches:
+                yield batch if shown is None else [shown(ev) for ev in batch]
+
+    async def _batches(self, job_id: str, after: int) -> AsyncGenerator[list[Event], None]:
         q = self.subscribe(job_id, after)
         self.open_streams += 1
         last = after
         try:
-            finished = False
-            for ev in await self.store.events_after(job_id, after):
-                # History is replayed whole: a late REPORT_IGNORED may follow JOB_FINISHED.
-                yield ev
-                last = ev.id
-                finished = finished or ev.type == "JOB_FINISHED"
-            if not finished and await self.store.is_finished(job_id):
+            # History is replayed whole: a late REPORT_IGNORED may follow JOB_FINISHED.
+            history = await self.store.events_after(job_id, after)
+            for chunk in _chunks(history):
+                yield chunk
+            last = history[-1].id if history else after
+            if any(ev.type == "JOB_FINISHED" for ev in history):
+                return
+            if await self.store.is_finished(job_id):
                 # The job ended after the history was read: its tail (JOB_FINISHED last) is in the
                 # list now, since the end is one atomic write; read it rather than wait for a wake-up.
-                for ev in await self.store.events_after(job_id, last):
-                    yield ev
-                    last = ev.id
+                for chunk in _chunks(await self.store.events_after(job_id, last)):
+                    yield chunk
                 return
+            finished = False
             while not finished:
-                ev = await q.get()
-                if ev.id <= last:
-                    continue
-                yield ev
-                last = ev.id
-                finished = ev.type == "JOB_FINISHED"
+                woken = [await q.get()]
+                while not q.empty():  # what the same fetch (or an earlier one) queued: one batch
+                    woken.append(q.get_nowait())
+                batch: list[Event] = []
+                for ev in woken:
+                    if ev.id <= last:
+                        continue
+                    batch.append(ev)
+                    last = ev.id
+                    if ev.type == "JOB_FINISHED":
+                        finished = True
+                        break
+                if batch:
+                    yield batch
         finally:
             self.open_streams -= 1
             self.unsubscribe(job_id, q)
+
+
+BATCH_MAX = 200  # events in one SSE chunk of a replayed history (a chunk stays well under a MiB)
+
+
+def _chunks(events: list[Event]) -> list[list[Event]]:
+    return [events[i : i + BATCH_MAX] for i in range(0, len(events), BATCH_MAX)]
 
 
 def sse_frame(ev: Event) -> str:
     return f"id: {ev.id}\nevent: {ev.type}\ndata: {json.dumps(ev.model_dump(mode='json'), separators=(',', ':'))}\n\n"
 
 
-async def sse_lines(events: AsyncIterator[Event], keepalive_s: float = KEEPALIVE_S) -> AsyncIterator[str]:
-    """SSE text frames, with a comment line whenever nothing was sent for ``keepalive_s``."""
-    it = events.__aiter__()
+async def sse_lines(batches: AsyncIterator[list[Event]], keepalive_s: float = KEEPALIVE_S) -> AsyncIterator[str]:
+    """SSE text, a batch of events as one chunk of frames, with a comment line whenever nothing was
+    sent for ``keepalive_s``."""
+    it = batches.__aiter__()
     yield ": stream open\n\n"
-    pending: asyncio.Task[Event] | None = None
+    pending: asyncio.Task[list[Event]] | None = None
     try:
         while True:
             if pending is None:
@@ -196,11 +223,12 @@ async def sse_lines(events: AsyncIterator[Event], keepalive_s: float = KEEPALIVE
                 yield ": keep-alive\n\n"
                 continue
             try:
-                ev = pending.result()
+                batch = pending.result()
             except StopAsyncIteration:
                 return
             pending = None
-            yield sse_frame(ev)
+            if batch:
+                yield "".join(sse_frame(ev) for ev in batch)
     finally:
         if pending is not None:
             if pending.done():

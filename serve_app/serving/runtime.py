@@ -81,7 +81,7 @@ async def local_runtime(
     hub = EventHub(store)
 
     def events(job_id: str, after: int) -> AsyncIterator[str]:
-        return sse_lines(hub.stream(job_id, after))
+        return sse_lines(hub.batches(job_id, after))
 
     if runner is None:
         models = models if models is not None else await asyncio.to_thread(local_models, settings)
