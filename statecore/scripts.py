@@ -22,7 +22,9 @@ SCRIPT_NAMES = (
     "subject_write",
 )
 # Touch no job state: no shared prologue.
-STANDALONE = ("heartbeat", "lease", "archive_requeue", "mark_mirrored", "outbox_sort")
+STANDALONE = ("heartbeat", "lease", "archive_requeue", "mark_mirrored", "outbox_sort", "subject_read")
+# Change nothing: never followed by the durability's sync or journal (statecore.durable.synced).
+READ_ONLY = ("subject_read",)
 
 
 @cache

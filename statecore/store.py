@@ -137,7 +137,10 @@ class Store(
         # --durability strict with an archive: awaited after each journaled script (statecore.durable.synced),
         # the live mirror's row of the job before the answer returns (archive/journal.py). None: no journal.
         self.journal: Callable[..., Awaitable[None]] | None = None
-        self._scripts = {name: durable.synced(self, s, name) for name, s in scripts.register(client).items()}
+        self._scripts = {
+            name: s if name in scripts.READ_ONLY else durable.synced(self, s, name)
+            for name, s in scripts.register(client).items()
+        }
 
     async def journal_behind(self, job_id: str) -> None:
         """Under ``--durability strict`` with an archive: the job's live mirror row, when it holds an

@@ -104,7 +104,6 @@ class SubjectWritesMixin:
     _scripts: dict[str, Any]
     _keys: Any  # Store._keys
     _args: Any  # Store._args
-    server_ms: Any  # LifecycleMixin.server_ms
     r: Any
 
     async def _subject_write(
@@ -122,17 +121,19 @@ class SubjectWritesMixin:
         (``OK``, ``BUSY``), or None when the caller must take the whole job's path (not a live
         subject node, the last one's report, or anything out of the ordinary)."""
         jk = keys.job(job_id)
-        raw_node, terminal = await self.r.hmget(jk.meta, keys.node_field(nid), "terminal")
+        # The node, the job's end, the subject's result and Redis's clock: one round trip (subject_read.lua).
+        raw_node, terminal, raw_result, seconds, micros = await self._scripts["subject_read"](
+            keys=[jk.meta], args=[keys.node_field(nid), keys.SUBJECT_RESULT_FIELD]
+        )
         if not raw_node or terminal == "1":
             return None
         node = CurrentNode.model_validate_json(raw_node)
         if node.node_type != NodeType.SEGMENT_SUBJECT or not node.box_id:
             return None
-        raw_result = await self.r.hget(jk.meta, keys.result_field(node.box_id))
         if not raw_result:
             return None  # a job stored before subjects had fields of their own
         result = SubjectResult.model_validate_json(raw_result)
-        now_ms = await self.server_ms(jk.meta)
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
         now = now_iso(now_ms / 1000)
         if report is None:
             if node.status == "RUNNING":
