@@ -9,24 +9,36 @@ from hitl_review.serve_app.routes.events import sse_frame, sse_lines
 from hitl_review.statecore.models import Event
 
 
-async def _slow_events():
-    await asyncio.sleep(0.35)
-    yield [
-        Event(
-            id=7,
-            type="PAUSE_OPENED",
-            job_id="job_x",
-            version=3,
-            at="2026-01-01T00:00:00.000Z",
-            data={"status": "WAITING_USER_SELECTION"},
-        )
-    ]
-
-
 async def test_keepalive_comments_then_event_frame():
-    frames = [f async for f in sse_lines(_slow_events(), keepalive_s=0.1)]
+    """Keep-alive comments while nothing comes; the event held back until two of them were sent, so the
+    test does not depend on how fast a loaded machine runs the loop (a 0.35 s sleep against a 0.1 s
+    keep-alive once saw one keep-alive in a full run)."""
+    release = asyncio.Event()
+
+    async def slow_events():
+        await release.wait()
+        yield [
+            Event(
+                id=7,
+                type="PAUSE_OPENED",
+                job_id="job_x",
+                version=3,
+                at="2026-01-01T00:00:00.000Z",
+                data={"status": "WAITING_USER_SELECTION"},
+            )
+        ]
+
+    frames: list[str] = []
+
+    async def collect() -> None:
+        async for f in sse_lines(slow_events(), keepalive_s=0.05):
+            frames.append(f)
+            if frames.count(": keep-alive\n\n") == 2:
+                release.set()
+
+    await asyncio.wait_for(collect(), 10)
     assert frames[0].startswith(":")
-    assert sum(f == ": keep-alive\n\n" for f in frames) >= 2
+    assert frames.count(": keep-alive\n\n") >= 2
     last = frames[-1]
     assert last.startswith("id: 7\nevent: PAUSE_OPENED\ndata: ") and last.endswith("\n\n")
     assert json.loads(last.split("data: ", 1)[1])["version"] == 3
